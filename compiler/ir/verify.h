@@ -1,0 +1,19 @@
+// Structural verification of a graph, beyond what Graph::FromProto already
+// guarantees (resolved names, no cycles): the graph computes something, every
+// value carries complete metadata, targets are spelled as ATen spells them,
+// and every argument has a kind its target's schema can take.
+//
+// Errors are INVALID_ARGUMENT and name the node, the value or the argument.
+#ifndef KILN_COMPILER_IR_VERIFY_H_
+#define KILN_COMPILER_IR_VERIFY_H_
+
+#include "absl/status/status.h"
+#include "compiler/ir/graph.h"
+
+namespace kiln::ir {
+
+absl::Status Verify(const Graph& graph);
+
+}  // namespace kiln::ir
+
+#endif  // KILN_COMPILER_IR_VERIFY_H_
