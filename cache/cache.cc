@@ -1,0 +1,510 @@
+#include "cache/cache.h"
+
+#include <algorithm>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "cache/guards.h"
+#include "common/hashing.h"
+#include "common/status_macros.h"
+#include "rocksdb/db.h"
+#include "rocksdb/iterator.h"
+#include "rocksdb/options.h"
+#include "rocksdb/write_batch.h"
+
+namespace kiln::cache {
+namespace {
+
+constexpr uint32_t kEntryFormat = 1;
+constexpr int kMaxRecompileReasons = 32;
+constexpr char kStatsKey[] = "s/stats";
+
+// The one place rocksdb::Status becomes absl::Status.
+absl::Status FromRocks(const rocksdb::Status& s, absl::string_view what) {
+  if (s.ok()) return absl::OkStatus();
+  if (s.IsNotFound()) return absl::NotFoundError(absl::StrCat(what, ": not found"));
+  if (s.IsCorruption()) return absl::DataLossError(absl::StrCat(what, ": ", s.ToString()));
+  return absl::InternalError(absl::StrCat(what, ": ", s.ToString()));
+}
+
+int64_t NowMicros() { return absl::ToUnixMicros(absl::Now()); }
+
+std::string UsageKey(const std::string& entry_key, const std::string& digest) {
+  return absl::StrCat(entry_key, "\n", digest);
+}
+
+// Histogram bounds for compile phases, in microseconds.
+const std::vector<double>& PhaseBounds() {
+  static const auto* b = new std::vector<double>{
+      10, 50, 100, 500, 1e3, 5e3, 1e4, 5e4, 1e5, 5e5, 1e6, 5e6, 1e7, 6e7};
+  return *b;
+}
+
+}  // namespace
+
+std::string EntryKey(const std::string& ns, const std::string& key) {
+  return absl::StrCat("e/", ns, "/", key);
+}
+
+std::string ArtifactKey(const std::string& digest) { return absl::StrCat("a/", digest); }
+
+absl::Status ValidateNamespace(const std::string& ns) {
+  if (ns.size() > 64) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("namespace '", ns.substr(0, 64), "...' is longer than 64 characters"));
+  }
+  for (char c : ns) {
+    if (!(absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '.' || c == '-')) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "namespace '", ns, "' may hold only letters, digits, '_', '.' and '-'"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<Cache>> Cache::Open(const CacheOptions& options) {
+  rocksdb::Options o;
+  o.create_if_missing = true;
+  o.IncreaseParallelism(2);
+  rocksdb::DB* raw = nullptr;
+  RETURN_IF_ERROR(FromRocks(rocksdb::DB::Open(o, options.path, &raw),
+                            absl::StrCat("opening RocksDB at ", options.path)));
+  std::unique_ptr<Cache> cache(new Cache(options, std::unique_ptr<rocksdb::DB>(raw)));
+  RETURN_IF_ERROR(cache->LoadIndex());
+  return cache;
+}
+
+Cache::Cache(CacheOptions options, std::unique_ptr<rocksdb::DB> db)
+    : options_(std::move(options)), db_(std::move(db)) {}
+
+Cache::~Cache() {
+  (void)FlushUsage();
+  (void)db_->FlushWAL(/*sync=*/true);
+  (void)db_->Close();
+}
+
+absl::Status Cache::LoadIndex() {
+  std::string stats;
+  rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), kStatsKey, &stats);
+  if (s.ok()) {
+    absl::MutexLock l(&stats_mu_);
+    if (!stats_.ParseFromString(stats)) return absl::DataLossError("stored statistics do not parse");
+  } else if (!s.IsNotFound()) {
+    return FromRocks(s, "reading statistics");
+  }
+  absl::MutexLock l(&index_mu_);
+  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions()));
+  for (it->Seek("e/"); it->Valid() && it->key().starts_with("e/"); it->Next()) {
+    v1::StoredEntry entry;
+    std::string ek = it->key().ToString();
+    if (!entry.ParseFromArray(it->value().data(), static_cast<int>(it->value().size()))) {
+      return absl::DataLossError(absl::StrCat("stored entry ", ek, " does not parse"));
+    }
+    auto& list = entries_[ek];
+    for (const auto& v : entry.variants()) {
+      list.push_back(IndexedVariant{v.digest(), v.bytes()});
+      usage_[UsageKey(ek, v.digest())] = VariantUse{v.last_used_unix_micros(), v.hits(), false};
+      if (refcount_[v.digest()]++ == 0) {
+        blob_bytes_[v.digest()] = v.bytes();
+        total_bytes_ += v.bytes();
+      }
+      ++total_variants_;
+    }
+  }
+  return FromRocks(it->status(), "scanning entries");
+}
+
+void Cache::ApplyUsage(const std::string& ek, v1::StoredEntry* entry) const {
+  for (auto& v : *entry->mutable_variants()) {
+    auto it = usage_.find(UsageKey(ek, v.digest()));
+    if (it == usage_.end()) continue;
+    v.set_last_used_unix_micros(it->second.last_used);
+    v.set_hits(it->second.hits);
+  }
+  std::stable_sort(entry->mutable_variants()->begin(), entry->mutable_variants()->end(),
+                   [](const v1::StoredVariant& a, const v1::StoredVariant& b) {
+                     return a.last_used_unix_micros() > b.last_used_unix_micros();
+                   });
+}
+
+absl::StatusOr<v1::StoredEntry> Cache::GetEntry(const std::string& ns, const std::string& key) {
+  const std::string ek = EntryKey(ns, key);
+  std::string value;
+  RETURN_IF_ERROR(FromRocks(db_->Get(rocksdb::ReadOptions(), ek, &value),
+                            absl::StrCat("entry ", key, " in namespace '", ns, "'")));
+  v1::StoredEntry entry;
+  if (!entry.ParseFromString(value)) {
+    return absl::DataLossError(absl::StrCat("stored entry ", ek, " does not parse"));
+  }
+  absl::MutexLock l(&index_mu_);
+  ApplyUsage(ek, &entry);
+  return entry;
+}
+
+absl::StatusOr<LookupResult> Cache::Lookup(const std::string& ns, const std::string& key,
+                                           const v1::InputSignature& signature) {
+  LookupResult result;
+  auto entry = GetEntry(ns, key);
+  if (absl::IsNotFound(entry.status())) return result;  // FULL_MISS
+  if (!entry.ok()) return entry.status();
+  result.variants = entry->variants_size();
+  for (int i = 0; i < entry->variants_size(); ++i) {
+    const v1::StoredVariant& v = entry->variants(i);
+    auto failed = CheckGuards(v.guards(), signature);
+    if (!failed.ok()) {
+      return absl::InternalError(absl::StrCat("stored guards of variant ", i, " of ", key,
+                                              " are malformed: ", failed.status().message()));
+    }
+    if (!failed->has_value()) {
+      result.outcome = v1::HIT;
+      result.digest = v.digest();
+      result.misses.clear();
+      absl::MutexLock l(&index_mu_);
+      VariantUse& use = usage_[UsageKey(EntryKey(ns, key), v.digest())];
+      use.last_used = NowMicros();
+      ++use.hits;
+      use.dirty = true;
+      return result;
+    }
+    v1::VariantMiss miss;
+    miss.set_variant(i);
+    miss.set_digest(v.digest());
+    miss.set_failed_guard(**failed);
+    result.misses.push_back(std::move(miss));
+  }
+  result.outcome = result.variants == 0 ? v1::FULL_MISS : v1::GUARD_MISS;
+  return result;
+}
+
+absl::StatusOr<std::string> Cache::ReadArtifact(const std::string& digest) {
+  std::string bytes;
+  RETURN_IF_ERROR(FromRocks(db_->Get(rocksdb::ReadOptions(), ArtifactKey(digest), &bytes),
+                            absl::StrCat("artifact ", digest)));
+  if (Sha256Hex(bytes) == digest) return bytes;
+  {
+    absl::MutexLock l(&stats_mu_);
+    auto* c = stats_.mutable_counters();
+    c->set_corrupt_artifacts(c->corrupt_artifacts() + 1);
+  }
+  RETURN_IF_ERROR(Quarantine(digest, bytes));
+  return absl::DataLossError(absl::StrCat(
+      "artifact ", digest, " is corrupt (its bytes hash to ", Sha256Hex(bytes),
+      "); it was quarantined and will be recompiled on the next Compile"));
+}
+
+absl::Status Cache::Quarantine(const std::string& digest, const std::string& bytes) {
+  absl::MutexLock w(&write_mu_);
+  std::vector<std::string> holders;
+  {
+    absl::MutexLock l(&index_mu_);
+    for (const auto& [ek, variants] : entries_) {
+      for (const auto& v : variants) {
+        if (v.digest == digest) {
+          holders.push_back(ek);
+          break;
+        }
+      }
+    }
+  }
+  rocksdb::WriteBatch batch;
+  batch.Put(absl::StrCat("q/", digest), bytes);
+  batch.Delete(ArtifactKey(digest));
+  RETURN_IF_ERROR(FromRocks(db_->Write(rocksdb::WriteOptions(), &batch), "quarantining"));
+  for (const std::string& ek : holders) {
+    uint64_t variants = 0, freed = 0;
+    RETURN_IF_ERROR(DropVariants(ek, digest, &variants, &freed));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> Cache::Publish(const PublishRequest& req) {
+  const std::string digest = Sha256Hex(req.artifact);
+  const std::string ek = EntryKey(req.ns, req.key);
+  absl::MutexLock w(&write_mu_);
+
+  v1::StoredEntry entry;
+  std::string value;
+  rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), ek, &value);
+  if (s.ok()) {
+    if (!entry.ParseFromString(value)) {
+      return absl::DataLossError(absl::StrCat("stored entry ", ek, " does not parse"));
+    }
+  } else if (!s.IsNotFound()) {
+    return FromRocks(s, absl::StrCat("reading entry ", ek));
+  }
+  for (const auto& v : entry.variants()) {
+    if (v.digest() == digest) return digest;  // already published
+  }
+  const int64_t now = NowMicros();
+  entry.set_format_version(kEntryFormat);
+  entry.set_graph_name(req.graph_name);
+  entry.set_backend(req.backend);
+  {
+    absl::MutexLock l(&index_mu_);
+    ApplyUsage(ek, &entry);
+  }
+  v1::StoredVariant variant;
+  *variant.mutable_guards() = req.guards;
+  variant.set_digest(digest);
+  variant.set_bytes(req.artifact.size());
+  variant.set_created_unix_micros(now);
+  variant.set_last_used_unix_micros(now);
+  if (entry.variants_size() > 0) {
+    v1::RecompileReason* r = entry.add_recompiles();
+    r->set_unix_micros(now);
+    r->set_digest(digest);
+    for (const auto& m : req.recompile_misses) *r->add_misses() = m;
+    if (entry.recompiles_size() > kMaxRecompileReasons) {
+      entry.mutable_recompiles()->DeleteSubrange(0, entry.recompiles_size() - kMaxRecompileReasons);
+    }
+  }
+  entry.mutable_variants()->Add(std::move(variant));
+  std::rotate(entry.mutable_variants()->rbegin(), entry.mutable_variants()->rbegin() + 1,
+              entry.mutable_variants()->rend());
+
+  bool new_blob;
+  {
+    absl::MutexLock l(&index_mu_);
+    new_blob = refcount_[digest] == 0;
+  }
+  rocksdb::WriteBatch batch;
+  if (new_blob) batch.Put(ArtifactKey(digest), req.artifact);
+  batch.Put(ek, entry.SerializeAsString());
+  batch.Put(kStatsKey, StatsBytes());
+  rocksdb::WriteOptions wo;
+  wo.sync = options_.sync_writes;
+  RETURN_IF_ERROR(FromRocks(db_->Write(wo, &batch), absl::StrCat("publishing ", ek)));
+  {
+    absl::MutexLock l(&index_mu_);
+    entries_[ek].push_back(IndexedVariant{digest, req.artifact.size()});
+    usage_[UsageKey(ek, digest)] = VariantUse{now, 0, false};
+    if (refcount_[digest]++ == 0) {
+      blob_bytes_[digest] = req.artifact.size();
+      total_bytes_ += req.artifact.size();
+    }
+    ++total_variants_;
+  }
+  RETURN_IF_ERROR(EvictToBudget());
+  return digest;
+}
+
+absl::Status Cache::DropVariants(const std::string& ek, const std::string& digest,
+                                 uint64_t* freed_variants, uint64_t* freed_bytes) {
+  std::string value;
+  rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), ek, &value);
+  if (s.IsNotFound()) return absl::OkStatus();
+  RETURN_IF_ERROR(FromRocks(s, absl::StrCat("reading entry ", ek)));
+  v1::StoredEntry entry;
+  if (!entry.ParseFromString(value)) {
+    return absl::DataLossError(absl::StrCat("stored entry ", ek, " does not parse"));
+  }
+  std::vector<std::string> dropped;
+  auto* vs = entry.mutable_variants();
+  for (int i = vs->size() - 1; i >= 0; --i) {
+    if (digest.empty() || vs->Get(i).digest() == digest) {
+      dropped.push_back(vs->Get(i).digest());
+      vs->DeleteSubrange(i, 1);
+    }
+  }
+  rocksdb::WriteBatch batch;
+  if (entry.variants_size() == 0) {
+    batch.Delete(ek);
+  } else {
+    batch.Put(ek, entry.SerializeAsString());
+  }
+  absl::MutexLock l(&index_mu_);
+  std::vector<std::string> orphaned;
+  for (const std::string& d : dropped) {
+    if (--refcount_[d] == 0) orphaned.push_back(d);
+  }
+  for (const std::string& d : orphaned) batch.Delete(ArtifactKey(d));
+  rocksdb::Status ws = db_->Write(rocksdb::WriteOptions(), &batch);
+  if (!ws.ok()) {
+    for (const std::string& d : dropped) ++refcount_[d];
+    return FromRocks(ws, absl::StrCat("dropping variants of ", ek));
+  }
+  auto& list = entries_[ek];
+  list.erase(std::remove_if(list.begin(), list.end(),
+                            [&](const IndexedVariant& v) {
+                              return digest.empty() || v.digest == digest;
+                            }),
+             list.end());
+  if (list.empty()) entries_.erase(ek);
+  for (const std::string& d : dropped) usage_.erase(UsageKey(ek, d));
+  for (const std::string& d : orphaned) {
+    *freed_bytes += blob_bytes_[d];
+    total_bytes_ -= blob_bytes_[d];
+    blob_bytes_.erase(d);
+    refcount_.erase(d);
+  }
+  *freed_variants += dropped.size();
+  total_variants_ -= dropped.size();
+  return absl::OkStatus();
+}
+
+absl::Status Cache::EvictToBudget() {
+  while (true) {
+    std::string victim_entry, victim_digest;
+    {
+      absl::MutexLock l(&index_mu_);
+      if (total_bytes_ <= options_.byte_budget) return absl::OkStatus();
+      int64_t oldest = INT64_MAX;
+      for (const auto& [uk, use] : usage_) {
+        if (use.last_used < oldest) {
+          oldest = use.last_used;
+          size_t nl = uk.find('\n');
+          victim_entry = uk.substr(0, nl);
+          victim_digest = uk.substr(nl + 1);
+        }
+      }
+      if (victim_entry.empty()) return absl::OkStatus();
+    }
+    uint64_t variants = 0, bytes = 0;
+    RETURN_IF_ERROR(DropVariants(victim_entry, victim_digest, &variants, &bytes));
+    absl::MutexLock l(&stats_mu_);
+    auto* c = stats_.mutable_counters();
+    c->set_evictions(c->evictions() + variants);
+  }
+}
+
+absl::StatusOr<std::pair<uint64_t, uint64_t>> Cache::Evict(const std::string& ns,
+                                                           const std::string& key) {
+  const std::string ek = EntryKey(ns, key);
+  absl::MutexLock w(&write_mu_);
+  {
+    absl::MutexLock l(&index_mu_);
+    if (!entries_.contains(ek)) {
+      return absl::NotFoundError(absl::StrCat("no entry ", key, " in namespace '", ns, "'"));
+    }
+  }
+  uint64_t variants = 0, bytes = 0;
+  RETURN_IF_ERROR(DropVariants(ek, /*digest=*/"", &variants, &bytes));
+  return std::make_pair(variants, bytes);
+}
+
+absl::StatusOr<std::vector<Cache::EntrySummary>> Cache::List(const std::string& ns) {
+  std::vector<EntrySummary> out;
+  const std::string prefix = ns == "*" ? "e/" : EntryKey(ns, "");
+  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions()));
+  for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix); it->Next()) {
+    std::string ek = it->key().ToString();
+    size_t slash = ek.find('/', 2);
+    EntrySummary e;
+    e.ns = ek.substr(2, slash - 2);
+    e.key = ek.substr(slash + 1);
+    if (!e.entry.ParseFromArray(it->value().data(), static_cast<int>(it->value().size()))) {
+      return absl::DataLossError(absl::StrCat("stored entry ", ek, " does not parse"));
+    }
+    {
+      absl::MutexLock l(&index_mu_);
+      ApplyUsage(ek, &e.entry);
+    }
+    out.push_back(std::move(e));
+  }
+  RETURN_IF_ERROR(FromRocks(it->status(), "listing entries"));
+  return out;
+}
+
+void Cache::Count(v1::LookupOutcome outcome) {
+  absl::MutexLock l(&stats_mu_);
+  auto* c = stats_.mutable_counters();
+  switch (outcome) {
+    case v1::HIT: c->set_hits(c->hits() + 1); break;
+    case v1::GUARD_MISS: c->set_guard_misses(c->guard_misses() + 1); break;
+    case v1::FULL_MISS: c->set_full_misses(c->full_misses() + 1); break;
+    case v1::FROZEN_MISS: c->set_frozen_misses(c->frozen_misses() + 1); break;
+    case v1::CACHE_LIMIT: c->set_cache_limit_hits(c->cache_limit_hits() + 1); break;
+    case v1::BYPASS: c->set_bypasses(c->bypasses() + 1); break;
+    default: break;
+  }
+}
+
+void Cache::CountCompile(bool ok) {
+  absl::MutexLock l(&stats_mu_);
+  auto* c = stats_.mutable_counters();
+  if (ok) {
+    c->set_compiles(c->compiles() + 1);
+  } else {
+    c->set_compile_errors(c->compile_errors() + 1);
+  }
+}
+
+void Cache::CountSingleFlightJoin() {
+  absl::MutexLock l(&stats_mu_);
+  auto* c = stats_.mutable_counters();
+  c->set_single_flight_joins(c->single_flight_joins() + 1);
+}
+
+void Cache::RecordPhase(const std::string& phase, int64_t micros) {
+  absl::MutexLock l(&stats_mu_);
+  v1::PhaseStats* p = nullptr;
+  for (auto& ps : *stats_.mutable_phases()) {
+    if (ps.phase() == phase) p = &ps;
+  }
+  if (p == nullptr) {
+    p = stats_.add_phases();
+    p->set_phase(phase);
+    for (double b : PhaseBounds()) p->mutable_histogram()->add_bounds(b);
+    for (size_t i = 0; i <= PhaseBounds().size(); ++i) p->mutable_histogram()->add_counts(0);
+  }
+  p->set_total_micros(p->total_micros() + micros);
+  v1::Histogram* h = p->mutable_histogram();
+  size_t bucket = std::upper_bound(PhaseBounds().begin(), PhaseBounds().end(),
+                                   static_cast<double>(micros)) -
+                  PhaseBounds().begin();
+  // A value equal to a bound belongs to that bound's bucket.
+  if (bucket > 0 && PhaseBounds()[bucket - 1] == static_cast<double>(micros)) --bucket;
+  h->set_counts(static_cast<int>(bucket), h->counts(static_cast<int>(bucket)) + 1);
+  h->set_count(h->count() + 1);
+  h->set_sum(h->sum() + static_cast<double>(micros));
+}
+
+v1::StoredStats Cache::Stats() const {
+  absl::MutexLock l(&stats_mu_);
+  return stats_;
+}
+
+std::string Cache::StatsBytes() const {
+  absl::MutexLock l(&stats_mu_);
+  return stats_.SerializeAsString();
+}
+
+Cache::Totals Cache::totals() const {
+  absl::MutexLock l(&index_mu_);
+  return Totals{entries_.size(), total_variants_, total_bytes_};
+}
+
+absl::Status Cache::FlushUsage() {
+  absl::MutexLock w(&write_mu_);
+  std::vector<std::string> dirty;
+  {
+    absl::MutexLock l(&index_mu_);
+    for (auto& [uk, use] : usage_) {
+      if (!use.dirty) continue;
+      dirty.push_back(uk.substr(0, uk.find('\n')));
+      use.dirty = false;
+    }
+  }
+  std::sort(dirty.begin(), dirty.end());
+  dirty.erase(std::unique(dirty.begin(), dirty.end()), dirty.end());
+  rocksdb::WriteBatch batch;
+  for (const std::string& ek : dirty) {
+    std::string value;
+    rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), ek, &value);
+    if (s.IsNotFound()) continue;
+    RETURN_IF_ERROR(FromRocks(s, absl::StrCat("reading entry ", ek)));
+    v1::StoredEntry entry;
+    if (!entry.ParseFromString(value)) continue;
+    {
+      absl::MutexLock l(&index_mu_);
+      ApplyUsage(ek, &entry);
+    }
+    batch.Put(ek, entry.SerializeAsString());
+  }
+  batch.Put(kStatsKey, StatsBytes());
+  return FromRocks(db_->Write(rocksdb::WriteOptions(), &batch), "flushing usage");
+}
+
+}  // namespace kiln::cache

@@ -1,0 +1,169 @@
+// The guard-keyed artifact cache on RocksDB (ARCHITECTURE §4, docs/cache.md).
+//
+// Records (one RocksDB instance, default column family):
+//   "e/<namespace>/<key>"  StoredEntry: the variants of a key (guards, digest)
+//                          and its recompile reasons
+//   "a/<digest>"           artifact bytes; digest = hex SHA-256 of the bytes
+//   "q/<digest>"           a quarantined (corrupt) blob, kept for inspection
+//   "s/stats"              StoredStats: counters and compile-time histograms
+//
+// A variant and its artifact are published in one WriteBatch, so a crash
+// leaves either the old state or the new one. Artifacts are verified against
+// their digest on every read; a corrupt one is counted, moved to quarantine,
+// its variants dropped (the next Compile rebuilds it) and never served.
+// Eviction is LRU over variants by total artifact bytes; recency and hit
+// counts live in memory and are written back by FlushUsage (periodically and
+// on Close).
+//
+// Thread-safe: lookups run concurrently; writers are serialized internally.
+#ifndef KILN_CACHE_CACHE_H_
+#define KILN_CACHE_CACHE_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "kiln/v1/store.pb.h"
+
+namespace rocksdb {
+class DB;
+}
+
+namespace kiln::cache {
+
+struct CacheOptions {
+  std::string path;                        // RocksDB directory, created if missing
+  uint64_t byte_budget = 8ull << 30;       // LRU eviction above this many artifact bytes
+  bool sync_writes = false;                // fsync each publish (power-loss durability)
+};
+
+struct LookupResult {
+  v1::LookupOutcome outcome = v1::FULL_MISS;  // HIT, GUARD_MISS or FULL_MISS
+  std::string digest;                         // on HIT
+  std::vector<v1::VariantMiss> misses;        // on GUARD_MISS, one per variant
+  int variants = 0;                           // variants held under the key
+};
+
+struct PublishRequest {
+  std::string ns;
+  std::string key;
+  std::string graph_name;
+  std::string backend;
+  v1::GuardSet guards;
+  std::string artifact;  // serialized v1::Artifact
+  std::vector<v1::VariantMiss> recompile_misses;  // why earlier variants did not serve
+};
+
+class Cache {
+ public:
+  static absl::StatusOr<std::unique_ptr<Cache>> Open(const CacheOptions& options);
+  ~Cache();  // flushes usage and statistics, closes RocksDB
+
+  Cache(const Cache&) = delete;
+  Cache& operator=(const Cache&) = delete;
+
+  // Evaluates the variants of (ns, key) against `signature`, most recently
+  // used first. A hit updates the variant's recency and hit count. Malformed
+  // stored guards are INTERNAL; nothing else fails.
+  absl::StatusOr<LookupResult> Lookup(const std::string& ns, const std::string& key,
+                                      const v1::InputSignature& signature);
+
+  // The stored entry, or NOT_FOUND.
+  absl::StatusOr<v1::StoredEntry> GetEntry(const std::string& ns, const std::string& key);
+
+  // Artifact bytes, verified against `digest`. A mismatch is DATA_LOSS: the
+  // blob is quarantined and every variant naming it is dropped.
+  absl::StatusOr<std::string> ReadArtifact(const std::string& digest);
+
+  // Stores the artifact and a new variant at the front of the key's list in
+  // one WriteBatch; returns the digest. Then evicts down to the byte budget.
+  absl::StatusOr<std::string> Publish(const PublishRequest& request);
+
+  // Drops every variant of (ns, key). Returns (variants, bytes freed).
+  absl::StatusOr<std::pair<uint64_t, uint64_t>> Evict(const std::string& ns,
+                                                      const std::string& key);
+
+  struct EntrySummary {
+    std::string ns;
+    std::string key;
+    v1::StoredEntry entry;
+  };
+  // Every entry of `ns`, or of every namespace when ns == "*", by key.
+  absl::StatusOr<std::vector<EntrySummary>> List(const std::string& ns);
+
+  // Statistics: the caller counts outcomes and compile phases here; they are
+  // persisted with every publish, by FlushUsage and on close.
+  void Count(v1::LookupOutcome outcome);
+  void CountCompile(bool ok);
+  void CountSingleFlightJoin();
+  void RecordPhase(const std::string& phase, int64_t micros);
+  v1::StoredStats Stats() const;
+
+  struct Totals {
+    uint64_t entries = 0;
+    uint64_t variants = 0;
+    uint64_t bytes = 0;
+  };
+  Totals totals() const;
+  uint64_t byte_budget() const { return options_.byte_budget; }
+
+  // Writes recency, hit counts and statistics back to RocksDB.
+  absl::Status FlushUsage();
+
+ private:
+  struct VariantUse {
+    int64_t last_used = 0;
+    uint64_t hits = 0;
+    bool dirty = false;
+  };
+  struct IndexedVariant {
+    std::string digest;
+    uint64_t bytes = 0;
+  };
+
+  Cache(CacheOptions options, std::unique_ptr<rocksdb::DB> db);
+  absl::Status LoadIndex();
+  absl::Status EvictToBudget() ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_);
+  absl::Status DropVariants(const std::string& entry_key, const std::string& digest,
+                            uint64_t* freed_variants, uint64_t* freed_bytes)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_);
+  absl::Status Quarantine(const std::string& digest, const std::string& bytes);
+  void ApplyUsage(const std::string& entry_key, v1::StoredEntry* entry) const;
+  std::string StatsBytes() const;
+
+  const CacheOptions options_;
+  std::unique_ptr<rocksdb::DB> db_;
+
+  // Serializes read-modify-write of entries and artifacts.
+  absl::Mutex write_mu_;
+
+  mutable absl::Mutex index_mu_ ABSL_ACQUIRED_AFTER(write_mu_);
+  // entry key ("e/ns/key") -> its variants' digests and sizes.
+  absl::flat_hash_map<std::string, std::vector<IndexedVariant>> entries_
+      ABSL_GUARDED_BY(index_mu_);
+  // (entry key + "\n" + digest) -> recency and hits.
+  absl::flat_hash_map<std::string, VariantUse> usage_ ABSL_GUARDED_BY(index_mu_);
+  absl::flat_hash_map<std::string, int> refcount_ ABSL_GUARDED_BY(index_mu_);  // by digest
+  absl::flat_hash_map<std::string, uint64_t> blob_bytes_ ABSL_GUARDED_BY(index_mu_);
+  uint64_t total_bytes_ ABSL_GUARDED_BY(index_mu_) = 0;
+  uint64_t total_variants_ ABSL_GUARDED_BY(index_mu_) = 0;
+
+  mutable absl::Mutex stats_mu_;
+  v1::StoredStats stats_ ABSL_GUARDED_BY(stats_mu_);
+};
+
+// "e/<ns>/<key>"
+std::string EntryKey(const std::string& ns, const std::string& key);
+// "a/<digest>"
+std::string ArtifactKey(const std::string& digest);
+
+// Namespaces are [A-Za-z0-9_.-]{0,64}; "" is the default.
+absl::Status ValidateNamespace(const std::string& ns);
+
+}  // namespace kiln::cache
+
+#endif  // KILN_CACHE_CACHE_H_

@@ -1,0 +1,82 @@
+// Compile backends: the stages after verification that turn a graph into an
+// artifact. `eager` stops after canonicalization (the runtime runs the graph
+// op by op); `aot_eager` and `kiln` add stages in later work.
+//
+// Backends are stateless and thread-safe: workers call Compile concurrently.
+#ifndef KILN_SERVER_BACKEND_H_
+#define KILN_SERVER_BACKEND_H_
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/clock.h"
+#include "compiler/ir/graph.h"
+#include "kiln/v1/service.pb.h"
+
+namespace kiln::server {
+
+// Collects the time of each named phase, in order.
+class PhaseTimes {
+ public:
+  // Times `fn` as phase `name` and returns its result.
+  template <typename Fn>
+  auto Time(const std::string& name, Fn&& fn) {
+    const absl::Time start = absl::Now();
+    struct Record {
+      PhaseTimes* self;
+      std::string name;
+      absl::Time start;
+      ~Record() { self->Add(name, absl::ToInt64Microseconds(absl::Now() - start)); }
+    } record{this, name, start};
+    return fn();
+  }
+  void Add(const std::string& name, int64_t micros);
+  const std::vector<v1::PhaseTime>& phases() const { return phases_; }
+
+ private:
+  std::vector<v1::PhaseTime> phases_;
+};
+
+struct CompileInput {
+  const ir::Graph& graph;
+  const v1::GuardSet& guards;
+  const v1::CompileOptions& options;  // normalized
+  const std::string& key;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string name() const = 0;
+  // The artifact for `input`; phases are recorded in `times`.
+  virtual absl::StatusOr<v1::Artifact> Compile(const CompileInput& input,
+                                               PhaseTimes* times) const = 0;
+};
+
+// The artifact fields every backend fills the same way.
+v1::Artifact NewArtifact(const CompileInput& input, const std::string& backend);
+
+// `eager`: the verified canonical graph and its guards.
+std::unique_ptr<Backend> MakeEagerBackend();
+
+// Backends by name.
+class BackendRegistry {
+ public:
+  // Holds every backend this build has.
+  static BackendRegistry Default();
+  void Add(std::unique_ptr<Backend> backend);
+  // INVALID_ARGUMENT listing the known backends when `name` is not one.
+  absl::StatusOr<const Backend*> Find(const std::string& name) const;
+
+ private:
+  std::map<std::string, std::shared_ptr<const Backend>> backends_;
+};
+
+inline constexpr uint32_t kArtifactFormatVersion = 1;
+
+}  // namespace kiln::server
+
+#endif  // KILN_SERVER_BACKEND_H_

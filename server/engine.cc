@@ -1,0 +1,383 @@
+#include "server/engine.h"
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "cache/guards.h"
+#include "common/hashing.h"
+#include "common/status_macros.h"
+#include "compiler/ir/canonical.h"
+#include "compiler/ir/verify.h"
+
+namespace kiln::server {
+namespace {
+
+std::string MissReasons(const std::string& key, int variants,
+                        const std::vector<v1::VariantMiss>& misses) {
+  if (variants == 0) return absl::StrCat("full miss: key ", key, " is not cached");
+  std::vector<std::string> parts;
+  for (const auto& m : misses) {
+    parts.push_back(absl::StrCat("variant ", m.variant(), ": ", m.failed_guard()));
+  }
+  return absl::StrCat("guard miss on key ", key, " (", variants, " variants): ",
+                      absl::StrJoin(parts, "; "));
+}
+
+absl::Status Prefix(const absl::Status& s, absl::string_view prefix) {
+  if (s.ok()) return s;
+  return absl::Status(s.code(), absl::StrCat(prefix, s.message()));
+}
+
+absl::StatusOr<ir::Graph> BuildVerified(const v1::Graph& proto) {
+  ASSIGN_OR_RETURN(ir::Graph g, ir::Graph::FromProto(proto));
+  RETURN_IF_ERROR(ir::Verify(g));
+  return g;
+}
+
+v1::EntryInfo ToEntryInfo(const std::string& ns, const std::string& key,
+                          const v1::StoredEntry& e, bool details) {
+  v1::EntryInfo info;
+  info.set_namespace_(ns);
+  info.set_key(key);
+  info.set_graph_name(e.graph_name());
+  info.set_backend(e.backend());
+  uint64_t bytes = 0;
+  for (const auto& v : e.variants()) {
+    v1::VariantInfo* vi = info.add_variants();
+    vi->set_digest(v.digest());
+    if (details) *vi->mutable_guards() = v.guards();
+    vi->set_bytes(v.bytes());
+    vi->set_created_unix_micros(v.created_unix_micros());
+    vi->set_last_used_unix_micros(v.last_used_unix_micros());
+    vi->set_hits(v.hits());
+    vi->set_backend(e.backend());
+    bytes += v.bytes();
+  }
+  info.set_bytes(bytes);
+  if (details) {
+    for (const auto& r : e.recompiles()) *info.add_recompiles() = r;
+  }
+  return info;
+}
+
+}  // namespace
+
+Engine::Engine(const EngineOptions& options, cache::Cache* cache, BackendRegistry backends)
+    : options_(options),
+      cache_(cache),
+      backends_(std::move(backends)),
+      frozen_(options.frozen),
+      pool_(std::make_unique<WorkerPool>(options.compile_workers, options.compile_queue_depth)) {}
+
+Engine::~Engine() { pool_.reset(); }
+
+absl::StatusOr<v1::Artifact> Engine::LoadArtifact(const std::string& digest) {
+  ASSIGN_OR_RETURN(std::string bytes, cache_->ReadArtifact(digest));
+  v1::Artifact artifact;
+  if (!artifact.ParseFromString(bytes)) {
+    return absl::DataLossError(absl::StrCat("artifact ", digest, " does not parse"));
+  }
+  if (artifact.format_version() > kArtifactFormatVersion) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("artifact ", digest, " has format version ", artifact.format_version(),
+                     ", newer than this server's ", kArtifactFormatVersion));
+  }
+  return artifact;
+}
+
+absl::StatusOr<v1::CompileResponse> Engine::Compile(const v1::CompileRequest& req) {
+  const std::string& ns = req.namespace_();
+  RETURN_IF_ERROR(cache::ValidateNamespace(ns));
+  PhaseTimes times;
+  ASSIGN_OR_RETURN(ir::Graph graph,
+                   times.Time("verify", [&] { return BuildVerified(req.graph()); }));
+  const v1::CompileOptions options = ir::NormalizeOptions(req.options());
+  RETURN_IF_ERROR(backends_.Find(options.backend()).status());
+  const v1::GuardSet guards = req.has_guards() ? req.guards() : cache::DeriveGuards(graph);
+  if (guards.tensors_size() != static_cast<int>(graph.inputs().size())) {
+    return absl::InvalidArgumentError(absl::StrCat("guards: ", guards.tensors_size(),
+                                                   " tensor guards for a graph of ",
+                                                   graph.inputs().size(), " inputs"));
+  }
+  RETURN_IF_ERROR(Prefix(cache::ValidateGuardSet(guards), "guards: "));
+  const std::string key = times.Time("key", [&] { return ir::CacheKey(graph, options); });
+
+  if (req.bypass_cache()) {
+    cache_->Count(v1::BYPASS);
+    return CompileMiss(ns, graph, guards, options, key, v1::BYPASS, {}, std::move(times));
+  }
+
+  // Probe the cache: a variant with these very guards, or, when the client
+  // sent none, any variant that admits the graph's own input signature.
+  const auto signature = cache::SignatureFromGraph(graph);
+  const std::string guard_bytes = ir::DeterministicBytes(guards);
+  std::vector<v1::VariantMiss> misses;
+  int variants = 0;
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    misses.clear();
+    std::string hit_digest;
+    if (!req.has_guards() && signature.ok()) {
+      ASSIGN_OR_RETURN(cache::LookupResult r, cache_->Lookup(ns, key, *signature));
+      variants = r.variants;
+      misses = std::move(r.misses);
+      hit_digest = r.digest;
+    } else {
+      auto entry = cache_->GetEntry(ns, key);
+      if (!entry.ok() && !absl::IsNotFound(entry.status())) return entry.status();
+      variants = entry.ok() ? entry->variants_size() : 0;
+      for (int i = 0; i < variants && hit_digest.empty(); ++i) {
+        const v1::StoredVariant& v = entry->variants(i);
+        if (ir::DeterministicBytes(v.guards()) == guard_bytes) {
+          hit_digest = v.digest();
+          break;
+        }
+        v1::VariantMiss m;
+        m.set_variant(i);
+        m.set_digest(v.digest());
+        auto failed = signature.ok() ? cache::CheckGuards(v.guards(), *signature)
+                                     : absl::StatusOr<std::optional<std::string>>(std::nullopt);
+        m.set_failed_guard(failed.ok() && failed->has_value() ? **failed
+                                                              : "its guards differ from the requested guards");
+        misses.push_back(std::move(m));
+      }
+    }
+    if (hit_digest.empty()) break;
+    auto artifact = LoadArtifact(hit_digest);
+    if (absl::IsDataLoss(artifact.status())) continue;  // quarantined; probe again
+    if (!artifact.ok()) return artifact.status();
+    cache_->Count(v1::HIT);
+    v1::CompileResponse resp;
+    resp.set_key(key);
+    resp.set_digest(hit_digest);
+    *resp.mutable_artifact() = *std::move(artifact);
+    resp.set_outcome(v1::HIT);
+    return resp;
+  }
+
+  if (frozen_ || req.frozen()) {
+    cache_->Count(v1::FROZEN_MISS);
+    return absl::FailedPreconditionError(
+        absl::StrCat(frozen_ ? "the server is frozen" : "the request is frozen",
+                     " and compiles nothing: ", MissReasons(key, variants, misses)));
+  }
+  if (variants >= static_cast<int>(options_.cache_size_limit)) {
+    cache_->Count(v1::CACHE_LIMIT);
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "cache_size_limit (", options_.cache_size_limit, ") reached for key ", key,
+        "; recompile reasons: ", MissReasons(key, variants, misses)));
+  }
+  const v1::LookupOutcome outcome = variants == 0 ? v1::FULL_MISS : v1::GUARD_MISS;
+  cache_->Count(outcome);
+  return CompileMiss(ns, graph, guards, options, key, outcome, std::move(misses),
+                     std::move(times));
+}
+
+absl::StatusOr<v1::CompileResponse> Engine::CompileMiss(
+    const std::string& ns, const ir::Graph& graph, const v1::GuardSet& guards,
+    const v1::CompileOptions& options, const std::string& key, v1::LookupOutcome outcome,
+    std::vector<v1::VariantMiss> misses, PhaseTimes times) {
+  const bool bypass = outcome == v1::BYPASS;
+  const std::string guard_bytes = ir::DeterministicBytes(guards);
+  const std::string flight_key =
+      absl::StrCat(ns, "\n", key, "\n", guard_bytes, bypass ? "\nbypass" : "");
+  std::shared_ptr<Flight> flight;
+  bool leader = false;
+  {
+    absl::MutexLock l(&flights_mu_);
+    auto& slot = flights_[flight_key];
+    if (slot == nullptr) {
+      slot = std::make_shared<Flight>();
+      leader = true;
+    }
+    flight = slot;
+  }
+  if (!leader) {
+    cache_->CountSingleFlightJoin();
+    flight->done.WaitForNotification();
+    return flight->result;
+  }
+
+  ++in_flight_;
+  absl::Notification ran;
+  auto job = [&] {
+    auto run = [&]() -> absl::StatusOr<v1::CompileResponse> {
+      v1::CompileResponse resp;
+      resp.set_key(key);
+      // A flight for the same guards may have published since the probe.
+      auto entry = bypass ? absl::StatusOr<v1::StoredEntry>(absl::NotFoundError(""))
+                          : cache_->GetEntry(ns, key);
+      for (int i = 0; entry.ok() && i < entry->variants_size(); ++i) {
+        const v1::StoredVariant& v = entry->variants(i);
+        if (ir::DeterministicBytes(v.guards()) != guard_bytes) continue;
+        auto artifact = LoadArtifact(v.digest());
+        if (!artifact.ok()) break;
+        resp.set_digest(v.digest());
+        resp.set_outcome(v1::HIT);
+        *resp.mutable_artifact() = *std::move(artifact);
+        return resp;
+      }
+      ASSIGN_OR_RETURN(const Backend* backend, backends_.Find(options.backend()));
+      CompileInput input{graph, guards, options, key};
+      auto artifact = backend->Compile(input, &times);
+      cache_->CountCompile(artifact.ok());
+      if (!artifact.ok()) return artifact.status();
+      for (const auto& p : times.phases()) *artifact->add_compile_times() = p;
+      const std::string bytes = ir::DeterministicBytes(*artifact);
+      resp.set_outcome(outcome);
+      if (bypass) {
+        resp.set_digest(Sha256Hex(bytes));
+      } else {
+        cache::PublishRequest pub{ns, key, graph.name(), options.backend(), guards, bytes, misses};
+        ASSIGN_OR_RETURN(std::string digest, times.Time("store", [&] { return cache_->Publish(pub); }));
+        resp.set_digest(digest);
+      }
+      for (const auto& p : times.phases()) cache_->RecordPhase(p.phase(), p.micros());
+      *resp.mutable_artifact() = *std::move(artifact);
+      for (auto& m : misses) *resp.add_misses() = m;
+      return resp;
+    };
+    flight->result = run();
+    ran.Notify();
+  };
+  absl::Status submitted = pool_->Submit(job);
+  if (submitted.ok()) {
+    ran.WaitForNotification();
+  } else {
+    flight->result = submitted;
+  }
+  {
+    absl::MutexLock l(&flights_mu_);
+    flights_.erase(flight_key);
+  }
+  flight->done.Notify();
+  --in_flight_;
+  return flight->result;
+}
+
+absl::StatusOr<v1::LookupResponse> Engine::Lookup(const v1::LookupRequest& req) {
+  const std::string& ns = req.namespace_();
+  RETURN_IF_ERROR(cache::ValidateNamespace(ns));
+  std::string key;
+  v1::InputSignature signature = req.signature();
+  switch (req.what_case()) {
+    case v1::LookupRequest::kGraph: {
+      ASSIGN_OR_RETURN(ir::Graph graph, BuildVerified(req.graph()));
+      key = ir::CacheKey(graph, ir::NormalizeOptions(req.options()));
+      if (!req.has_signature()) {
+        ASSIGN_OR_RETURN(signature, cache::SignatureFromGraph(graph));
+      }
+      break;
+    }
+    case v1::LookupRequest::kKey:
+      key = req.key();
+      if (!IsHexDigest(key)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("key: '", key, "' is not a hex SHA-256 (64 lowercase hex digits)"));
+      }
+      if (!req.has_signature()) {
+        return absl::InvalidArgumentError("signature: required when looking up by key");
+      }
+      break;
+    case v1::LookupRequest::WHAT_NOT_SET:
+      return absl::InvalidArgumentError("what: give a graph or a key");
+  }
+  ASSIGN_OR_RETURN(cache::LookupResult r, cache_->Lookup(ns, key, signature));
+  v1::LookupResponse resp;
+  resp.set_key(key);
+  if (r.outcome == v1::HIT && req.include_artifact()) {
+    auto artifact = LoadArtifact(r.digest);
+    if (absl::IsDataLoss(artifact.status())) {
+      // Quarantined: report the miss it now is.
+      r.outcome = r.variants > 1 ? v1::GUARD_MISS : v1::FULL_MISS;
+      --r.variants;
+      resp.set_reason(std::string(artifact.status().message()));
+    } else if (!artifact.ok()) {
+      return artifact.status();
+    } else {
+      *resp.mutable_artifact() = *std::move(artifact);
+    }
+  }
+  if (r.outcome == v1::HIT) {
+    cache_->Count(v1::HIT);
+    resp.set_outcome(v1::HIT);
+    resp.set_digest(r.digest);
+    resp.set_reason("hit");
+    return resp;
+  }
+  for (auto& m : r.misses) *resp.add_misses() = m;
+  v1::LookupOutcome outcome = r.outcome;
+  if (frozen_) {
+    outcome = v1::FROZEN_MISS;
+  } else if (r.variants >= static_cast<int>(options_.cache_size_limit)) {
+    outcome = v1::CACHE_LIMIT;
+  }
+  cache_->Count(outcome);
+  resp.set_outcome(outcome);
+  std::string reason = MissReasons(key, r.variants, r.misses);
+  if (outcome == v1::FROZEN_MISS) reason = absl::StrCat("frozen: ", reason);
+  if (outcome == v1::CACHE_LIMIT) {
+    reason = absl::StrCat("cache_size_limit (", options_.cache_size_limit, ") reached: ", reason);
+  }
+  if (!resp.reason().empty()) reason = absl::StrCat(resp.reason(), "; ", reason);
+  resp.set_reason(reason);
+  return resp;
+}
+
+absl::StatusOr<v1::GetArtifactResponse> Engine::GetArtifact(const v1::GetArtifactRequest& req) {
+  if (!IsHexDigest(req.digest())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("digest: '", req.digest(), "' is not a hex SHA-256"));
+  }
+  v1::GetArtifactResponse resp;
+  ASSIGN_OR_RETURN(*resp.mutable_artifact(), LoadArtifact(req.digest()));
+  resp.set_digest(req.digest());
+  return resp;
+}
+
+v1::StatsResponse Engine::Stats() const {
+  v1::StatsResponse resp;
+  v1::StoredStats stats = cache_->Stats();
+  *resp.mutable_counters() = stats.counters();
+  for (const auto& p : stats.phases()) *resp.add_phases() = p;
+  cache::Cache::Totals t = cache_->totals();
+  resp.set_entries(t.entries);
+  resp.set_variants(t.variants);
+  resp.set_bytes(t.bytes);
+  resp.set_byte_budget(cache_->byte_budget());
+  resp.set_frozen(frozen_);
+  resp.set_compiler_version(KILN_COMPILER_VERSION);
+  resp.set_in_flight(in_flight_);
+  return resp;
+}
+
+absl::StatusOr<v1::ListEntriesResponse> Engine::ListEntries(const v1::ListEntriesRequest& req) {
+  if (req.namespace_() != "*") RETURN_IF_ERROR(cache::ValidateNamespace(req.namespace_()));
+  ASSIGN_OR_RETURN(auto entries, cache_->List(req.namespace_()));
+  v1::ListEntriesResponse resp;
+  for (const auto& e : entries) *resp.add_entries() = ToEntryInfo(e.ns, e.key, e.entry, false);
+  return resp;
+}
+
+absl::StatusOr<v1::GetEntryResponse> Engine::GetEntry(const v1::GetEntryRequest& req) {
+  RETURN_IF_ERROR(cache::ValidateNamespace(req.namespace_()));
+  if (!IsHexDigest(req.key())) {
+    return absl::InvalidArgumentError(absl::StrCat("key: '", req.key(), "' is not a hex SHA-256"));
+  }
+  ASSIGN_OR_RETURN(v1::StoredEntry e, cache_->GetEntry(req.namespace_(), req.key()));
+  v1::GetEntryResponse resp;
+  *resp.mutable_entry() = ToEntryInfo(req.namespace_(), req.key(), e, true);
+  return resp;
+}
+
+absl::StatusOr<v1::EvictResponse> Engine::Evict(const v1::EvictRequest& req) {
+  RETURN_IF_ERROR(cache::ValidateNamespace(req.namespace_()));
+  if (!IsHexDigest(req.key())) {
+    return absl::InvalidArgumentError(absl::StrCat("key: '", req.key(), "' is not a hex SHA-256"));
+  }
+  ASSIGN_OR_RETURN(auto freed, cache_->Evict(req.namespace_(), req.key()));
+  v1::EvictResponse resp;
+  resp.set_variants(freed.first);
+  resp.set_bytes(freed.second);
+  return resp;
+}
+
+}  // namespace kiln::server

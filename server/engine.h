@@ -1,0 +1,85 @@
+// What kilnd does for each RPC, without gRPC types: the services in
+// services.cc validate, call the Engine and map its status to the wire.
+//
+// Compile: verify -> key -> cache -> frozen? (FAILED_PRECONDITION with the
+// reasons) -> over cache_size_limit? (RESOURCE_EXHAUSTED with the recompile
+// reasons) -> single-flight by (namespace, key, guards) -> bounded worker pool
+// -> publish -> reply. Lookup never compiles.
+//
+// Thread-safe: every method may be called concurrently.
+#ifndef KILN_SERVER_ENGINE_H_
+#define KILN_SERVER_ENGINE_H_
+
+#include <atomic>
+#include <memory>
+#include <string>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "cache/cache.h"
+#include "kiln/v1/service.pb.h"
+#include "server/backend.h"
+#include "server/worker_pool.h"
+
+namespace kiln::server {
+
+struct EngineOptions {
+  bool frozen = false;
+  uint32_t cache_size_limit = 8;
+  int compile_workers = 2;
+  int compile_queue_depth = 64;
+};
+
+class Engine {
+ public:
+  // `cache` must outlive the Engine.
+  Engine(const EngineOptions& options, cache::Cache* cache, BackendRegistry backends);
+  ~Engine();  // finishes queued compiles
+
+  absl::StatusOr<v1::CompileResponse> Compile(const v1::CompileRequest& request);
+  absl::StatusOr<v1::LookupResponse> Lookup(const v1::LookupRequest& request);
+  absl::StatusOr<v1::GetArtifactResponse> GetArtifact(const v1::GetArtifactRequest& request);
+
+  v1::StatsResponse Stats() const;
+  void SetFrozen(bool frozen) { frozen_ = frozen; }
+  bool frozen() const { return frozen_; }
+  absl::StatusOr<v1::ListEntriesResponse> ListEntries(const v1::ListEntriesRequest& request);
+  absl::StatusOr<v1::GetEntryResponse> GetEntry(const v1::GetEntryRequest& request);
+  absl::StatusOr<v1::EvictResponse> Evict(const v1::EvictRequest& request);
+
+ private:
+  // One compile in progress; identical requests wait on it.
+  struct Flight {
+    absl::Notification done;
+    absl::StatusOr<v1::CompileResponse> result;
+  };
+
+  absl::StatusOr<v1::CompileResponse> CompileMiss(const std::string& ns, const ir::Graph& graph,
+                                                  const v1::GuardSet& guards,
+                                                  const v1::CompileOptions& options,
+                                                  const std::string& key,
+                                                  v1::LookupOutcome outcome,
+                                                  std::vector<v1::VariantMiss> misses,
+                                                  PhaseTimes times);
+  // Reads and parses a verified artifact.
+  absl::StatusOr<v1::Artifact> LoadArtifact(const std::string& digest);
+
+  const EngineOptions options_;
+  cache::Cache* const cache_;
+  const BackendRegistry backends_;
+  std::atomic<bool> frozen_;
+  std::atomic<int> in_flight_{0};
+
+  absl::Mutex flights_mu_;
+  absl::flat_hash_map<std::string, std::shared_ptr<Flight>> flights_
+      ABSL_GUARDED_BY(flights_mu_);
+
+  // Declared last: destroyed first, so queued jobs finish while the rest lives.
+  std::unique_ptr<WorkerPool> pool_;
+};
+
+}  // namespace kiln::server
+
+#endif  // KILN_SERVER_ENGINE_H_

@@ -1,0 +1,186 @@
+// kilnd: the Kiln compile server.
+//
+//   kilnd --listen=ADDR --data_dir=DIR [--config=FILE] [--frozen]
+//
+// Prints "kilnd listening on ADDR" once it accepts requests. SIGTERM or
+// SIGINT drains the requests in flight, finishes queued compiles, writes
+// statistics back and closes RocksDB.
+#include <signal.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "cache/cache.h"
+#include "common/status_macros.h"
+#include "google/protobuf/io/tokenizer.h"
+#include "google/protobuf/text_format.h"
+#include "grpcpp/ext/proto_server_reflection_plugin.h"
+#include "grpcpp/health_check_service_interface.h"
+#include "grpcpp/grpcpp.h"
+#include "kiln/v1/config.pb.h"
+#include "server/engine.h"
+#include "server/services.h"
+
+ABSL_FLAG(std::string, listen, "", "address to listen on (default 127.0.0.1:50051; port 0 picks one)");
+ABSL_FLAG(std::string, data_dir, "", "RocksDB directory (default $HOME/.local/share/kiln)");
+ABSL_FLAG(std::string, config, "", "text-format kiln.v1.ServerConfig; flags override it");
+ABSL_FLAG(bool, frozen, false, "serve only what is cached; compile nothing");
+ABSL_FLAG(uint64_t, cache_byte_budget, 0, "artifact bytes kept before LRU eviction (default 8 GiB)");
+ABSL_FLAG(uint32_t, cache_size_limit, 0, "variants per key (default 8)");
+ABSL_FLAG(uint64_t, max_message_bytes, 0, "largest request accepted (default 64 MiB)");
+ABSL_FLAG(uint32_t, compile_workers, 0, "compile threads (default: cores)");
+
+namespace kiln::server {
+namespace {
+
+class ConfigErrors : public google::protobuf::io::ErrorCollector {
+ public:
+  void AddError(int line, int column, const std::string& message) override {
+    if (first_.empty()) first_ = absl::StrCat("line ", line + 1, " column ", column + 1, ": ", message);
+  }
+  const std::string& first() const { return first_; }
+
+ private:
+  std::string first_;
+};
+
+absl::StatusOr<v1::ServerConfig> LoadConfig() {
+  v1::ServerConfig config;
+  const std::string path = absl::GetFlag(FLAGS_config);
+  if (!path.empty()) {
+    std::ifstream in(path);
+    if (!in) return absl::NotFoundError(absl::StrCat("config ", path, ": cannot be read"));
+    std::stringstream text;
+    text << in.rdbuf();
+    google::protobuf::TextFormat::Parser parser;
+    ConfigErrors errors;
+    parser.RecordErrorsTo(&errors);
+    if (!parser.ParseFromString(text.str(), &config)) {
+      return absl::InvalidArgumentError(absl::StrCat("config ", path, ": ", errors.first()));
+    }
+  }
+  if (!absl::GetFlag(FLAGS_listen).empty()) config.set_listen(absl::GetFlag(FLAGS_listen));
+  if (!absl::GetFlag(FLAGS_data_dir).empty()) config.set_data_dir(absl::GetFlag(FLAGS_data_dir));
+  if (absl::GetFlag(FLAGS_frozen)) config.set_frozen(true);
+  if (auto v = absl::GetFlag(FLAGS_cache_byte_budget)) config.set_cache_byte_budget(v);
+  if (auto v = absl::GetFlag(FLAGS_cache_size_limit)) config.set_cache_size_limit(v);
+  if (auto v = absl::GetFlag(FLAGS_max_message_bytes)) config.set_max_message_bytes(v);
+  if (auto v = absl::GetFlag(FLAGS_compile_workers)) config.set_compile_workers(v);
+
+  if (config.listen().empty()) config.set_listen("127.0.0.1:50051");
+  if (config.data_dir().empty()) {
+    const char* home = std::getenv("HOME");
+    config.set_data_dir(absl::StrCat(home ? home : ".", "/.local/share/kiln"));
+  }
+  if (config.max_message_bytes() == 0) config.set_max_message_bytes(64ull << 20);
+  if (config.compile_workers() == 0) {
+    config.set_compile_workers(std::max(1u, std::thread::hardware_concurrency()));
+  }
+  if (config.compile_queue_depth() == 0) config.set_compile_queue_depth(64);
+  if (config.cache_byte_budget() == 0) config.set_cache_byte_budget(8ull << 30);
+  if (config.cache_size_limit() == 0) config.set_cache_size_limit(8);
+  if (config.stats_flush_millis() == 0) config.set_stats_flush_millis(1000);
+
+  size_t colon = config.listen().rfind(':');
+  int port = 0;
+  if (colon == std::string::npos || !absl::SimpleAtoi(config.listen().substr(colon + 1), &port) ||
+      port < 0 || port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("listen: '", config.listen(), "' is not HOST:PORT"));
+  }
+  if (config.max_message_bytes() > (1ull << 30)) {
+    return absl::InvalidArgumentError("max_message_bytes: at most 1 GiB");
+  }
+  return config;
+}
+
+absl::Status Serve() {
+  ASSIGN_OR_RETURN(v1::ServerConfig config, LoadConfig());
+
+  // Every thread started from here on inherits the mask; this thread waits.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  cache::CacheOptions cache_options;
+  cache_options.path = config.data_dir();
+  cache_options.byte_budget = config.cache_byte_budget();
+  if (auto s = std::system(absl::StrCat("mkdir -p '", config.data_dir(), "'").c_str()); s != 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("data_dir: cannot create '", config.data_dir(), "'"));
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<cache::Cache> cache, cache::Cache::Open(cache_options));
+
+  EngineOptions engine_options;
+  engine_options.frozen = config.frozen();
+  engine_options.cache_size_limit = config.cache_size_limit();
+  engine_options.compile_workers = static_cast<int>(config.compile_workers());
+  engine_options.compile_queue_depth = static_cast<int>(config.compile_queue_depth());
+  auto engine = std::make_unique<Engine>(engine_options, cache.get(), BackendRegistry::Default());
+
+  CompilerService compiler(engine.get(), config.max_message_bytes());
+  AdminService admin(engine.get());
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(config.listen(), grpc::InsecureServerCredentials(), &port);
+  builder.SetMaxReceiveMessageSize(static_cast<int>(
+      std::min<uint64_t>(2 * config.max_message_bytes(), std::numeric_limits<int>::max())));
+  builder.RegisterService(&compiler);
+  builder.RegisterService(&admin);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || port == 0) {
+    return absl::UnavailableError(absl::StrCat("listen: cannot listen on ", config.listen()));
+  }
+  const std::string host = config.listen().substr(0, config.listen().rfind(':'));
+  std::printf("kilnd listening on %s:%d\n", host.c_str(), port);
+  std::fflush(stdout);
+
+  absl::Notification stop_flusher;
+  std::thread flusher([&] {
+    while (!stop_flusher.WaitForNotificationWithTimeout(
+        absl::Milliseconds(config.stats_flush_millis()))) {
+      if (auto s = cache->FlushUsage(); !s.ok()) std::fprintf(stderr, "kilnd: %s\n", s.ToString().c_str());
+    }
+  });
+
+  int sig = 0;
+  sigwait(&signals, &sig);
+  std::fprintf(stderr, "kilnd: signal %d, draining\n", sig);
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  server->Wait();
+  stop_flusher.Notify();
+  flusher.join();
+  engine.reset();
+  cache.reset();
+  std::fprintf(stderr, "kilnd: stopped cleanly\n");
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace kiln::server
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "kilnd --listen=ADDR --data_dir=DIR [--config=FILE] [--frozen]: the Kiln compile server");
+  absl::ParseCommandLine(argc, argv);
+  absl::Status s = kiln::server::Serve();
+  if (!s.ok()) {
+    std::fprintf(stderr, "kilnd: %s\n", s.ToString().c_str());
+    return 1;
+  }
+  return 0;
+}

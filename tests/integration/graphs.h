@@ -1,0 +1,24 @@
+// Graphs for integration tests and benchmarks.
+#ifndef KILN_TESTS_INTEGRATION_GRAPHS_H_
+#define KILN_TESTS_INTEGRATION_GRAPHS_H_
+
+#include <string>
+
+#include "kiln/v1/service.pb.h"
+
+namespace kiln::testing {
+
+// A chain of `nodes` pointwise ops (relu, neg, add of the previous two, ...)
+// over one float32 input of shape [batch, 16]. `salt` changes the first op's
+// alpha, giving a distinct key without changing the shape.
+v1::Graph ChainGraph(int nodes, int64_t batch = 8, int salt = 0);
+
+// The signature of ChainGraph's input with this batch size.
+v1::InputSignature ChainSignature(int64_t batch);
+
+// Reads a GraphFile (protobuf JSON) from tests/data/graphs/NAME.
+v1::GraphFile LoadGraphFile(const std::string& name);
+
+}  // namespace kiln::testing
+
+#endif  // KILN_TESTS_INTEGRATION_GRAPHS_H_

@@ -1,0 +1,75 @@
+#include "tests/integration/kilnd_process.h"
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+
+namespace kiln::testing {
+
+TempDir::TempDir() {
+  char tmpl[] = "/tmp/kiln_test.XXXXXX";
+  char* p = mkdtemp(tmpl);
+  if (p == nullptr) std::abort();
+  path_ = p;
+}
+
+TempDir::~TempDir() {
+  std::error_code ec;
+  std::filesystem::remove_all(path_, ec);
+}
+
+KilndProcess::KilndProcess(const std::string& data_dir, std::vector<std::string> extra) {
+  int out[2];
+  if (pipe(out) != 0) std::abort();
+  std::vector<std::string> args = {KILND_PATH, "--listen=127.0.0.1:0", "--data_dir=" + data_dir};
+  args.insert(args.end(), extra.begin(), extra.end());
+  pid_ = fork();
+  if (pid_ == 0) {
+    dup2(out[1], STDOUT_FILENO);
+    close(out[0]);
+    close(out[1]);
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    execv(argv[0], argv.data());
+    _exit(127);
+  }
+  close(out[1]);
+  FILE* f = fdopen(out[0], "r");
+  char line[256];
+  const std::string prefix = "kilnd listening on ";
+  if (fgets(line, sizeof(line), f) == nullptr || std::string(line).rfind(prefix, 0) != 0) {
+    std::fprintf(stderr, "kilnd did not start (data_dir %s)\n", data_dir.c_str());
+    std::abort();
+  }
+  address_ = std::string(line + prefix.size());
+  while (!address_.empty() && (address_.back() == '\n' || address_.back() == '\r')) {
+    address_.pop_back();
+  }
+  fclose(f);
+}
+
+KilndProcess::~KilndProcess() {
+  if (pid_ > 0) Kill();
+}
+
+int KilndProcess::Terminate() {
+  kill(pid_, SIGTERM);
+  int status = 0;
+  waitpid(pid_, &status, 0);
+  pid_ = -1;
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+void KilndProcess::Kill() {
+  kill(pid_, SIGKILL);
+  int status = 0;
+  waitpid(pid_, &status, 0);
+  pid_ = -1;
+}
+
+}  // namespace kiln::testing

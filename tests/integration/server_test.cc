@@ -1,0 +1,424 @@
+// kilnd end to end: the real daemon on loopback over a real RocksDB in a
+// temporary directory, driven through kiln::Client.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "cache/cache.h"
+#include "client/client.h"
+#include "grpcpp/generic/generic_stub.h"
+#include "grpcpp/grpcpp.h"
+#include "rocksdb/db.h"
+#include "tests/integration/graphs.h"
+#include "tests/integration/kilnd_process.h"
+
+namespace kiln::testing {
+namespace {
+
+std::unique_ptr<Client> ConnectTo(const KilndProcess& kilnd) {
+  ClientOptions o;
+  o.address = kilnd.address();
+  o.deadline = absl::Seconds(60);
+  auto c = Client::Connect(o);
+  EXPECT_TRUE(c.ok()) << c.status();
+  return *std::move(c);
+}
+
+v1::CompileRequest Request(const v1::Graph& graph, const std::string& backend = "eager") {
+  v1::CompileRequest r;
+  *r.mutable_graph() = graph;
+  r.mutable_options()->set_backend(backend);
+  return r;
+}
+
+bool Contains(absl::string_view haystack, absl::string_view needle) {
+  return haystack.find(needle) != absl::string_view::npos;
+}
+
+TEST(KilndTest, CompileThenHitFromASecondClient) {
+  TempDir dir;
+  KilndProcess kilnd(dir.path());
+  auto a = ConnectTo(kilnd);
+  ASSERT_TRUE(a->Health().ok());
+  const v1::GraphFile mlp = LoadGraphFile("mlp.json");
+
+  auto first = a->Compile(Request(mlp.graph()));
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(first->outcome(), v1::FULL_MISS);
+  EXPECT_EQ(first->artifact().backend(), "eager");
+  EXPECT_EQ(first->artifact().graph().nodes_size(), mlp.graph().nodes_size());
+  EXPECT_EQ(first->artifact().guards().tensors_size(), mlp.graph().inputs_size());
+  EXPECT_EQ(first->key(), *Client::Key(mlp.graph(), v1::CompileOptions()));
+
+  auto b = ConnectTo(kilnd);
+  auto sig = SignatureFromMetadata(mlp.graph());
+  ASSERT_TRUE(sig.ok()) << sig.status();
+  auto hit = b->LookupGraph(mlp.graph(), v1::CompileOptions(), *sig);
+  ASSERT_TRUE(hit.ok()) << hit.status();
+  EXPECT_EQ(hit->outcome(), v1::HIT) << hit->reason();
+  EXPECT_EQ(hit->digest(), first->digest());
+  auto again = b->Compile(Request(mlp.graph()));
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->outcome(), v1::HIT);
+  auto artifact = b->GetArtifact(first->digest());
+  ASSERT_TRUE(artifact.ok()) << artifact.status();
+  EXPECT_EQ(artifact->artifact().key(), first->key());
+
+  auto stats = b->Stats();
+  ASSERT_TRUE(stats.ok());
+  EXPECT_EQ(stats->counters().compiles(), 1u);
+  EXPECT_EQ(stats->counters().full_misses(), 1u);
+  EXPECT_EQ(stats->counters().hits(), 2u);
+  EXPECT_EQ(stats->entries(), 1u);
+  EXPECT_EQ(stats->variants(), 1u);
+  EXPECT_GT(stats->bytes(), 0u);
+  bool saw_verify = false;
+  for (const auto& p : stats->phases()) saw_verify |= p.phase() == "verify" && p.histogram().count() == 1;
+  EXPECT_TRUE(saw_verify);
+  EXPECT_EQ(kilnd.Terminate(), 0);
+}
+
+TEST(KilndTest, RestartKeepsEntriesAndStatistics) {
+  TempDir dir;
+  const v1::Graph g = ChainGraph(30);
+  std::string digest;
+  {
+    KilndProcess kilnd(dir.path());
+    auto c = ConnectTo(kilnd);
+    auto r = c->Compile(Request(g));
+    ASSERT_TRUE(r.ok()) << r.status();
+    digest = r->digest();
+    ASSERT_EQ(c->LookupGraph(g, {}, ChainSignature(8))->outcome(), v1::HIT);
+    EXPECT_EQ(kilnd.Terminate(), 0);
+  }
+  KilndProcess kilnd(dir.path());
+  auto c = ConnectTo(kilnd);
+  auto hit = c->LookupGraph(g, {}, ChainSignature(8));
+  ASSERT_TRUE(hit.ok());
+  EXPECT_EQ(hit->outcome(), v1::HIT);
+  EXPECT_EQ(hit->digest(), digest);
+  auto stats = c->Stats();
+  EXPECT_EQ(stats->counters().compiles(), 1u);
+  EXPECT_EQ(stats->counters().hits(), 2u);
+  EXPECT_EQ(stats->entries(), 1u);
+  auto entry = c->GetEntry(hit->key());
+  ASSERT_TRUE(entry.ok());
+  EXPECT_EQ(entry->entry().variants(0).hits(), 2u);
+}
+
+TEST(KilndTest, ConcurrentIdenticalCompilesMakeOneCompile) {
+  TempDir dir;
+  KilndProcess kilnd(dir.path());
+  auto c = ConnectTo(kilnd);
+  const v1::Graph g = ChainGraph(3000);
+  std::vector<std::thread> threads;
+  std::vector<std::string> digests(32);
+  std::atomic<int> failures{0};
+  for (int i = 0; i < 32; ++i) {
+    threads.emplace_back([&, i] {
+      auto r = c->Compile(Request(g));
+      if (!r.ok()) {
+        ++failures;
+        return;
+      }
+      digests[i] = r->digest();
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(failures, 0);
+  for (const auto& d : digests) EXPECT_EQ(d, digests[0]);
+  auto stats = c->Stats();
+  EXPECT_EQ(stats->counters().compiles(), 1u);
+  EXPECT_EQ(stats->variants(), 1u);
+  EXPECT_EQ(stats->counters().single_flight_joins() + stats->counters().hits(), 31u);
+}
+
+TEST(KilndTest, FrozenRefusesMissesAndStillServesHits) {
+  TempDir dir;
+  const v1::Graph cached = ChainGraph(10);
+  const v1::Graph fresh = ChainGraph(10, 8, /*salt=*/1);
+  {
+    KilndProcess kilnd(dir.path());
+    auto c = ConnectTo(kilnd);
+    ASSERT_TRUE(c->Compile(Request(cached)).ok());
+    ASSERT_TRUE(c->Freeze().ok());
+    auto refused = c->Compile(Request(fresh));
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_TRUE(Contains(refused.status().message(), "frozen")) << refused.status();
+    EXPECT_TRUE(Contains(refused.status().message(), "full miss")) << refused.status();
+    // A different batch size of the cached graph: the reason names the guard.
+    auto guard_refused = c->Compile(Request(ChainGraph(10, 12)));
+    EXPECT_EQ(guard_refused.status().code(), absl::StatusCode::kFailedPrecondition);
+    auto hit = c->Compile(Request(cached));
+    ASSERT_TRUE(hit.ok()) << hit.status();
+    EXPECT_EQ(hit->outcome(), v1::HIT);
+    auto lookup = c->LookupGraph(fresh, {}, ChainSignature(8));
+    EXPECT_EQ(lookup->outcome(), v1::FROZEN_MISS);
+    auto stats = c->Stats();
+    EXPECT_TRUE(stats->frozen());
+    EXPECT_EQ(stats->counters().compiles(), 1u);
+    EXPECT_EQ(stats->counters().frozen_misses(), 3u);
+    ASSERT_TRUE(c->Thaw().ok());
+    EXPECT_TRUE(c->Compile(Request(fresh)).ok());
+    // A request may be frozen on its own.
+    v1::CompileRequest frozen_request = Request(ChainGraph(10, 8, 2));
+    frozen_request.set_frozen(true);
+    EXPECT_EQ(c->Compile(frozen_request).status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_EQ(kilnd.Terminate(), 0);
+  }
+  KilndProcess kilnd(dir.path(), {"--frozen"});
+  auto c = ConnectTo(kilnd);
+  EXPECT_EQ(c->Compile(Request(ChainGraph(10, 8, 3))).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(c->Compile(Request(cached))->outcome(), v1::HIT);
+  EXPECT_TRUE(c->Stats()->frozen());
+}
+
+TEST(KilndTest, CacheSizeLimitRefusesWithRecompileReasons) {
+  TempDir dir;
+  KilndProcess kilnd(dir.path(), {"--cache_size_limit=2"});
+  auto c = ConnectTo(kilnd);
+  auto first = c->Compile(Request(ChainGraph(5, 4)));
+  ASSERT_TRUE(first.ok());
+  auto second = c->Compile(Request(ChainGraph(5, 5)));
+  ASSERT_TRUE(second.ok());
+  EXPECT_EQ(second->outcome(), v1::GUARD_MISS);
+  EXPECT_EQ(second->key(), first->key() == second->key() ? first->key() : "same key expected");
+  auto third = c->Compile(Request(ChainGraph(5, 6)));
+  EXPECT_EQ(third.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(Contains(third.status().message(), "cache_size_limit (2)")) << third.status();
+  EXPECT_TRUE(Contains(third.status().message(), "input 0 'x': size[0] is 6, guard expects"))
+      << third.status();
+  EXPECT_EQ(c->Stats()->counters().cache_limit_hits(), 1u);
+  auto entry = c->GetEntry(first->key());
+  ASSERT_TRUE(entry.ok());
+  ASSERT_EQ(entry->entry().recompiles_size(), 1);
+  EXPECT_EQ(entry->entry().recompiles(0).misses(0).failed_guard(),
+            "input 0 'x': size[0] is 5, guard expects 4");
+  auto lookup = c->LookupGraph(ChainGraph(5, 6), {}, ChainSignature(6));
+  EXPECT_EQ(lookup->outcome(), v1::CACHE_LIMIT);
+}
+
+TEST(KilndTest, EvictsUnderAByteBudget) {
+  TempDir dir;
+  // One chain-20 artifact is a few KiB; the budget holds about two.
+  KilndProcess probe_server(dir.path());
+  uint64_t one;
+  {
+    auto c = ConnectTo(probe_server);
+    auto r = c->Compile(Request(ChainGraph(20)));
+    ASSERT_TRUE(r.ok());
+    one = c->Stats()->bytes();
+    ASSERT_TRUE(c->Evict(r->key()).ok());
+    EXPECT_EQ(c->Stats()->bytes(), 0u);
+  }
+  probe_server.Terminate();
+  const uint64_t budget = one * 5 / 2;
+  KilndProcess kilnd(dir.path(), {absl::StrCat("--cache_byte_budget=", budget)});
+  auto c = ConnectTo(kilnd);
+  for (int salt = 1; salt <= 5; ++salt) {
+    ASSERT_TRUE(c->Compile(Request(ChainGraph(20, 8, salt))).ok());
+  }
+  auto stats = c->Stats();
+  EXPECT_LE(stats->bytes(), budget);
+  EXPECT_EQ(stats->variants(), 2u);
+  EXPECT_EQ(stats->counters().evictions(), 3u);
+  EXPECT_EQ(c->LookupGraph(ChainGraph(20, 8, 1), {}, ChainSignature(8))->outcome(), v1::FULL_MISS);
+  EXPECT_EQ(c->LookupGraph(ChainGraph(20, 8, 5), {}, ChainSignature(8))->outcome(), v1::HIT);
+}
+
+TEST(KilndTest, CorruptArtifactIsDetectedNotServedAndRecompiled) {
+  TempDir dir;
+  const v1::Graph g = ChainGraph(12);
+  std::string digest;
+  {
+    KilndProcess kilnd(dir.path());
+    auto r = ConnectTo(kilnd)->Compile(Request(g));
+    ASSERT_TRUE(r.ok());
+    digest = r->digest();
+    ASSERT_EQ(kilnd.Terminate(), 0);
+  }
+  {
+    rocksdb::DB* raw = nullptr;
+    ASSERT_TRUE(rocksdb::DB::Open(rocksdb::Options(), dir.path(), &raw).ok());
+    std::unique_ptr<rocksdb::DB> db(raw);
+    std::string bytes;
+    ASSERT_TRUE(db->Get(rocksdb::ReadOptions(), cache::ArtifactKey(digest), &bytes).ok());
+    bytes[bytes.size() / 2] ^= 0x5a;
+    ASSERT_TRUE(db->Put(rocksdb::WriteOptions(), cache::ArtifactKey(digest), bytes).ok());
+  }
+  KilndProcess kilnd(dir.path());
+  auto c = ConnectTo(kilnd);
+  auto read = c->GetArtifact(digest);
+  EXPECT_EQ(read.status().code(), absl::StatusCode::kDataLoss) << read.status();
+  EXPECT_TRUE(Contains(read.status().message(), "corrupt"));
+  EXPECT_EQ(c->Stats()->counters().corrupt_artifacts(), 1u);
+  EXPECT_EQ(c->LookupGraph(g, {}, ChainSignature(8))->outcome(), v1::FULL_MISS);
+  auto again = c->Compile(Request(g));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->outcome(), v1::FULL_MISS);
+  ASSERT_TRUE(c->GetArtifact(again->digest()).ok());
+  EXPECT_EQ(c->Stats()->counters().compiles(), 2u);
+}
+
+TEST(KilndTest, BadInputIsRefusedByNameAndTheServerKeepsServing) {
+  TempDir dir;
+  KilndProcess kilnd(dir.path(), {"--max_message_bytes=20000"});
+  auto c = ConnectTo(kilnd);
+  struct Case {
+    std::string what;
+    std::function<void(v1::CompileRequest*)> mutate;
+    std::string expect;
+  };
+  const std::vector<Case> cases = {
+      {"dangling reference",
+       [](v1::CompileRequest* r) { r->mutable_graph()->mutable_nodes(1)->mutable_args(0)->set_tensor("ghost"); },
+       "node 'op1' argument 0 refers to 'ghost'"},
+      {"cycle",
+       [](v1::CompileRequest* r) { r->mutable_graph()->mutable_nodes(0)->mutable_args(0)->set_tensor("t2"); },
+       "graph has a cycle"},
+      {"empty graph", [](v1::CompileRequest* r) { r->mutable_graph()->Clear(); }, "graph is empty"},
+      {"missing metadata",
+       [](v1::CompileRequest* r) { r->mutable_graph()->mutable_nodes(2)->mutable_outputs(0)->clear_meta(); },
+       "node 'op2' output 0 't2' has no metadata"},
+      {"output names nothing", [](v1::CompileRequest* r) { r->mutable_graph()->set_outputs(0, "t99"); },
+       "graph output 0 refers to 't99'"},
+      {"argument kind",
+       [](v1::CompileRequest* r) { r->mutable_graph()->mutable_nodes(2)->mutable_args(1)->set_float_value(2.0); },
+       "node 'op2' argument 1"},
+      {"nonsense guard",
+       [](v1::CompileRequest* r) {
+         auto* g = r->mutable_guards();
+         auto* t = g->add_tensors();
+         t->set_name("x");
+         t->set_dtype(v1::FLOAT32);
+         t->add_sizes()->set_expr("s0");
+         t->add_sizes()->set_int_value(16);
+         g->add_shape_guards("s0 %% 8 ==");
+       },
+       "guards: shape guard 0"},
+      {"guard for an unbound symbol",
+       [](v1::CompileRequest* r) {
+         auto* t = r->mutable_guards()->add_tensors();
+         t->set_name("x");
+         t->add_sizes()->set_expr("s0");
+         r->mutable_guards()->add_shape_guards("s7 > 2");
+       },
+       "s7"},
+      {"guard count",
+       [](v1::CompileRequest* r) {
+         r->mutable_guards()->add_tensors();
+         r->mutable_guards()->add_tensors();
+       },
+       "guards: 2 tensor guards for a graph of 1 inputs"},
+      {"unknown backend", [](v1::CompileRequest* r) { r->mutable_options()->set_backend("tvm"); },
+       "unknown backend 'tvm'"},
+      {"bad namespace", [](v1::CompileRequest* r) { r->set_namespace_("a/b"); }, "namespace 'a/b'"},
+      {"oversized", [](v1::CompileRequest* r) { *r->mutable_graph() = ChainGraph(400); },
+       "over max_message_bytes (20000)"},
+  };
+  const v1::CompileRequest good = Request(ChainGraph(6));
+  for (const Case& k : cases) {
+    v1::CompileRequest r = good;
+    k.mutate(&r);
+    auto resp = c->Compile(r);
+    EXPECT_EQ(resp.status().code(), absl::StatusCode::kInvalidArgument) << k.what << ": " << resp.status();
+    EXPECT_TRUE(Contains(resp.status().message(), k.expect)) << k.what << ": " << resp.status();
+    EXPECT_TRUE(c->Health().ok()) << k.what;
+  }
+  v1::LookupRequest bad_key;
+  bad_key.set_key("not-a-key");
+  *bad_key.mutable_signature() = ChainSignature(8);
+  EXPECT_EQ(c->Lookup(bad_key).status().code(), absl::StatusCode::kInvalidArgument);
+  v1::LookupRequest no_sig;
+  no_sig.set_key(std::string(64, 'c'));
+  auto ns = c->Lookup(no_sig);
+  EXPECT_TRUE(Contains(ns.status().message(), "signature")) << ns.status();
+  EXPECT_EQ(c->GetArtifact("zz").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(c->GetArtifact(std::string(64, 'd')).status().code(), absl::StatusCode::kNotFound);
+
+  // Bytes that are no protobuf at all.
+  auto channel = grpc::CreateChannel(kilnd.address(), grpc::InsecureChannelCredentials());
+  grpc::GenericStub generic(channel);
+  grpc::ClientContext ctx;
+  const char garbage[] = "\xff\xff\xff\xff\x0f not a CompileRequest";
+  grpc::Slice slice(garbage, sizeof(garbage) - 1);
+  grpc::ByteBuffer request(&slice, 1), response;
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  grpc::Status status;
+  generic.UnaryCall(&ctx, "/kiln.v1.Compiler/Compile", grpc::StubOptions(), &request, &response,
+                    [&](grpc::Status s) {
+                      std::lock_guard<std::mutex> l(mu);
+                      status = s;
+                      done = true;
+                      cv.notify_all();
+                    });
+  {
+    std::unique_lock<std::mutex> l(mu);
+    cv.wait(l, [&] { return done; });
+  }
+  EXPECT_FALSE(status.ok());
+
+  // Still serving, nothing stored was touched.
+  EXPECT_TRUE(c->Health().ok());
+  auto ok = c->Compile(good);
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  auto stats = c->Stats();
+  EXPECT_EQ(stats->variants(), 1u);
+  EXPECT_EQ(stats->counters().compiles(), 1u);
+  EXPECT_EQ(kilnd.Terminate(), 0);
+}
+
+TEST(KilndTest, KillNineLosesNoAcknowledgedEntry) {
+  TempDir dir;
+  struct Acked {
+    v1::Graph graph;
+    std::string digest;
+  };
+  std::vector<Acked> acked;
+  {
+    KilndProcess kilnd(dir.path());
+    auto c = ConnectTo(kilnd);
+    std::atomic<bool> stop{false};
+    std::mutex mu;
+    std::thread stream([&] {
+      for (int salt = 0; !stop; ++salt) {
+        v1::Graph g = ChainGraph(40, 8, salt);
+        auto r = c->Compile(Request(g));
+        if (!r.ok()) return;  // the server died under us
+        std::lock_guard<std::mutex> l(mu);
+        acked.push_back({g, r->digest()});
+      }
+    });
+    while (true) {
+      {
+        std::lock_guard<std::mutex> l(mu);
+        if (acked.size() >= 25) break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    kilnd.Kill();
+    stop = true;
+    stream.join();
+  }
+  KilndProcess kilnd(dir.path());
+  ClientOptions o;
+  o.address = kilnd.address();
+  auto c = *Client::Connect(o);
+  ASSERT_GE(acked.size(), 25u);
+  for (const Acked& a : acked) {
+    auto hit = c->LookupGraph(a.graph, {}, ChainSignature(8));
+    ASSERT_TRUE(hit.ok()) << hit.status();
+    EXPECT_EQ(hit->outcome(), v1::HIT);
+    EXPECT_EQ(hit->digest(), a.digest);
+    auto artifact = c->GetArtifact(a.digest);
+    EXPECT_TRUE(artifact.ok()) << artifact.status();  // verified against its digest
+  }
+}
+
+}  // namespace
+}  // namespace kiln::testing
