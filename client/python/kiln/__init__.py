@@ -1,0 +1,29 @@
+"""Python client for kilnd, the Kiln compile server.
+
+    import kiln
+    graph = kiln.capture(model, x)              # kiln.v1.Graph of core ATen ops
+    client = kiln.Client("127.0.0.1:7070")
+    client.compile(graph, backend="eager")      # kiln.v1.CompileResponse
+    client.lookup(graph, signature=kiln.signature(*kiln.module_tensors(model), x))
+
+The generated protocol modules live in the subpackage kiln.v1 (graph_pb2,
+guards_pb2, artifact_pb2, service_pb2, service_pb2_grpc), which may sit in
+another directory on sys.path (a build tree): this package's __path__ is
+extended to find it. capture(), signature(), module_tensors() and
+tensor_meta() import torch on first use; the client does not need it.
+"""
+
+__path__ = __import__("pkgutil").extend_path(__path__, __name__)
+
+from kiln.client import Client, KilnError  # noqa: E402
+
+__all__ = ["Client", "KilnError", "capture", "signature", "module_tensors", "tensor_meta"]
+
+_CAPTURE_NAMES = ("capture", "signature", "module_tensors", "tensor_meta")
+
+
+def __getattr__(name):
+    if name in _CAPTURE_NAMES:
+        from kiln import tracer
+        return getattr(tracer, name)
+    raise AttributeError(f"module 'kiln' has no attribute {name!r}")

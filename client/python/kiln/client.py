@@ -1,0 +1,181 @@
+"""A thin client for kilnd's Compiler and Admin gRPC services.
+
+Every method sends one request and returns the reply message (kiln.v1.*
+from service.proto). A failed call raises KilnError with the gRPC status code
+name and the server's message; calls that find the server UNAVAILABLE are
+retried a few times with exponential backoff first.
+
+Lookup by graph: the server returns the graph's cache key, and the client
+remembers it for that graph (by content, together with the backend and
+namespace), so the next lookup of the same graph sends only the key and the
+input signature. A Client is not meant to be shared between threads.
+"""
+
+import hashlib
+import time
+
+import grpc
+
+from kiln.v1 import guards_pb2, service_pb2, service_pb2_grpc
+
+__all__ = ["Client", "KilnError"]
+
+
+class KilnError(Exception):
+    """A failed call: `code` is the gRPC status code name ("FAILED_PRECONDITION"),
+    `message` the server's details."""
+
+    def __init__(self, code, message):
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+
+
+def _signature_from_graph(graph):
+    """The input signature that a graph's own input metadata describes."""
+    sig = guards_pb2.InputSignature()
+    for ph in graph.inputs:
+        meta = ph.value.meta
+        if any(s.WhichOneof("value") == "expr" for s in list(meta.sizes) + list(meta.strides)):
+            raise ValueError(f"input '{ph.value.name}' has symbolic sizes or strides: "
+                             "pass a signature")
+        entry = sig.inputs.add(
+            dtype=meta.dtype,
+            sizes=[s.int_value for s in meta.sizes],
+            strides=[s.int_value for s in meta.strides],
+            requires_grad=meta.requires_grad,
+            storage_offset=meta.storage_offset.int_value,
+        )
+        entry.device.CopyFrom(meta.device)
+    return sig
+
+
+class Client:
+    """Connects to kilnd at `address` ("host:port"); `timeout` is the deadline,
+    in seconds, of each call."""
+
+    RETRIES = 4          # further attempts after an UNAVAILABLE reply
+    BACKOFF_S = 0.1      # first wait; doubled on every retry
+
+    def __init__(self, address, timeout=30.0):
+        self.address = address
+        self.timeout = timeout
+        self._channel = grpc.insecure_channel(address)
+        self._compiler = service_pb2_grpc.CompilerStub(self._channel)
+        self._admin = service_pb2_grpc.AdminStub(self._channel)
+        self._keys = {}  # (graph digest, options, namespace) -> key
+
+    def close(self):
+        self._channel.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def _call(self, method, request):
+        wait = self.BACKOFF_S
+        for attempt in range(self.RETRIES + 1):
+            try:
+                return method(request, timeout=self.timeout)
+            except grpc.RpcError as e:
+                code = e.code()
+                if code == grpc.StatusCode.UNAVAILABLE and attempt < self.RETRIES:
+                    time.sleep(wait)
+                    wait *= 2
+                    continue
+                raise KilnError(code.name, e.details() or "") from None
+
+    @staticmethod
+    def _options(backend):
+        return service_pb2.CompileOptions(backend=backend)
+
+    def _graph_id(self, graph, options, namespace):
+        digest = hashlib.sha256(graph.SerializeToString(deterministic=True)).digest()
+        return (digest, options.SerializeToString(deterministic=True), namespace)
+
+    # Compiler service.
+
+    def compile(self, graph, guards=None, backend="eager", namespace="", frozen=False):
+        """Compiles `graph` (kiln.v1.Graph) unless a cached variant admits it.
+
+        `guards` (kiln.v1.GuardSet) defaults, on the server, to guards that
+        hold every input's size, stride, dtype and device exact. With
+        `frozen`, a miss fails with FAILED_PRECONDITION instead of compiling.
+        Returns the kiln.v1.CompileResponse.
+        """
+        options = self._options(backend)
+        request = service_pb2.CompileRequest(graph=graph, options=options,
+                                             namespace=namespace, frozen=frozen)
+        if guards is not None:
+            request.guards.CopyFrom(guards)
+        response = self._call(self._compiler.Compile, request)
+        if response.key:
+            self._keys[self._graph_id(graph, options, namespace)] = response.key
+        return response
+
+    def lookup(self, graph=None, key=None, signature=None, backend="eager", namespace="",
+               include_artifact=False):
+        """Asks whether a cached variant admits `signature` (kiln.v1.InputSignature).
+
+        Give either `graph` or `key` (hex). With a graph and no signature, the
+        signature is the graph's own input metadata. Returns the
+        kiln.v1.LookupResponse, whose outcome is HIT, GUARD_MISS (with the
+        failed guard of every variant) or FULL_MISS.
+        """
+        if (graph is None) == (key is None):
+            raise ValueError("lookup() takes exactly one of graph and key")
+        options = self._options(backend)
+        request = service_pb2.LookupRequest(options=options, namespace=namespace,
+                                            include_artifact=include_artifact)
+        remembered = None
+        if graph is not None:
+            remembered = self._graph_id(graph, options, namespace)
+            key = self._keys.get(remembered)
+            if key is not None and signature is None:
+                signature = _signature_from_graph(graph)
+        if key is not None:
+            request.key = key
+        else:
+            request.graph.CopyFrom(graph)
+        if signature is not None:
+            request.signature.CopyFrom(signature)
+        response = self._call(self._compiler.Lookup, request)
+        if remembered is not None and response.key:
+            self._keys[remembered] = response.key
+        return response
+
+    def get_artifact(self, digest):
+        """Returns the kiln.v1.GetArtifactResponse for an artifact digest."""
+        return self._call(self._compiler.GetArtifact,
+                          service_pb2.GetArtifactRequest(digest=digest))
+
+    # Admin service.
+
+    def stats(self):
+        """Returns the kiln.v1.StatsResponse: counters, per-phase times, sizes."""
+        return self._call(self._admin.Stats, service_pb2.StatsRequest())
+
+    def freeze(self):
+        """Stops all compilation: misses fail with FAILED_PRECONDITION."""
+        return self._call(self._admin.Freeze, service_pb2.FreezeRequest())
+
+    def thaw(self):
+        """Allows compilation again after freeze()."""
+        return self._call(self._admin.Thaw, service_pb2.ThawRequest())
+
+    def list_entries(self, namespace="*"):
+        """Returns the kiln.v1.ListEntriesResponse; "*" lists every namespace."""
+        return self._call(self._admin.ListEntries,
+                          service_pb2.ListEntriesRequest(namespace=namespace))
+
+    def get_entry(self, key, namespace=""):
+        """Returns the kiln.v1.GetEntryResponse: variants, guards, recompiles."""
+        return self._call(self._admin.GetEntry,
+                          service_pb2.GetEntryRequest(key=key, namespace=namespace))
+
+    def evict(self, key, namespace=""):
+        """Drops every variant of `key`; returns the kiln.v1.EvictResponse."""
+        return self._call(self._admin.Evict,
+                          service_pb2.EvictRequest(key=key, namespace=namespace))
