@@ -108,7 +108,9 @@ absl::StatusOr<v1::CompileResponse> Engine::Compile(const v1::CompileRequest& re
 
   // Probe the cache: a variant with these very guards, or, when the client
   // sent none, any variant that admits the graph's own input signature.
-  const auto signature = cache::SignatureFromGraph(graph);
+  const absl::StatusOr<v1::InputSignature> signature =
+      req.has_signature() ? absl::StatusOr<v1::InputSignature>(req.signature())
+                          : cache::SignatureFromGraph(graph);
   const std::string guard_bytes = ir::DeterministicBytes(guards);
   std::vector<v1::VariantMiss> misses;
   int variants = 0;

@@ -10,10 +10,14 @@
 namespace kiln::testing {
 namespace {
 
-v1::TensorMeta Meta(int64_t batch) {
+v1::TensorMeta Meta(int64_t batch, bool symbolic = false) {
   v1::TensorMeta m;
   m.set_dtype(v1::FLOAT32);
-  m.add_sizes()->set_int_value(batch);
+  if (symbolic) {
+    m.add_sizes()->set_expr("s0");
+  } else {
+    m.add_sizes()->set_int_value(batch);
+  }
   m.add_sizes()->set_int_value(16);
   m.add_strides()->set_int_value(16);
   m.add_strides()->set_int_value(1);
@@ -24,13 +28,13 @@ v1::TensorMeta Meta(int64_t batch) {
 
 }  // namespace
 
-v1::Graph ChainGraph(int nodes, int64_t batch, int salt) {
+v1::Graph ChainGraph(int nodes, int64_t batch, int salt, bool symbolic) {
   v1::Graph g;
   g.set_name(absl::StrCat("chain", nodes));
   auto* in = g.add_inputs();
   in->set_kind(v1::Placeholder::USER_INPUT);
   in->mutable_value()->set_name("x");
-  *in->mutable_value()->mutable_meta() = Meta(batch);
+  *in->mutable_value()->mutable_meta() = Meta(batch, symbolic);
   std::string prev = "x", prev2 = "x";
   for (int i = 0; i < nodes; ++i) {
     auto* n = g.add_nodes();
@@ -57,11 +61,24 @@ v1::Graph ChainGraph(int nodes, int64_t batch, int salt) {
     }
     auto* o = n->add_outputs();
     o->set_name(out);
-    *o->mutable_meta() = Meta(batch);
+    *o->mutable_meta() = Meta(batch, symbolic);
     prev2 = prev;
     prev = out;
   }
   g.add_outputs(prev);
+  return g;
+}
+
+v1::GuardSet ChainGuards(int64_t batch) {
+  v1::GuardSet g;
+  auto* t = g.add_tensors();
+  t->set_name("x");
+  t->set_dtype(v1::FLOAT32);
+  t->mutable_device()->set_type("cpu");
+  t->mutable_device()->set_index(-1);
+  t->add_sizes()->set_int_value(batch);
+  t->add_sizes()->set_int_value(16);
+  t->set_stride_check(v1::TensorGuard::CONTIGUOUS);
   return g;
 }
 

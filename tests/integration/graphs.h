@@ -11,7 +11,11 @@ namespace kiln::testing {
 // A chain of `nodes` pointwise ops (relu, neg, add of the previous two, ...)
 // over one float32 input of shape [batch, 16]. `salt` changes the first op's
 // alpha, giving a distinct key without changing the shape.
-v1::Graph ChainGraph(int nodes, int64_t batch = 8, int salt = 0);
+// With `symbolic`, the batch dimension is the symbol "s0" instead.
+v1::Graph ChainGraph(int nodes, int64_t batch = 8, int salt = 0, bool symbolic = false);
+
+// Guards that specialize ChainGraph's input to this batch size.
+v1::GuardSet ChainGuards(int64_t batch);
 
 // The signature of ChainGraph's input with this batch size.
 v1::InputSignature ChainSignature(int64_t batch);

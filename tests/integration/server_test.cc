@@ -180,13 +180,33 @@ TEST(KilndTest, CacheSizeLimitRefusesWithRecompileReasons) {
   TempDir dir;
   KilndProcess kilnd(dir.path(), {"--cache_size_limit=2"});
   auto c = ConnectTo(kilnd);
-  auto first = c->Compile(Request(ChainGraph(5, 4)));
-  ASSERT_TRUE(first.ok());
-  auto second = c->Compile(Request(ChainGraph(5, 5)));
-  ASSERT_TRUE(second.ok());
+  // One graph with a symbolic batch, specialized per batch size by its guards:
+  // the variants share one key.
+  auto specialized = [](int64_t batch) {
+    v1::CompileRequest r = Request(ChainGraph(5, 0, 0, /*symbolic=*/true));
+    *r.mutable_guards() = ChainGuards(batch);
+    *r.mutable_signature() = ChainSignature(batch);
+    return r;
+  };
+  auto first = c->Compile(specialized(4));
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(first->outcome(), v1::FULL_MISS);
+  auto second = c->Compile(specialized(5));
+  ASSERT_TRUE(second.ok()) << second.status();
   EXPECT_EQ(second->outcome(), v1::GUARD_MISS);
-  EXPECT_EQ(second->key(), first->key() == second->key() ? first->key() : "same key expected");
-  auto third = c->Compile(Request(ChainGraph(5, 6)));
+  EXPECT_EQ(second->key(), first->key());
+  ASSERT_EQ(second->misses_size(), 1);
+  EXPECT_EQ(second->misses(0).failed_guard(), "input 0 'x': size[0] is 5, guard expects 4");
+  // Both variants serve lookups by key.
+  v1::LookupRequest by_key;
+  by_key.set_key(first->key());
+  *by_key.mutable_signature() = ChainSignature(5);
+  auto hit = c->Lookup(by_key);
+  ASSERT_TRUE(hit.ok()) << hit.status();
+  EXPECT_EQ(hit->outcome(), v1::HIT);
+  EXPECT_EQ(hit->digest(), second->digest());
+
+  auto third = c->Compile(specialized(6));
   EXPECT_EQ(third.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_TRUE(Contains(third.status().message(), "cache_size_limit (2)")) << third.status();
   EXPECT_TRUE(Contains(third.status().message(), "input 0 'x': size[0] is 6, guard expects"))
@@ -194,11 +214,15 @@ TEST(KilndTest, CacheSizeLimitRefusesWithRecompileReasons) {
   EXPECT_EQ(c->Stats()->counters().cache_limit_hits(), 1u);
   auto entry = c->GetEntry(first->key());
   ASSERT_TRUE(entry.ok());
+  EXPECT_EQ(entry->entry().variants_size(), 2);
   ASSERT_EQ(entry->entry().recompiles_size(), 1);
+  EXPECT_EQ(entry->entry().recompiles(0).digest(), second->digest());
   EXPECT_EQ(entry->entry().recompiles(0).misses(0).failed_guard(),
             "input 0 'x': size[0] is 5, guard expects 4");
-  auto lookup = c->LookupGraph(ChainGraph(5, 6), {}, ChainSignature(6));
+  by_key.mutable_signature()->mutable_inputs(0)->set_sizes(0, 6);
+  auto lookup = c->Lookup(by_key);
   EXPECT_EQ(lookup->outcome(), v1::CACHE_LIMIT);
+  EXPECT_EQ(lookup->misses_size(), 2);
 }
 
 TEST(KilndTest, EvictsUnderAByteBudget) {
