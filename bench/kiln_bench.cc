@@ -1,0 +1,156 @@
+// kiln_bench: lookup latency and throughput over loopback, and the server-side
+// compile time of the eager backend. Starts its own kilnd over a temporary
+// data directory.
+//
+//   build/bin/kiln_bench [--seconds=3] [--clients=16] [--compiles=20]
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <thread>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "client/client.h"
+#include "tests/integration/graphs.h"
+#include "tests/integration/kilnd_process.h"
+
+ABSL_FLAG(double, seconds, 3.0, "duration of each throughput run");
+ABSL_FLAG(int, clients, 16, "concurrent clients for the throughput run");
+ABSL_FLAG(int, samples, 20000, "lookups timed one at a time per graph");
+ABSL_FLAG(int, compiles, 20, "eager compiles of distinct 1000-node graphs");
+
+namespace kiln {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Percentile(std::vector<double> v, double p) {
+  std::sort(v.begin(), v.end());
+  return v[std::min(v.size() - 1, static_cast<size_t>(p * static_cast<double>(v.size())))];
+}
+
+std::unique_ptr<Client> Connect(const std::string& address) {
+  ClientOptions o;
+  o.address = address;
+  auto c = Client::Connect(o);
+  if (!c.ok()) {
+    std::fprintf(stderr, "%s\n", c.status().ToString().c_str());
+    std::exit(1);
+  }
+  return *std::move(c);
+}
+
+v1::LookupRequest ByKey(const std::string& key) {
+  v1::LookupRequest r;
+  r.set_key(key);
+  *r.mutable_signature() = testing::ChainSignature(8);
+  return r;
+}
+
+void LookupBench(const std::string& address, int nodes) {
+  auto c = Connect(address);
+  v1::CompileRequest compile;
+  *compile.mutable_graph() = testing::ChainGraph(nodes);
+  auto compiled = c->Compile(compile);
+  if (!compiled.ok()) {
+    std::fprintf(stderr, "compile: %s\n", compiled.status().ToString().c_str());
+    std::exit(1);
+  }
+  // The client computes the key once per graph, then sends key + signature.
+  auto t0 = Clock::now();
+  std::string key = *Client::Key(compile.graph(), v1::CompileOptions());
+  double key_us = std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
+  const v1::LookupRequest req = ByKey(key);
+
+  for (int i = 0; i < 1000; ++i) (void)c->Lookup(req);  // warm-up
+  std::vector<double> lat;
+  const int samples = absl::GetFlag(FLAGS_samples);
+  lat.reserve(samples);
+  for (int i = 0; i < samples; ++i) {
+    auto s = Clock::now();
+    auto r = c->Lookup(req);
+    lat.push_back(std::chrono::duration<double, std::micro>(Clock::now() - s).count());
+    if (!r.ok() || r->outcome() != v1::HIT) {
+      std::fprintf(stderr, "lookup did not hit\n");
+      std::exit(1);
+    }
+  }
+
+  const int n = absl::GetFlag(FLAGS_clients);
+  std::vector<std::unique_ptr<Client>> clients;
+  for (int i = 0; i < n; ++i) clients.push_back(Connect(address));
+  for (auto& cl : clients) (void)cl->Lookup(req);
+  std::atomic<bool> stop{false};
+  std::atomic<uint64_t> hits{0};
+  std::vector<std::thread> threads;
+  const auto start = Clock::now();
+  for (int i = 0; i < n; ++i) {
+    threads.emplace_back([&, i] {
+      uint64_t mine = 0;
+      while (!stop.load(std::memory_order_relaxed)) {
+        auto r = clients[i]->Lookup(req);
+        if (r.ok() && r->outcome() == v1::HIT) ++mine;
+      }
+      hits += mine;
+    });
+  }
+  std::this_thread::sleep_for(std::chrono::duration<double>(absl::GetFlag(FLAGS_seconds)));
+  stop = true;
+  for (auto& t : threads) t.join();
+  const double secs = std::chrono::duration<double>(Clock::now() - start).count();
+
+  std::printf("| lookup hit, %4d-node graph | %7.1f | %7.1f | %9.0f | %8.1f |\n", nodes,
+              Percentile(lat, 0.50), Percentile(lat, 0.99), static_cast<double>(hits) / secs,
+              key_us);
+}
+
+void CompileBench(const std::string& address) {
+  auto c = Connect(address);
+  std::vector<double> server_ms, rpc_ms;
+  for (int i = 0; i < absl::GetFlag(FLAGS_compiles); ++i) {
+    v1::CompileRequest req;
+    *req.mutable_graph() = testing::ChainGraph(1000, 8, 1000 + i);
+    auto s = Clock::now();
+    auto r = c->Compile(req);
+    rpc_ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - s).count());
+    if (!r.ok() || r->outcome() != v1::FULL_MISS) {
+      std::fprintf(stderr, "compile failed\n");
+      std::exit(1);
+    }
+    int64_t us = 0;
+    for (const auto& p : r->artifact().compile_times()) us += p.micros();
+    server_ms.push_back(static_cast<double>(us) / 1000.0);
+  }
+  // Phases after the artifact was serialized (store) are in Stats.
+  auto stats = c->Stats();
+  double store_ms = 0;
+  for (const auto& p : stats->phases()) {
+    if (p.phase() == "store") store_ms = p.histogram().sum() / p.histogram().count() / 1000.0;
+  }
+  std::printf("\n| eager compile, 1000-node graph | median | p90 |\n|---|---|---|\n");
+  std::printf("| server-side, verify + key + canonicalize (ms) | %.2f | %.2f |\n",
+              Percentile(server_ms, 0.5), Percentile(server_ms, 0.9));
+  std::printf("| server-side store (mean, ms) | %.2f | |\n", store_ms);
+  std::printf("| whole Compile RPC seen by the client (ms) | %.2f | %.2f |\n",
+              Percentile(rpc_ms, 0.5), Percentile(rpc_ms, 0.9));
+}
+
+}  // namespace
+}  // namespace kiln
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  kiln::testing::TempDir dir;
+  kiln::testing::KilndProcess kilnd(dir.path());
+  std::printf("kiln_bench against %s (%u hardware threads)\n\n", kilnd.address().c_str(),
+              std::thread::hardware_concurrency());
+  std::printf("| what | p50 µs (1 client) | p99 µs (1 client) | hits/s (%d clients) | key µs (client, once) |\n",
+              absl::GetFlag(FLAGS_clients));
+  std::printf("|---|---|---|---|---|\n");
+  kiln::LookupBench(kilnd.address(), 100);
+  kiln::LookupBench(kilnd.address(), 1000);
+  kiln::CompileBench(kilnd.address());
+  return kilnd.Terminate() == 0 ? 0 : 1;
+}
