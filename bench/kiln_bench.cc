@@ -20,6 +20,7 @@ ABSL_FLAG(double, seconds, 3.0, "duration of each throughput run");
 ABSL_FLAG(int, clients, 16, "concurrent clients for the throughput run");
 ABSL_FLAG(int, samples, 20000, "lookups timed one at a time per graph");
 ABSL_FLAG(int, compiles, 20, "eager compiles of distinct 1000-node graphs");
+ABSL_FLAG(std::string, server, "", "measure this running kilnd instead of starting one");
 
 namespace kiln {
 namespace {
@@ -143,14 +144,19 @@ void CompileBench(const std::string& address) {
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   kiln::testing::TempDir dir;
-  kiln::testing::KilndProcess kilnd(dir.path());
-  std::printf("kiln_bench against %s (%u hardware threads)\n\n", kilnd.address().c_str(),
+  std::unique_ptr<kiln::testing::KilndProcess> kilnd;
+  std::string address = absl::GetFlag(FLAGS_server);
+  if (address.empty()) {
+    kilnd = std::make_unique<kiln::testing::KilndProcess>(dir.path());
+    address = kilnd->address();
+  }
+  std::printf("kiln_bench against %s (%u hardware threads)\n\n", address.c_str(),
               std::thread::hardware_concurrency());
   std::printf("| what | p50 µs (1 client) | p99 µs (1 client) | hits/s (%d clients) | key µs (client, once) |\n",
               absl::GetFlag(FLAGS_clients));
   std::printf("|---|---|---|---|---|\n");
-  kiln::LookupBench(kilnd.address(), 100);
-  kiln::LookupBench(kilnd.address(), 1000);
-  kiln::CompileBench(kilnd.address());
-  return kilnd.Terminate() == 0 ? 0 : 1;
+  kiln::LookupBench(address, 100);
+  kiln::LookupBench(address, 1000);
+  kiln::CompileBench(address);
+  return kilnd == nullptr || kilnd->Terminate() == 0 ? 0 : 1;
 }

@@ -19,6 +19,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "cache/cache.h"
 #include "common/status_macros.h"
@@ -177,6 +178,8 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "kilnd --listen=ADDR --data_dir=DIR [--config=FILE] [--frozen]: the Kiln compile server");
   absl::ParseCommandLine(argc, argv);
+  // Deadlock detection is a debugging aid; the server should not pay for it.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   absl::Status s = kiln::server::Serve();
   if (!s.ok()) {
     std::fprintf(stderr, "kilnd: %s\n", s.ToString().c_str());

@@ -35,15 +35,22 @@ grpc::Status CompilerService::Compile(grpc::ServerContext*, const v1::CompileReq
   return Reply(engine_->Compile(*req), resp);
 }
 
-grpc::Status CompilerService::Lookup(grpc::ServerContext*, const v1::LookupRequest* req,
-                                     v1::LookupResponse* resp) {
-  if (auto s = CheckSize(*req, max_message_bytes_); !s.ok()) return s;
-  return Reply(engine_->Lookup(*req), resp);
+grpc::ServerUnaryReactor* CompilerService::Lookup(grpc::CallbackServerContext* ctx,
+                                                  const v1::LookupRequest* req,
+                                                  v1::LookupResponse* resp) {
+  grpc::Status s = CheckSize(*req, max_message_bytes_);
+  if (s.ok()) s = Reply(engine_->Lookup(*req), resp);
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  reactor->Finish(s);
+  return reactor;
 }
 
-grpc::Status CompilerService::GetArtifact(grpc::ServerContext*, const v1::GetArtifactRequest* req,
-                                          v1::GetArtifactResponse* resp) {
-  return Reply(engine_->GetArtifact(*req), resp);
+grpc::ServerUnaryReactor* CompilerService::GetArtifact(grpc::CallbackServerContext* ctx,
+                                                       const v1::GetArtifactRequest* req,
+                                                       v1::GetArtifactResponse* resp) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  reactor->Finish(Reply(engine_->GetArtifact(*req), resp));
+  return reactor;
 }
 
 grpc::Status AdminService::Stats(grpc::ServerContext*, const v1::StatsRequest*,

@@ -1,6 +1,10 @@
 // The gRPC edge: Compiler and Admin services over an Engine. Each handler
 // checks the request size, calls the Engine and maps absl::Status to
 // grpc::Status (the one place that translation happens). Thread-safe.
+//
+// Lookup and GetArtifact never wait on anything, so they use the callback API
+// and answer on gRPC's own thread; Compile may wait for a compile worker and
+// stays on the synchronous API's thread pool.
 #ifndef KILN_SERVER_SERVICES_H_
 #define KILN_SERVER_SERVICES_H_
 
@@ -9,7 +13,9 @@
 
 namespace kiln::server {
 
-class CompilerService final : public v1::Compiler::Service {
+class CompilerService final
+    : public v1::Compiler::WithCallbackMethod_Lookup<
+          v1::Compiler::WithCallbackMethod_GetArtifact<v1::Compiler::Service>> {
  public:
   // `engine` must outlive the service.
   CompilerService(Engine* engine, uint64_t max_message_bytes)
@@ -17,10 +23,11 @@ class CompilerService final : public v1::Compiler::Service {
 
   grpc::Status Compile(grpc::ServerContext*, const v1::CompileRequest*,
                        v1::CompileResponse*) override;
-  grpc::Status Lookup(grpc::ServerContext*, const v1::LookupRequest*,
-                      v1::LookupResponse*) override;
-  grpc::Status GetArtifact(grpc::ServerContext*, const v1::GetArtifactRequest*,
-                           v1::GetArtifactResponse*) override;
+  grpc::ServerUnaryReactor* Lookup(grpc::CallbackServerContext*, const v1::LookupRequest*,
+                                   v1::LookupResponse*) override;
+  grpc::ServerUnaryReactor* GetArtifact(grpc::CallbackServerContext*,
+                                        const v1::GetArtifactRequest*,
+                                        v1::GetArtifactResponse*) override;
 
  private:
   Engine* const engine_;
