@@ -131,7 +131,8 @@ absl::Status Serve() {
   engine_options.compile_queue_depth = static_cast<int>(config.compile_queue_depth());
   auto engine = std::make_unique<Engine>(engine_options, cache.get(), BackendRegistry::Default());
 
-  CompilerService compiler(engine.get(), config.max_message_bytes());
+  CompilerService compiler(engine.get(), config.max_message_bytes(),
+                           /*max_waiting_compiles=*/256);
   AdminService admin(engine.get());
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();

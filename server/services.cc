@@ -1,6 +1,8 @@
 #include "server/services.h"
 
 #include "absl/strings/str_cat.h"
+#include "grpcpp/support/proto_buffer_reader.h"
+#include "grpcpp/support/proto_buffer_writer.h"
 
 namespace kiln::server {
 namespace {
@@ -17,39 +19,73 @@ grpc::Status Reply(absl::StatusOr<Resp> result, Resp* out) {
   return grpc::Status::OK;
 }
 
-// gRPC itself refuses messages over twice the limit; between the limit and
-// that, the refusal names the limit.
-grpc::Status CheckSize(const google::protobuf::Message& m, uint64_t limit) {
-  const uint64_t size = m.ByteSizeLong();
-  if (size <= limit) return grpc::Status::OK;
-  return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                      absl::StrCat("request is ", size, " bytes, over max_message_bytes (", limit,
-                                   ")"));
+// Parses `bytes` as a `Req`, refusing what is over `limit` or does not parse.
+template <typename Req>
+absl::Status Parse(const grpc::ByteBuffer& bytes, uint64_t limit, Req* req) {
+  if (bytes.Length() > limit) {
+    return absl::InvalidArgumentError(absl::StrCat("request is ", bytes.Length(),
+                                                   " bytes, over max_message_bytes (", limit, ")"));
+  }
+  grpc::ByteBuffer copy(bytes);
+  grpc::ProtoBufferReader reader(&copy);
+  if (!req->ParseFromZeroCopyStream(&reader)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "request does not parse as ", Req::descriptor()->full_name(), " (", bytes.Length(),
+        " bytes)"));
+  }
+  return absl::OkStatus();
+}
+
+// Runs `handle` on the parsed request and serializes its reply into `out`.
+template <typename Req, typename Resp, typename Handle>
+grpc::Status Serve(const grpc::ByteBuffer& in, uint64_t limit, grpc::ByteBuffer* out,
+                   Handle&& handle) {
+  Req req;
+  if (absl::Status s = Parse(in, limit, &req); !s.ok()) return ToGrpc(s);
+  absl::StatusOr<Resp> resp = handle(req);
+  if (!resp.ok()) return ToGrpc(resp.status());
+  bool own = false;
+  return grpc::SerializationTraits<Resp>::Serialize(*resp, out, &own);
 }
 
 }  // namespace
 
-grpc::Status CompilerService::Compile(grpc::ServerContext*, const v1::CompileRequest* req,
-                                      v1::CompileResponse* resp) {
-  if (auto s = CheckSize(*req, max_message_bytes_); !s.ok()) return s;
-  return Reply(engine_->Compile(*req), resp);
+CompilerService::CompilerService(Engine* engine, uint64_t max_message_bytes,
+                                 int max_waiting_compiles)
+    : engine_(engine),
+      max_message_bytes_(max_message_bytes),
+      waiting_compiles_(max_waiting_compiles, max_waiting_compiles) {}
+
+grpc::ServerUnaryReactor* CompilerService::Compile(grpc::CallbackServerContext* ctx,
+                                                   const grpc::ByteBuffer* req,
+                                                   grpc::ByteBuffer* resp) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  absl::Status queued = waiting_compiles_.Submit([this, req, resp, reactor] {
+    reactor->Finish(Serve<v1::CompileRequest, v1::CompileResponse>(
+        *req, max_message_bytes_, resp,
+        [&](const v1::CompileRequest& r) { return engine_->Compile(r); }));
+  });
+  if (!queued.ok()) reactor->Finish(ToGrpc(queued));
+  return reactor;
 }
 
 grpc::ServerUnaryReactor* CompilerService::Lookup(grpc::CallbackServerContext* ctx,
-                                                  const v1::LookupRequest* req,
-                                                  v1::LookupResponse* resp) {
-  grpc::Status s = CheckSize(*req, max_message_bytes_);
-  if (s.ok()) s = Reply(engine_->Lookup(*req), resp);
+                                                  const grpc::ByteBuffer* req,
+                                                  grpc::ByteBuffer* resp) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  reactor->Finish(s);
+  reactor->Finish(Serve<v1::LookupRequest, v1::LookupResponse>(
+      *req, max_message_bytes_, resp,
+      [&](const v1::LookupRequest& r) { return engine_->Lookup(r); }));
   return reactor;
 }
 
 grpc::ServerUnaryReactor* CompilerService::GetArtifact(grpc::CallbackServerContext* ctx,
-                                                       const v1::GetArtifactRequest* req,
-                                                       v1::GetArtifactResponse* resp) {
+                                                       const grpc::ByteBuffer* req,
+                                                       grpc::ByteBuffer* resp) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  reactor->Finish(Reply(engine_->GetArtifact(*req), resp));
+  reactor->Finish(Serve<v1::GetArtifactRequest, v1::GetArtifactResponse>(
+      *req, max_message_bytes_, resp,
+      [&](const v1::GetArtifactRequest& r) { return engine_->GetArtifact(r); }));
   return reactor;
 }
 

@@ -1,37 +1,41 @@
 // The gRPC edge: Compiler and Admin services over an Engine. Each handler
-// checks the request size, calls the Engine and maps absl::Status to
-// grpc::Status (the one place that translation happens). Thread-safe.
+// parses and size-checks the request, calls the Engine and maps absl::Status
+// to grpc::Status (the one place that translation happens). Thread-safe.
 //
-// Lookup and GetArtifact never wait on anything, so they use the callback API
-// and answer on gRPC's own thread; Compile may wait for a compile worker and
-// stays on the synchronous API's thread pool.
+// The Compiler service takes raw bytes so that a request that is too large or
+// is no protobuf at all gets INVALID_ARGUMENT saying so (gRPC's own parsing
+// would answer a bare INTERNAL). Its methods use the callback API: Lookup and
+// GetArtifact never wait and answer on gRPC's thread; Compile may wait for a
+// compile worker, so it is handed to a bounded request executor.
 #ifndef KILN_SERVER_SERVICES_H_
 #define KILN_SERVER_SERVICES_H_
 
 #include "kiln/v1/service.grpc.pb.h"
 #include "server/engine.h"
+#include "server/worker_pool.h"
 
 namespace kiln::server {
 
 class CompilerService final
-    : public v1::Compiler::WithCallbackMethod_Lookup<
-          v1::Compiler::WithCallbackMethod_GetArtifact<v1::Compiler::Service>> {
+    : public v1::Compiler::WithRawCallbackMethod_Compile<
+          v1::Compiler::WithRawCallbackMethod_Lookup<
+              v1::Compiler::WithRawCallbackMethod_GetArtifact<v1::Compiler::Service>>> {
  public:
-  // `engine` must outlive the service.
-  CompilerService(Engine* engine, uint64_t max_message_bytes)
-      : engine_(engine), max_message_bytes_(max_message_bytes) {}
+  // `engine` must outlive the service. At most `max_waiting_compiles`
+  // Compile requests wait for a result at once; more are RESOURCE_EXHAUSTED.
+  CompilerService(Engine* engine, uint64_t max_message_bytes, int max_waiting_compiles);
 
-  grpc::Status Compile(grpc::ServerContext*, const v1::CompileRequest*,
-                       v1::CompileResponse*) override;
-  grpc::ServerUnaryReactor* Lookup(grpc::CallbackServerContext*, const v1::LookupRequest*,
-                                   v1::LookupResponse*) override;
-  grpc::ServerUnaryReactor* GetArtifact(grpc::CallbackServerContext*,
-                                        const v1::GetArtifactRequest*,
-                                        v1::GetArtifactResponse*) override;
+  grpc::ServerUnaryReactor* Compile(grpc::CallbackServerContext*, const grpc::ByteBuffer*,
+                                    grpc::ByteBuffer*) override;
+  grpc::ServerUnaryReactor* Lookup(grpc::CallbackServerContext*, const grpc::ByteBuffer*,
+                                   grpc::ByteBuffer*) override;
+  grpc::ServerUnaryReactor* GetArtifact(grpc::CallbackServerContext*, const grpc::ByteBuffer*,
+                                        grpc::ByteBuffer*) override;
 
  private:
   Engine* const engine_;
   const uint64_t max_message_bytes_;
+  WorkerPool waiting_compiles_;
 };
 
 class AdminService final : public v1::Admin::Service {
