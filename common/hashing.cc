@@ -7,13 +7,23 @@
 #include "absl/strings/escaping.h"
 
 namespace kiln {
+namespace {
+
+// Fetched once: an implicit fetch on every digest costs more than hashing a
+// small message. Immutable after initialization.
+const EVP_MD* Sha256Md() {
+  static const EVP_MD* md = EVP_MD_fetch(nullptr, "SHA256", nullptr);
+  return md;
+}
+
+}  // namespace
 
 struct Sha256::State {
   EVP_MD_CTX* ctx;
 };
 
 Sha256::Sha256() : state_(new State{EVP_MD_CTX_new()}) {
-  EVP_DigestInit_ex(state_->ctx, EVP_sha256(), nullptr);
+  EVP_DigestInit_ex(state_->ctx, Sha256Md(), nullptr);
 }
 
 Sha256::~Sha256() {
@@ -41,7 +51,7 @@ std::string Sha256::HexDigest() {
 std::string Sha256Hex(absl::string_view bytes) {
   unsigned char md[EVP_MAX_MD_SIZE];
   unsigned int n = 0;
-  EVP_Digest(bytes.data(), bytes.size(), md, &n, EVP_sha256(), nullptr);
+  EVP_Digest(bytes.data(), bytes.size(), md, &n, Sha256Md(), nullptr);
   return absl::BytesToHexString(
       absl::string_view(reinterpret_cast<const char*>(md), n));
 }

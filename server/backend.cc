@@ -16,6 +16,7 @@ class EagerBackend final : public Backend {
     v1::Artifact artifact = NewArtifact(input, name());
     *artifact.mutable_graph() =
         times->Time("canonicalize", [&] { return ir::Canonicalize(input.graph); });
+    artifact.mutable_graph()->set_name(input.graph.name());
     return artifact;
   }
 };

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/hashing.h"
+#include "google/protobuf/arena.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 
@@ -102,6 +103,12 @@ std::string DeterministicBytes(const google::protobuf::Message& message) {
 }
 
 v1::Graph Canonicalize(const Graph& g) {
+  v1::Graph c;
+  Canonicalize(g, &c);
+  return c;
+}
+
+void Canonicalize(const Graph& g, v1::Graph* out) {
   const std::vector<std::string> hashes = ValueHashes(g);
   const int n = static_cast<int>(g.nodes().size());
 
@@ -147,17 +154,20 @@ v1::Graph Canonicalize(const Graph& g) {
     for (ValueId id : g.nodes()[i].outputs) names[id] = absl::StrCat("v", next++);
   }
 
-  v1::Graph p = g.ToProto();
-  v1::Graph c;
-  for (int i = 0; i < p.inputs_size(); ++i) {
-    auto* in = c.add_inputs();
-    *in = p.inputs(i);
-    in->mutable_value()->set_name(names[g.inputs()[i].value]);
+  // The wire form on the output's arena; its nodes are moved out in order.
+  v1::Graph* p = google::protobuf::Arena::CreateMessage<v1::Graph>(out->GetArena());
+  g.ToProto(p);
+  v1::Graph& c = *out;
+  c.Clear();
+  c.mutable_inputs()->Swap(p->mutable_inputs());
+  for (int i = 0; i < c.inputs_size(); ++i) {
+    c.mutable_inputs(i)->mutable_value()->set_name(names[g.inputs()[i].value]);
   }
   int k = 0;
   for (int i : order) {
     const Node& node = g.nodes()[i];
-    v1::Node cn = p.nodes(i);
+    v1::Node& cn = *c.add_nodes();
+    cn.Swap(p->mutable_nodes(i));
     cn.set_name(absl::StrCat("n", k++));
     // Rewrite operand names in argument order.
     auto fix = [&](v1::Argument* pa, const Argument& a) {
@@ -175,13 +185,17 @@ v1::Graph Canonicalize(const Graph& g) {
     for (size_t j = 0; j < node.outputs.size(); ++j) {
       cn.mutable_outputs(j)->set_name(names[node.outputs[j]]);
     }
-    *c.add_nodes() = std::move(cn);
   }
   for (ValueId id : g.outputs()) c.add_outputs(names[id]);
-  return c;
+  if (p->GetArena() == nullptr) delete p;
 }
 
-std::string CanonicalBytes(const Graph& graph) { return DeterministicBytes(Canonicalize(graph)); }
+std::string CanonicalBytes(const Graph& graph) {
+  google::protobuf::Arena arena;
+  v1::Graph* c = google::protobuf::Arena::CreateMessage<v1::Graph>(&arena);
+  Canonicalize(graph, c);
+  return DeterministicBytes(*c);
+}
 
 v1::CompileOptions NormalizeOptions(const v1::CompileOptions& options) {
   v1::CompileOptions o = options;

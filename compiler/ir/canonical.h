@@ -24,6 +24,8 @@ namespace kiln::ir {
 
 // The canonical graph in wire form.
 v1::Graph Canonicalize(const Graph& graph);
+// The same, written into `out` (which may live on an arena).
+void Canonicalize(const Graph& graph, v1::Graph* out);
 
 // Deterministic serialization of Canonicalize(graph).
 std::string CanonicalBytes(const Graph& graph);

@@ -333,6 +333,13 @@ absl::StatusOr<Graph> Graph::FromProto(const v1::Graph& proto) {
 
 v1::Graph Graph::ToProto() const {
   v1::Graph p;
+  ToProto(&p);
+  return p;
+}
+
+void Graph::ToProto(v1::Graph* out) const {
+  v1::Graph& p = *out;
+  p.Clear();
   p.set_name(name_);
   for (const auto& in : inputs_) {
     auto* ph = p.add_inputs();
@@ -353,7 +360,6 @@ v1::Graph Graph::ToProto() const {
     }
   }
   for (ValueId id : outputs_) p.add_outputs(values_[id].name);
-  return p;
 }
 
 std::vector<ValueId> Graph::Operands(const Node& node) {

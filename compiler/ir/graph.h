@@ -93,6 +93,8 @@ class Graph {
   // The wire form. FromProto(g.ToProto()) == g, and for a graph whose nodes
   // were already in topological order, ToProto(FromProto(p)) == p.
   v1::Graph ToProto() const;
+  // The same, written into `out` (which may live on an arena).
+  void ToProto(v1::Graph* out) const;
 
   const std::string& name() const { return name_; }
   const std::vector<Input>& inputs() const { return inputs_; }
