@@ -107,6 +107,8 @@ class Graph {
   static std::vector<ValueId> Operands(const Node& node);
 
  private:
+  friend class GraphBuilder;
+
   std::string name_;
   std::vector<Input> inputs_;
   std::vector<Node> nodes_;

@@ -1,0 +1,73 @@
+#include "compiler/ir/builder.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+
+namespace kiln::ir {
+
+GraphBuilder::GraphBuilder(std::string graph_name) : name_(std::move(graph_name)) {}
+
+std::string GraphBuilder::UniqueName(std::string wanted, const char* prefix) {
+  if (wanted.empty()) wanted = absl::StrCat(prefix, next_++);
+  std::string name = wanted;
+  for (int k = 1; std::binary_search(used_names_.begin(), used_names_.end(), name); ++k) {
+    name = absl::StrCat(wanted, "_", k);
+  }
+  used_names_.insert(std::upper_bound(used_names_.begin(), used_names_.end(), name), name);
+  return name;
+}
+
+ValueId GraphBuilder::AddInput(const TensorMeta& meta, v1::Placeholder::Kind kind,
+                               std::string name) {
+  ValueId id = static_cast<ValueId>(values_.size());
+  values_.push_back(Value{UniqueName(std::move(name), "in"), meta, -1,
+                          static_cast<int32_t>(inputs_.size())});
+  inputs_.push_back(Input{id, kind});
+  return id;
+}
+
+std::vector<ValueId> GraphBuilder::AddNode(std::string target, std::vector<Argument> args,
+                                           std::vector<Argument> kwargs,
+                                           std::vector<TensorMeta> output_metas,
+                                           std::string name) {
+  Node node;
+  node.target = std::move(target);
+  node.args = std::move(args);
+  node.kwargs = std::move(kwargs);
+  node.name = UniqueName(std::move(name), "n");
+  const int32_t index = static_cast<int32_t>(nodes_.size());
+  for (size_t j = 0; j < output_metas.size(); ++j) {
+    ValueId id = static_cast<ValueId>(values_.size());
+    std::string out_name =
+        output_metas.size() == 1 ? absl::StrCat(node.name, "_v") : absl::StrCat(node.name, "_v", j);
+    values_.push_back(Value{UniqueName(out_name, "v"), std::move(output_metas[j]), index,
+                            static_cast<int32_t>(j)});
+    node.outputs.push_back(id);
+  }
+  nodes_.push_back(std::move(node));
+  return nodes_.back().outputs;
+}
+
+Graph GraphBuilder::Build() && {
+  Graph g;
+  g.name_ = std::move(name_);
+  g.inputs_ = std::move(inputs_);
+  g.nodes_ = std::move(nodes_);
+  g.outputs_ = std::move(outputs_);
+  g.values_ = std::move(values_);
+  return g;
+}
+
+Argument Ref(ValueId v) { return Argument{"", v}; }
+Argument Int(int64_t i) { return Argument{"", i}; }
+Argument Float(double f) { return Argument{"", f}; }
+Argument Bool(bool b) { return Argument{"", b}; }
+Argument Ints(std::vector<int64_t> ints) { return Argument{"", std::move(ints)}; }
+Argument NoneArg() { return Argument{"", None{}}; }
+Argument Kwarg(std::string name, Argument value) {
+  value.name = std::move(name);
+  return value;
+}
+
+}  // namespace kiln::ir

@@ -1,0 +1,62 @@
+// Builds a Graph node by node: the way passes (the joint graph, the
+// partitioner, test fixtures) make new graphs. Values are named as they are
+// added ("a0", "a1", ... unless a name is given); every node comes with the
+// metadata of its outputs (compiler/ops/emit.h infers it from the op
+// registry).
+//
+// Not thread-safe.
+#ifndef KILN_COMPILER_IR_BUILDER_H_
+#define KILN_COMPILER_IR_BUILDER_H_
+
+#include <string>
+#include <vector>
+
+#include "compiler/ir/graph.h"
+
+namespace kiln::ir {
+
+class GraphBuilder {
+ public:
+  explicit GraphBuilder(std::string graph_name = "");
+
+  ValueId AddInput(const TensorMeta& meta, v1::Placeholder::Kind kind = v1::Placeholder::USER_INPUT,
+                   std::string name = "");
+  // Adds a node reading `args`/`kwargs` (operands must already exist) with
+  // one output per entry of `output_metas`; returns the output values.
+  std::vector<ValueId> AddNode(std::string target, std::vector<Argument> args,
+                               std::vector<Argument> kwargs,
+                               std::vector<TensorMeta> output_metas, std::string name = "");
+  void AddOutput(ValueId value) { outputs_.push_back(value); }
+
+  const Value& value(ValueId id) const { return values_[id]; }
+  const std::vector<Node>& nodes() const { return nodes_; }
+  int num_values() const { return static_cast<int>(values_.size()); }
+
+  // The graph; the builder is left empty.
+  Graph Build() &&;
+
+ private:
+  std::string UniqueName(std::string wanted, const char* prefix);
+
+  std::string name_;
+  std::vector<Input> inputs_;
+  std::vector<Node> nodes_;
+  std::vector<ValueId> outputs_;
+  std::vector<Value> values_;
+  std::vector<std::string> used_names_;  // sorted
+  int next_ = 0;
+};
+
+// Argument shorthands for builders and tests (named by kind: a ValueId is
+// an int too, so an overload set would be a trap).
+Argument Ref(ValueId v);
+Argument Int(int64_t i);
+Argument Float(double f);
+Argument Bool(bool b);
+Argument Ints(std::vector<int64_t> ints);
+Argument NoneArg();
+Argument Kwarg(std::string name, Argument value);
+
+}  // namespace kiln::ir
+
+#endif  // KILN_COMPILER_IR_BUILDER_H_
