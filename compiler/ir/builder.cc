@@ -30,7 +30,8 @@ ValueId GraphBuilder::AddInput(const TensorMeta& meta, v1::Placeholder::Kind kin
 std::vector<ValueId> GraphBuilder::AddNode(std::string target, std::vector<Argument> args,
                                            std::vector<Argument> kwargs,
                                            std::vector<TensorMeta> output_metas,
-                                           std::string name) {
+                                           std::string name,
+                                           std::vector<std::string> output_names) {
   Node node;
   node.target = std::move(target);
   node.args = std::move(args);
@@ -39,8 +40,9 @@ std::vector<ValueId> GraphBuilder::AddNode(std::string target, std::vector<Argum
   const int32_t index = static_cast<int32_t>(nodes_.size());
   for (size_t j = 0; j < output_metas.size(); ++j) {
     ValueId id = static_cast<ValueId>(values_.size());
-    std::string out_name =
-        output_metas.size() == 1 ? absl::StrCat(node.name, "_v") : absl::StrCat(node.name, "_v", j);
+    std::string out_name = j < output_names.size() ? output_names[j]
+                           : output_metas.size() == 1 ? absl::StrCat(node.name, "_v")
+                                                      : absl::StrCat(node.name, "_v", j);
     values_.push_back(Value{UniqueName(out_name, "v"), std::move(output_metas[j]), index,
                             static_cast<int32_t>(j)});
     node.outputs.push_back(id);

@@ -23,9 +23,11 @@ class GraphBuilder {
                    std::string name = "");
   // Adds a node reading `args`/`kwargs` (operands must already exist) with
   // one output per entry of `output_metas`; returns the output values.
+  // `output_names`, when given, names the outputs (made unique).
   std::vector<ValueId> AddNode(std::string target, std::vector<Argument> args,
                                std::vector<Argument> kwargs,
-                               std::vector<TensorMeta> output_metas, std::string name = "");
+                               std::vector<TensorMeta> output_metas, std::string name = "",
+                               std::vector<std::string> output_names = {});
   void AddOutput(ValueId value) { outputs_.push_back(value); }
 
   const Value& value(ValueId id) const { return values_[id]; }
