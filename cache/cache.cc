@@ -102,6 +102,11 @@ absl::Status Cache::LoadIndex() {
     if (!entry.ParseFromArray(it->value().data(), static_cast<int>(it->value().size()))) {
       return absl::DataLossError(absl::StrCat("stored entry ", ek, " does not parse"));
     }
+    if (entry.format_version() > kEntryFormat) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "stored entry ", ek, " has format version ", entry.format_version(),
+          ", newer than this server's ", kEntryFormat, "; refusing to open ", options_.path));
+    }
     auto& list = entries_[ek];
     for (const auto& v : entry.variants()) {
       list.push_back(IndexedVariant{v.digest(), v.bytes()});
@@ -161,11 +166,7 @@ absl::StatusOr<LookupResult> Cache::Lookup(const std::string& ns, const std::str
       result.outcome = v1::HIT;
       result.digest = v.digest();
       result.misses.clear();
-      absl::MutexLock l(&index_mu_);
-      VariantUse& use = usage_[UsageKey(EntryKey(ns, key), v.digest())];
-      use.last_used = NowMicros();
-      ++use.hits;
-      use.dirty = true;
+      Touch(EntryKey(ns, key), v.digest());
       return result;
     }
     v1::VariantMiss miss;
@@ -176,6 +177,20 @@ absl::StatusOr<LookupResult> Cache::Lookup(const std::string& ns, const std::str
   }
   result.outcome = result.variants == 0 ? v1::FULL_MISS : v1::GUARD_MISS;
   return result;
+}
+
+void Cache::Touch(const std::string& ek, const std::string& digest) {
+  absl::MutexLock l(&index_mu_);
+  // A variant dropped since it was read has no record, and gets none.
+  auto it = usage_.find(UsageKey(ek, digest));
+  if (it == usage_.end()) return;
+  it->second.last_used = NowMicros();
+  ++it->second.hits;
+  it->second.dirty = true;
+}
+
+void Cache::RecordHit(const std::string& ns, const std::string& key, const std::string& digest) {
+  Touch(EntryKey(ns, key), digest);
 }
 
 absl::StatusOr<std::string> Cache::ReadArtifact(const std::string& digest) {
@@ -208,15 +223,12 @@ absl::Status Cache::Quarantine(const std::string& digest, const std::string& byt
       }
     }
   }
+  // The blob moves to quarantine and every variant naming it goes, together.
   rocksdb::WriteBatch batch;
   batch.Put(absl::StrCat("q/", digest), bytes);
   batch.Delete(ArtifactKey(digest));
-  RETURN_IF_ERROR(FromRocks(db_->Write(rocksdb::WriteOptions(), &batch), "quarantining"));
-  for (const std::string& ek : holders) {
-    uint64_t variants = 0, freed = 0;
-    RETURN_IF_ERROR(DropVariants(ek, digest, &variants, &freed));
-  }
-  return absl::OkStatus();
+  uint64_t variants = 0, freed = 0;
+  return DropVariants(holders, digest, &batch, &variants, &freed);
 }
 
 absl::StatusOr<std::string> Cache::Publish(const PublishRequest& req) {
@@ -290,49 +302,56 @@ absl::StatusOr<std::string> Cache::Publish(const PublishRequest& req) {
   return digest;
 }
 
-absl::Status Cache::DropVariants(const std::string& ek, const std::string& digest,
+absl::Status Cache::DropVariants(const std::vector<std::string>& entry_keys,
+                                 const std::string& digest, rocksdb::WriteBatch* batch,
                                  uint64_t* freed_variants, uint64_t* freed_bytes) {
-  std::string value;
-  rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), ek, &value);
-  if (s.IsNotFound()) return absl::OkStatus();
-  RETURN_IF_ERROR(FromRocks(s, absl::StrCat("reading entry ", ek)));
-  v1::StoredEntry entry;
-  if (!entry.ParseFromString(value)) {
-    return absl::DataLossError(absl::StrCat("stored entry ", ek, " does not parse"));
-  }
-  std::vector<std::string> dropped;
-  auto* vs = entry.mutable_variants();
-  for (int i = vs->size() - 1; i >= 0; --i) {
-    if (digest.empty() || vs->Get(i).digest() == digest) {
-      dropped.push_back(vs->Get(i).digest());
-      vs->DeleteSubrange(i, 1);
+  // (entry key, digest) of every variant dropped.
+  std::vector<std::pair<std::string, std::string>> dropped;
+  for (const std::string& ek : entry_keys) {
+    std::string value;
+    rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), ek, &value);
+    if (s.IsNotFound()) continue;
+    RETURN_IF_ERROR(FromRocks(s, absl::StrCat("reading entry ", ek)));
+    v1::StoredEntry entry;
+    if (!entry.ParseFromString(value)) {
+      return absl::DataLossError(absl::StrCat("stored entry ", ek, " does not parse"));
     }
-  }
-  rocksdb::WriteBatch batch;
-  if (entry.variants_size() == 0) {
-    batch.Delete(ek);
-  } else {
-    batch.Put(ek, entry.SerializeAsString());
+    auto* vs = entry.mutable_variants();
+    for (int i = vs->size() - 1; i >= 0; --i) {
+      if (digest.empty() || vs->Get(i).digest() == digest) {
+        dropped.emplace_back(ek, vs->Get(i).digest());
+        vs->DeleteSubrange(i, 1);
+      }
+    }
+    if (entry.variants_size() == 0) {
+      batch->Delete(ek);
+    } else {
+      batch->Put(ek, entry.SerializeAsString());
+    }
   }
   absl::MutexLock l(&index_mu_);
   std::vector<std::string> orphaned;
-  for (const std::string& d : dropped) {
+  for (const auto& [ek, d] : dropped) {
     if (--refcount_[d] == 0) orphaned.push_back(d);
   }
-  for (const std::string& d : orphaned) batch.Delete(ArtifactKey(d));
-  rocksdb::Status ws = db_->Write(rocksdb::WriteOptions(), &batch);
+  for (const std::string& d : orphaned) batch->Delete(ArtifactKey(d));
+  rocksdb::Status ws = db_->Write(rocksdb::WriteOptions(), batch);
   if (!ws.ok()) {
-    for (const std::string& d : dropped) ++refcount_[d];
-    return FromRocks(ws, absl::StrCat("dropping variants of ", ek));
+    for (const auto& [ek, d] : dropped) ++refcount_[d];
+    return FromRocks(ws, "dropping variants");
   }
-  auto& list = entries_[ek];
-  list.erase(std::remove_if(list.begin(), list.end(),
-                            [&](const IndexedVariant& v) {
-                              return digest.empty() || v.digest == digest;
-                            }),
-             list.end());
-  if (list.empty()) entries_.erase(ek);
-  for (const std::string& d : dropped) usage_.erase(UsageKey(ek, d));
+  for (const std::string& ek : entry_keys) {
+    auto it = entries_.find(ek);
+    if (it == entries_.end()) continue;
+    auto& list = it->second;
+    list.erase(std::remove_if(list.begin(), list.end(),
+                              [&](const IndexedVariant& v) {
+                                return digest.empty() || v.digest == digest;
+                              }),
+               list.end());
+    if (list.empty()) entries_.erase(it);
+  }
+  for (const auto& [ek, d] : dropped) usage_.erase(UsageKey(ek, d));
   for (const std::string& d : orphaned) {
     *freed_bytes += blob_bytes_[d];
     total_bytes_ -= blob_bytes_[d];
@@ -362,7 +381,14 @@ absl::Status Cache::EvictToBudget() {
       if (victim_entry.empty()) return absl::OkStatus();
     }
     uint64_t variants = 0, bytes = 0;
-    RETURN_IF_ERROR(DropVariants(victim_entry, victim_digest, &variants, &bytes));
+    rocksdb::WriteBatch batch;
+    RETURN_IF_ERROR(DropVariants({victim_entry}, victim_digest, &batch, &variants, &bytes));
+    if (variants == 0) {
+      // A recency record without its variant: forget it, never loop on it.
+      absl::MutexLock l(&index_mu_);
+      usage_.erase(UsageKey(victim_entry, victim_digest));
+      continue;
+    }
     absl::MutexLock l(&stats_mu_);
     auto* c = stats_.mutable_counters();
     c->set_evictions(c->evictions() + variants);
@@ -380,7 +406,8 @@ absl::StatusOr<std::pair<uint64_t, uint64_t>> Cache::Evict(const std::string& ns
     }
   }
   uint64_t variants = 0, bytes = 0;
-  RETURN_IF_ERROR(DropVariants(ek, /*digest=*/"", &variants, &bytes));
+  rocksdb::WriteBatch batch;
+  RETURN_IF_ERROR(DropVariants({ek}, /*digest=*/"", &batch, &variants, &bytes));
   return std::make_pair(variants, bytes);
 }
 

@@ -31,6 +31,7 @@
 
 namespace rocksdb {
 class DB;
+class WriteBatch;
 }
 
 namespace kiln::cache {
@@ -71,6 +72,10 @@ class Cache {
   // stored guards are INTERNAL; nothing else fails.
   absl::StatusOr<LookupResult> Lookup(const std::string& ns, const std::string& key,
                                       const v1::InputSignature& signature);
+
+  // Counts a hit on a variant found by other means than Lookup (a Compile
+  // that matched its guards exactly): recency and hit count.
+  void RecordHit(const std::string& ns, const std::string& key, const std::string& digest);
 
   // The stored entry, or NOT_FOUND.
   absl::StatusOr<v1::StoredEntry> GetEntry(const std::string& ns, const std::string& key);
@@ -128,9 +133,13 @@ class Cache {
   Cache(CacheOptions options, std::unique_ptr<rocksdb::DB> db);
   absl::Status LoadIndex();
   absl::Status EvictToBudget() ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_);
-  absl::Status DropVariants(const std::string& entry_key, const std::string& digest,
-                            uint64_t* freed_variants, uint64_t* freed_bytes)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_);
+  // Drops the variants naming `digest` (every variant when empty) from each
+  // entry, and artifacts no variant names any more, in one write of `batch`
+  // (which may already hold other updates).
+  absl::Status DropVariants(const std::vector<std::string>& entry_keys, const std::string& digest,
+                            rocksdb::WriteBatch* batch, uint64_t* freed_variants,
+                            uint64_t* freed_bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_);
+  void Touch(const std::string& entry_key, const std::string& digest);
   absl::Status Quarantine(const std::string& digest, const std::string& bytes);
   void ApplyUsage(const std::string& entry_key, v1::StoredEntry* entry) const;
   std::string StatsBytes() const;

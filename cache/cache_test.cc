@@ -167,6 +167,42 @@ TEST(CacheTest, CorruptArtifactIsQuarantinedNeverServed) {
   EXPECT_EQ(*cache->ReadArtifact(digest), "good bytes");
 }
 
+TEST(CacheTest, HitsOnDroppedVariantsLeaveNoRecordAndEvictionEnds) {
+  TempDir dir;
+  auto cache = *Cache::Open({dir.path(), /*byte_budget=*/15});
+  const std::string gone = *cache->Publish(Pub(kKey, 1, std::string(10, 'x')));
+  ASSERT_TRUE(cache->Evict("", kKey).ok());
+  // A hit recorded for a variant that was dropped meanwhile.
+  cache->RecordHit("", kKey, gone);
+  ASSERT_TRUE(cache->Publish(Pub(kKey2, 1, std::string(10, 'y'))).ok());
+  ASSERT_TRUE(cache->Publish(Pub(kKey2, 2, std::string(10, 'z'))).ok());  // over budget
+  EXPECT_LE(cache->totals().bytes, 15u);
+  EXPECT_EQ(cache->totals().variants, 1u);
+  EXPECT_EQ(cache->Lookup("", kKey2, SignatureForSize(2))->outcome, v1::HIT);
+}
+
+TEST(CacheTest, RefusesEntriesFromANewerFormat) {
+  TempDir dir;
+  {
+    auto cache = *Cache::Open({dir.path()});
+    ASSERT_TRUE(cache->Publish(Pub(kKey, 1, "a")).ok());
+  }
+  {
+    rocksdb::DB* db = nullptr;
+    ASSERT_TRUE(rocksdb::DB::Open(rocksdb::Options(), dir.path(), &db).ok());
+    std::string value;
+    ASSERT_TRUE(db->Get(rocksdb::ReadOptions(), EntryKey("", kKey), &value).ok());
+    v1::StoredEntry entry;
+    ASSERT_TRUE(entry.ParseFromString(value));
+    entry.set_format_version(99);
+    ASSERT_TRUE(db->Put(rocksdb::WriteOptions(), EntryKey("", kKey), entry.SerializeAsString()).ok());
+    delete db;
+  }
+  auto reopened = Cache::Open({dir.path()});
+  EXPECT_EQ(reopened.status().code(), absl::StatusCode::kFailedPrecondition) << reopened.status();
+  EXPECT_NE(reopened.status().message().find("format version 99"), std::string::npos);
+}
+
 TEST(CacheTest, EvictKeyAndListNamespaces) {
   TempDir dir;
   auto cache = *Cache::Open({dir.path()});

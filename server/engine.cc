@@ -102,6 +102,11 @@ absl::StatusOr<v1::CompileResponse> Engine::Compile(const v1::CompileRequest& re
   const std::string key = times.Time("key", [&] { return ir::CacheKey(graph, options); });
 
   if (req.bypass_cache()) {
+    if (frozen_ || req.frozen()) {
+      cache_->Count(v1::FROZEN_MISS);
+      return absl::FailedPreconditionError(
+          "frozen: a bypass_cache request would compile, and a frozen server compiles nothing");
+    }
     cache_->Count(v1::BYPASS);
     return CompileMiss(ns, graph, guards, options, key, v1::BYPASS, {}, std::move(times));
   }
@@ -147,6 +152,7 @@ absl::StatusOr<v1::CompileResponse> Engine::Compile(const v1::CompileRequest& re
     if (absl::IsDataLoss(artifact.status())) continue;  // quarantined; probe again
     if (!artifact.ok()) return artifact.status();
     cache_->Count(v1::HIT);
+    if (req.has_guards() || !signature.ok()) cache_->RecordHit(ns, key, hit_digest);
     v1::CompileResponse resp;
     resp.set_key(key);
     resp.set_digest(hit_digest);
@@ -288,15 +294,13 @@ absl::StatusOr<v1::LookupResponse> Engine::Lookup(const v1::LookupRequest& req) 
   if (r.outcome == v1::HIT && req.include_artifact()) {
     auto artifact = LoadArtifact(r.digest);
     if (absl::IsDataLoss(artifact.status())) {
-      // Quarantined: report the miss it now is.
-      r.outcome = r.variants > 1 ? v1::GUARD_MISS : v1::FULL_MISS;
-      --r.variants;
+      // Quarantined, its variant dropped: report what the cache holds now.
       resp.set_reason(std::string(artifact.status().message()));
-    } else if (!artifact.ok()) {
-      return artifact.status();
-    } else {
-      *resp.mutable_artifact() = *std::move(artifact);
+      ASSIGN_OR_RETURN(r, cache_->Lookup(ns, key, signature));
+      if (r.outcome == v1::HIT) artifact = LoadArtifact(r.digest);
     }
+    if (!artifact.ok()) return artifact.status();
+    if (r.outcome == v1::HIT) *resp.mutable_artifact() = *std::move(artifact);
   }
   if (r.outcome == v1::HIT) {
     cache_->Count(v1::HIT);

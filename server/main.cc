@@ -40,6 +40,7 @@ ABSL_FLAG(uint64_t, cache_byte_budget, 0, "artifact bytes kept before LRU evicti
 ABSL_FLAG(uint32_t, cache_size_limit, 0, "variants per key (default 8)");
 ABSL_FLAG(uint64_t, max_message_bytes, 0, "largest request accepted (default 64 MiB)");
 ABSL_FLAG(uint32_t, compile_workers, 0, "compile threads (default: cores)");
+ABSL_FLAG(bool, sync_writes, false, "fsync every publish (survive power loss, not only crashes)");
 
 namespace kiln::server {
 namespace {
@@ -73,6 +74,7 @@ absl::StatusOr<v1::ServerConfig> LoadConfig() {
   if (!absl::GetFlag(FLAGS_listen).empty()) config.set_listen(absl::GetFlag(FLAGS_listen));
   if (!absl::GetFlag(FLAGS_data_dir).empty()) config.set_data_dir(absl::GetFlag(FLAGS_data_dir));
   if (absl::GetFlag(FLAGS_frozen)) config.set_frozen(true);
+  if (absl::GetFlag(FLAGS_sync_writes)) config.set_sync_writes(true);
   if (auto v = absl::GetFlag(FLAGS_cache_byte_budget)) config.set_cache_byte_budget(v);
   if (auto v = absl::GetFlag(FLAGS_cache_size_limit)) config.set_cache_size_limit(v);
   if (auto v = absl::GetFlag(FLAGS_max_message_bytes)) config.set_max_message_bytes(v);
@@ -118,6 +120,7 @@ absl::Status Serve() {
   cache::CacheOptions cache_options;
   cache_options.path = config.data_dir();
   cache_options.byte_budget = config.cache_byte_budget();
+  cache_options.sync_writes = config.sync_writes();
   if (auto s = std::system(absl::StrCat("mkdir -p '", config.data_dir(), "'").c_str()); s != 0) {
     return absl::FailedPreconditionError(
         absl::StrCat("data_dir: cannot create '", config.data_dir(), "'"));

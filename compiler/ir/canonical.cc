@@ -123,16 +123,32 @@ void Canonicalize(const Graph& g, v1::Graph* out) {
       ++pending[i];
     }
   }
-  auto node_hash = [&](int i) -> const std::string& {
-    static const std::string kEmpty;
-    const Node& node = g.nodes()[i];
-    return node.outputs.empty() ? kEmpty : hashes[node.outputs[0]];
-  };
-  auto later = [&](int a, int b) {
-    const std::string& ha = node_hash(a);
-    const std::string& hb = node_hash(b);
-    return ha != hb ? ha > hb : a > b;
-  };
+  // A node's up-hash describes what it computes; its down-hash adds how its
+  // results are used (by whom, at which argument, which graph outputs), so
+  // two identical nodes feeding different consumers are still told apart.
+  std::vector<std::string> down(n);
+  {
+    std::vector<std::vector<std::string>> uses(g.values().size());
+    for (size_t k = 0; k < g.outputs().size(); ++k) {
+      uses[g.outputs()[k]].push_back(absl::StrCat("out", k));
+    }
+    for (int i = n - 1; i >= 0; --i) {
+      const Node& node = g.nodes()[i];
+      Sha256 s;
+      s.Update(node.outputs.empty() ? "" : hashes[node.outputs[0]]);
+      for (ValueId v : node.outputs) {
+        std::sort(uses[v].begin(), uses[v].end());
+        s.Update(std::to_string(uses[v].size()));
+        for (const std::string& u : uses[v]) s.Update(u);
+      }
+      down[i] = s.HexDigest();
+      const std::vector<ValueId> operands = Graph::Operands(node);
+      for (size_t k = 0; k < operands.size(); ++k) {
+        uses[operands[k]].push_back(absl::StrCat(down[i], "@", k));
+      }
+    }
+  }
+  auto later = [&](int a, int b) { return down[a] != down[b] ? down[a] > down[b] : a > b; };
   std::priority_queue<int, std::vector<int>, decltype(later)> ready(later);
   for (int i = 0; i < n; ++i) {
     if (pending[i] == 0) ready.push(i);

@@ -138,6 +138,24 @@ TEST(CanonicalTest, RenamingAndReorderingKeepTheKey) {
   EXPECT_EQ(CanonicalBytes(MustBuild(Diamond())), CanonicalBytes(MustBuild(Diamond(true, "q"))));
 }
 
+// Two identical independent nodes (relu(x) twice) feeding different
+// consumers: listing them in either order gives the same key.
+TEST(CanonicalTest, IdenticalNodesWithDifferentUsersKeepTheKey) {
+  auto build = [](bool swap) {
+    std::string r1 = "nodes { name: \"r1\" target: \"aten.relu.default\" args { tensor: \"x\" } outputs " + V("a") + " }\n";
+    std::string r2 = "nodes { name: \"r2\" target: \"aten.relu.default\" args { tensor: \"x\" } outputs " + V("b") + " }\n";
+    std::string text = "inputs { value " + V("x") + " }\n" + (swap ? r2 + r1 : r1 + r2) +
+                       "nodes { name: \"n\" target: \"aten.neg.default\" args { tensor: \"a\" } outputs " + V("c") + " }\n" +
+                       "nodes { name: \"s\" target: \"aten.sigmoid.default\" args { tensor: \"b\" } outputs " + V("d") + " }\n" +
+                       "outputs: \"c\" outputs: \"d\"";
+    v1::Graph g;
+    EXPECT_TRUE(google::protobuf::TextFormat::ParseFromString(text, &g));
+    return g;
+  };
+  EXPECT_EQ(CacheKey(MustBuild(build(false)), {}), CacheKey(MustBuild(build(true)), {}));
+  EXPECT_EQ(CanonicalBytes(MustBuild(build(false))), CanonicalBytes(MustBuild(build(true))));
+}
+
 TEST(CanonicalTest, EveryFieldChangesTheKey) {
   v1::CompileOptions opts;
   const std::string base = CacheKey(MustBuild(Diamond()), opts);

@@ -166,6 +166,15 @@ TEST(KilndTest, FrozenRefusesMissesAndStillServesHits) {
     v1::CompileRequest frozen_request = Request(ChainGraph(10, 8, 2));
     frozen_request.set_frozen(true);
     EXPECT_EQ(c->Compile(frozen_request).status().code(), absl::StatusCode::kFailedPrecondition);
+    // Bypassing the cache would compile: refused too.
+    frozen_request.set_bypass_cache(true);
+    EXPECT_EQ(c->Compile(frozen_request).status().code(), absl::StatusCode::kFailedPrecondition);
+    v1::CompileRequest bypass = Request(ChainGraph(10, 8, 2));
+    bypass.set_bypass_cache(true);
+    auto bypassed = c->Compile(bypass);
+    ASSERT_TRUE(bypassed.ok()) << bypassed.status();
+    EXPECT_EQ(bypassed->outcome(), v1::BYPASS);
+    EXPECT_EQ(c->LookupGraph(bypass.graph(), {}, ChainSignature(8))->outcome(), v1::FULL_MISS);
     EXPECT_EQ(kilnd.Terminate(), 0);
   }
   KilndProcess kilnd(dir.path(), {"--frozen"});
