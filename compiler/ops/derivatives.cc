@@ -1,0 +1,2 @@
+#include "compiler/ops/registry.h"
+namespace kiln::ops { void RegisterDerivatives(Registry*) {} }

@@ -1,0 +1,659 @@
+#include "compiler/ops/shape_util.h"
+
+#include <algorithm>
+#include <numeric>
+#include <utility>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+
+namespace kiln::ops {
+namespace {
+
+using ir::SymInt;
+
+// Text made only of identifiers, integers and '*': a product that can be
+// split into factors and joined into other products without parentheses.
+bool IsProductText(absl::string_view s) {
+  if (s.empty() || s.front() == '*' || s.back() == '*') return false;
+  for (char c : s) {
+    if (!absl::ascii_isalnum(c) && c != '_' && c != '*') return false;
+  }
+  return s.find("**") == absl::string_view::npos;
+}
+
+// An identifier or an integer.
+bool IsAtomText(absl::string_view s) {
+  return IsProductText(s) && s.find('*') == absl::string_view::npos;
+}
+
+std::string Paren(const std::string& s, bool atom_only) {
+  const bool bare = atom_only ? IsAtomText(s) : IsProductText(s);
+  return bare ? s : absl::StrCat("(", s, ")");
+}
+
+// Drops parentheses around the whole of `s`: "((s0 - 1)//2)" -> "(s0 - 1)//2".
+absl::string_view StripOuterParens(absl::string_view s) {
+  while (s.size() >= 2 && s.front() == '(' && s.back() == ')') {
+    int depth = 0;
+    bool wraps = true;
+    for (size_t i = 0; i < s.size(); ++i) {
+      if (s[i] == '(') ++depth;
+      if (s[i] == ')') --depth;
+      if (depth == 0 && i + 1 < s.size()) {
+        wraps = false;
+        break;
+      }
+    }
+    if (!wraps) break;
+    s = s.substr(1, s.size() - 2);
+  }
+  return s;
+}
+
+// coeff * factor_1 * ... * factor_n, factors sorted. A factor is a symbol or
+// an opaque expression such as "(s0 - 1)//2", kept as its text.
+struct Monomial {
+  int64_t coeff = 1;
+  std::vector<std::string> factors;
+};
+
+// A sum of monomials with distinct factor lists, plus a constant: the form
+// sizes take under +, - and * ("4*s0*s1 + s1 - 2").
+struct Poly {
+  std::vector<Monomial> terms;
+  int64_t constant = 0;
+
+  void Add(Monomial m) {
+    if (m.coeff == 0) return;
+    if (m.factors.empty()) {
+      constant += m.coeff;
+      return;
+    }
+    for (auto it = terms.begin(); it != terms.end(); ++it) {
+      if (it->factors == m.factors) {
+        it->coeff += m.coeff;
+        if (it->coeff == 0) terms.erase(it);
+        return;
+      }
+    }
+    terms.push_back(std::move(m));
+  }
+  bool is_constant() const { return terms.empty(); }
+};
+
+Monomial ParseTerm(absl::string_view t) {
+  bool negate = false;
+  if (!t.empty() && t.front() == '-') {
+    negate = true;
+    t.remove_prefix(1);
+  }
+  t = StripOuterParens(t);
+  Monomial m;
+  int64_t k;
+  if (absl::SimpleAtoi(t, &k)) {
+    m.coeff = k;
+  } else if (IsProductText(t)) {
+    for (absl::string_view part : absl::StrSplit(t, '*')) {
+      if (absl::SimpleAtoi(part, &k)) {
+        m.coeff *= k;
+      } else {
+        m.factors.emplace_back(part);
+      }
+    }
+    std::sort(m.factors.begin(), m.factors.end());
+  } else {
+    m.factors.emplace_back(t);
+  }
+  if (negate) m.coeff = -m.coeff;
+  return m;
+}
+
+// Splits an expression at its top-level " + " and " - " (the spelling of
+// this file and of sympy).
+Poly ToPoly(const SymInt& s) {
+  Poly p;
+  if (s.is_constant()) {
+    p.constant = s.constant();
+    return p;
+  }
+  const std::string& e = s.expr();
+  int depth = 0;
+  size_t start = 0;
+  bool negative = false;
+  for (size_t i = 0; i < e.size(); ++i) {
+    if (e[i] == '(') ++depth;
+    if (e[i] == ')') --depth;
+    if (depth == 0 && i > 0 && i + 2 < e.size() && e[i] == ' ' &&
+        (e[i + 1] == '+' || e[i + 1] == '-') && e[i + 2] == ' ') {
+      Monomial m = ParseTerm(absl::string_view(e).substr(start, i - start));
+      if (negative) m.coeff = -m.coeff;
+      p.Add(std::move(m));
+      negative = e[i + 1] == '-';
+      start = i + 3;
+      i += 2;
+    }
+  }
+  Monomial m = ParseTerm(absl::string_view(e).substr(start));
+  if (negative) m.coeff = -m.coeff;
+  p.Add(std::move(m));
+  return p;
+}
+
+// The text of coeff * factors, coeff != 0, factors non-empty.
+std::string MonomialText(int64_t coeff, const std::vector<std::string>& factors) {
+  if ((coeff == 1 || coeff == -1) && factors.size() == 1) {
+    const std::string& f = factors[0];
+    if (coeff == 1) return f;
+    return absl::StrCat("-", Paren(f, false));
+  }
+  std::vector<std::string> parts;
+  if (coeff == -1) {
+    parts.push_back("-1");
+  } else if (coeff != 1) {
+    parts.push_back(std::to_string(coeff));
+  }
+  for (const std::string& f : factors) parts.push_back(Paren(f, false));
+  std::string text = absl::StrJoin(parts, "*");
+  if (coeff == -1) text = absl::StrCat("-", text.substr(3));
+  return text;
+}
+
+SymInt FromPoly(const Poly& p) {
+  if (p.terms.empty()) return SymInt{p.constant};
+  std::string text;
+  for (size_t i = 0; i < p.terms.size(); ++i) {
+    const Monomial& m = p.terms[i];
+    if (i == 0) {
+      text = MonomialText(m.coeff, m.factors);
+    } else if (m.coeff > 0) {
+      absl::StrAppend(&text, " + ", MonomialText(m.coeff, m.factors));
+    } else {
+      absl::StrAppend(&text, " - ", MonomialText(-m.coeff, m.factors));
+    }
+  }
+  if (p.constant > 0) absl::StrAppend(&text, " + ", p.constant);
+  if (p.constant < 0) absl::StrAppend(&text, " - ", -p.constant);
+  return SymInt{std::move(text)};
+}
+
+Monomial Times(const Monomial& a, const Monomial& b) {
+  Monomial m;
+  m.coeff = a.coeff * b.coeff;
+  m.factors = a.factors;
+  m.factors.insert(m.factors.end(), b.factors.begin(), b.factors.end());
+  std::sort(m.factors.begin(), m.factors.end());
+  return m;
+}
+
+// a / b when it is exact as monomials.
+std::optional<Monomial> Divide(const Monomial& a, const Monomial& b) {
+  if (b.coeff == 0 || a.coeff % b.coeff != 0) return std::nullopt;
+  Monomial q;
+  q.coeff = a.coeff / b.coeff;
+  std::vector<std::string> rest = a.factors;
+  for (const std::string& f : b.factors) {
+    auto it = std::find(rest.begin(), rest.end(), f);
+    if (it == rest.end()) return std::nullopt;
+    rest.erase(it);
+  }
+  q.factors = std::move(rest);
+  return q;
+}
+
+int64_t FloorDiv(int64_t a, int64_t b) {
+  int64_t q = a / b;
+  if ((a % b != 0) && ((a < 0) != (b < 0))) --q;
+  return q;
+}
+
+}  // namespace
+
+bool IsConstant(const ir::SymInt& s, int64_t value) {
+  return s.is_constant() && s.constant() == value;
+}
+
+ir::SymInt SymAdd(const ir::SymInt& a, const ir::SymInt& b) {
+  if (a.is_constant() && b.is_constant()) return SymInt{a.constant() + b.constant()};
+  Poly p = ToPoly(a);
+  const Poly q = ToPoly(b);
+  for (const Monomial& m : q.terms) p.Add(m);
+  p.constant += q.constant;
+  return FromPoly(p);
+}
+
+ir::SymInt SymSub(const ir::SymInt& a, const ir::SymInt& b) {
+  if (a.is_constant() && b.is_constant()) return SymInt{a.constant() - b.constant()};
+  return SymAdd(a, SymMul(SymInt{int64_t{-1}}, b));
+}
+
+ir::SymInt SymMul(const ir::SymInt& a, const ir::SymInt& b) {
+  if (a.is_constant() && b.is_constant()) return SymInt{a.constant() * b.constant()};
+  if (IsConstant(a, 1)) return b;
+  if (IsConstant(b, 1)) return a;
+  const Poly p = ToPoly(a), q = ToPoly(b);
+  Poly out;
+  auto terms_of = [](const Poly& x) {
+    std::vector<Monomial> t = x.terms;
+    if (x.constant != 0) t.push_back(Monomial{x.constant, {}});
+    return t;
+  };
+  for (const Monomial& x : terms_of(p)) {
+    for (const Monomial& y : terms_of(q)) out.Add(Times(x, y));
+  }
+  return FromPoly(out);
+}
+
+ir::SymInt SymFloorDiv(const ir::SymInt& a, const ir::SymInt& b) {
+  if (a.is_constant() && b.is_constant()) {
+    return b.constant() == 0 ? SymInt{int64_t{0}} : SymInt{FloorDiv(a.constant(), b.constant())};
+  }
+  if (IsConstant(b, 1) || IsConstant(a, 0)) return a;
+  // Exact when every term divides.
+  const Poly p = ToPoly(a), q = ToPoly(b);
+  if (q.terms.size() <= 1 && (q.terms.empty() ? q.constant != 0 : q.constant == 0)) {
+    const Monomial d = q.terms.empty() ? Monomial{q.constant, {}} : q.terms[0];
+    Poly out;
+    bool exact = true;
+    for (const Monomial& m : p.terms) {
+      auto r = Divide(m, d);
+      if (!r.has_value()) {
+        exact = false;
+        break;
+      }
+      out.Add(*r);
+    }
+    if (exact && p.constant != 0) {
+      auto r = Divide(Monomial{p.constant, {}}, d);
+      exact = r.has_value();
+      if (exact) out.Add(*r);
+    }
+    if (exact) return FromPoly(out);
+  }
+  return SymInt{absl::StrCat(Paren(a.ToString(), false), "//", Paren(b.ToString(), true))};
+}
+
+ir::SymInt Numel(absl::Span<const ir::SymInt> sizes) {
+  SymInt n{int64_t{1}};
+  for (const SymInt& s : sizes) n = SymMul(n, s);
+  return n;
+}
+
+std::string SizesToString(absl::Span<const ir::SymInt> sizes) {
+  return absl::StrCat(
+      "[",
+      absl::StrJoin(sizes, ", ",
+                    [](std::string* out, const SymInt& s) { out->append(s.ToString()); }),
+      "]");
+}
+
+SymSizes ToSymSizes(absl::Span<const int64_t> sizes) {
+  SymSizes out;
+  out.reserve(sizes.size());
+  for (int64_t s : sizes) out.push_back(SymInt{s});
+  return out;
+}
+
+std::optional<std::vector<int64_t>> ConstantSizes(absl::Span<const ir::SymInt> sizes) {
+  std::vector<int64_t> out;
+  out.reserve(sizes.size());
+  for (const SymInt& s : sizes) {
+    if (!s.is_constant()) return std::nullopt;
+    out.push_back(s.constant());
+  }
+  return out;
+}
+
+absl::StatusOr<int64_t> WrapDim(int64_t dim, int64_t rank) {
+  const int64_t r = std::max<int64_t>(rank, 1);
+  if (dim < -r || dim >= r) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("dimension ", dim, " is out of range for a tensor of rank ", rank,
+                     " (expected a value in [", -r, ", ", r - 1, "])"));
+  }
+  return dim < 0 ? dim + r : dim;
+}
+
+absl::StatusOr<SymSizes> ReducedSizes(absl::Span<const ir::SymInt> sizes,
+                                      absl::Span<const int64_t> dims, bool keepdim) {
+  const int64_t rank = static_cast<int64_t>(sizes.size());
+  std::vector<bool> reduce(sizes.size(), dims.empty());
+  if (rank == 0) {
+    for (int64_t d : dims) {
+      auto w = WrapDim(d, rank);
+      if (!w.ok()) return w.status();
+    }
+    return SymSizes{};
+  }
+  for (int64_t d : dims) {
+    auto w = WrapDim(d, rank);
+    if (!w.ok()) return w.status();
+    if (reduce[*w]) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("dimension ", *w, " appears more than once in the list of dimensions"));
+    }
+    reduce[*w] = true;
+  }
+  SymSizes out;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    if (!reduce[i]) {
+      out.push_back(sizes[i]);
+    } else if (keepdim) {
+      out.push_back(SymInt{int64_t{1}});
+    }
+  }
+  return out;
+}
+
+absl::StatusOr<SymSizes> InferViewSizes(absl::Span<const ir::SymInt> sizes,
+                                        absl::Span<const ir::SymInt> requested) {
+  const SymInt numel = Numel(sizes);
+  auto invalid = [&] {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "shape ", SizesToString(requested), " is invalid for input of size ", numel.ToString()));
+  };
+  int infer = -1;
+  SymInt known{int64_t{1}};
+  for (size_t i = 0; i < requested.size(); ++i) {
+    const SymInt& s = requested[i];
+    if (IsConstant(s, -1)) {
+      if (infer >= 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("shape ", SizesToString(requested), " has more than one -1"));
+      }
+      infer = static_cast<int>(i);
+    } else if (s.is_constant() && s.constant() < 0) {
+      return absl::InvalidArgumentError(absl::StrCat("shape ", SizesToString(requested),
+                                                     " has the negative size ", s.constant()));
+    } else {
+      known = SymMul(known, s);
+    }
+  }
+  SymSizes out(requested.begin(), requested.end());
+  if (infer >= 0) {
+    if (IsConstant(known, 0)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("shape ", SizesToString(requested),
+                       " leaves the size of -1 undetermined: the other sizes multiply to 0"));
+    }
+    if (numel.is_constant() && known.is_constant() && numel.constant() % known.constant() != 0) {
+      return invalid();
+    }
+    out[infer] = SymFloorDiv(numel, known);
+  } else {
+    // Unequal for every value of the symbols (sizes are at least 2 where
+    // symbolic): a nonzero constant or a single product term apart.
+    const SymInt diff = SymSub(numel, known);
+    if (diff.is_constant() ? diff.constant() != 0
+                           : IsProductText(absl::StripPrefix(diff.expr(), "-"))) {
+      return invalid();
+    }
+  }
+  return out;
+}
+
+absl::StatusOr<SymSizes> BroadcastSizes(absl::Span<const ir::SymInt> a,
+                                        absl::Span<const ir::SymInt> b) {
+  const size_t n = std::max(a.size(), b.size());
+  SymSizes out(n);
+  for (size_t i = 0; i < n; ++i) {
+    // Dimension i of the result, counted from the front.
+    const size_t from_end = n - 1 - i;
+    const SymInt* x = from_end < a.size() ? &a[a.size() - 1 - from_end] : nullptr;
+    const SymInt* y = from_end < b.size() ? &b[b.size() - 1 - from_end] : nullptr;
+    if (x == nullptr) {
+      out[i] = *y;
+    } else if (y == nullptr || *x == *y || IsConstant(*y, 1)) {
+      out[i] = *x;
+    } else if (IsConstant(*x, 1)) {
+      out[i] = *y;
+    } else if (x->is_constant() && y->is_constant()) {
+      return absl::InvalidArgumentError(absl::StrCat("shapes ", SizesToString(a), " and ",
+                                                     SizesToString(b),
+                                                     " do not broadcast at dimension ", i));
+    } else if (x->is_constant()) {
+      out[i] = *x;
+    } else if (y->is_constant()) {
+      out[i] = *y;
+    } else {
+      out[i] = *x;
+    }
+  }
+  return out;
+}
+
+bool IsFloating(v1::DType t) {
+  return t == v1::FLOAT16 || t == v1::BFLOAT16 || t == v1::FLOAT32 || t == v1::FLOAT64;
+}
+
+bool IsComplex(v1::DType t) { return t == v1::COMPLEX64 || t == v1::COMPLEX128; }
+
+bool IsIntegral(v1::DType t, bool include_bool) {
+  switch (t) {
+    case v1::INT64:
+    case v1::INT32:
+    case v1::INT16:
+    case v1::INT8:
+    case v1::UINT8:
+      return true;
+    case v1::BOOL:
+      return include_bool;
+    default:
+      return false;
+  }
+}
+
+v1::DType ToReal(v1::DType t) {
+  if (t == v1::COMPLEX64) return v1::FLOAT32;
+  if (t == v1::COMPLEX128) return v1::FLOAT64;
+  return t;
+}
+
+v1::DType IntToFloat(v1::DType t) { return IsIntegral(t, true) ? kDefaultFloat : t; }
+
+v1::DType ComputationDType(v1::DType t) {
+  return t == v1::FLOAT16 || t == v1::BFLOAT16 ? v1::FLOAT32 : t;
+}
+
+namespace {
+
+int IntWidth(v1::DType t) {
+  switch (t) {
+    case v1::INT8:
+    case v1::UINT8:
+      return 1;
+    case v1::INT16:
+      return 2;
+    case v1::INT32:
+      return 4;
+    default:
+      return 8;
+  }
+}
+
+v1::DType ToComplex(v1::DType real) { return real == v1::FLOAT64 ? v1::COMPLEX128 : v1::COMPLEX64; }
+
+}  // namespace
+
+v1::DType PromoteTypes(v1::DType a, v1::DType b) {
+  if (a == b || b == v1::DTYPE_UNSPECIFIED) return a;
+  if (a == v1::DTYPE_UNSPECIFIED) return b;
+  if (a == v1::BOOL) return b;
+  if (b == v1::BOOL) return a;
+  if (IsComplex(a) || IsComplex(b)) {
+    return ToComplex(PromoteTypes(ToReal(a), ToReal(b)));
+  }
+  if (IsFloating(a) && IsFloating(b)) {
+    if (a == v1::FLOAT64 || b == v1::FLOAT64) return v1::FLOAT64;
+    return v1::FLOAT32;  // float32 with anything, or float16 with bfloat16
+  }
+  if (IsFloating(a)) return a;
+  if (IsFloating(b)) return b;
+  // Both integral.
+  if (a == v1::UINT8 || b == v1::UINT8) {
+    const v1::DType other = a == v1::UINT8 ? b : a;
+    return other == v1::INT8 ? v1::INT16 : other;
+  }
+  return IntWidth(a) >= IntWidth(b) ? a : b;
+}
+
+PromotionOperand PromotionOperand::Tensor(const ir::TensorMeta& meta) {
+  return {meta.dtype, meta.sizes.empty() ? Priority::kZeroDim : Priority::kTensor};
+}
+
+PromotionOperand PromotionOperand::Scalar(const ir::Argument& arg) {
+  PromotionOperand p;
+  p.priority = Priority::kWrappedNumber;
+  if (std::holds_alternative<double>(arg.kind)) {
+    p.dtype = kDefaultFloat;
+  } else if (std::holds_alternative<int64_t>(arg.kind) ||
+             std::holds_alternative<ir::SymInt>(arg.kind)) {
+    p.dtype = v1::INT64;
+  } else if (std::holds_alternative<bool>(arg.kind)) {
+    p.dtype = v1::BOOL;
+  } else if (const auto* t = std::get_if<v1::DType>(&arg.kind)) {
+    p.dtype = *t;
+  }
+  return p;
+}
+
+namespace {
+
+// c10's combine_categories: `higher` is the result of the operands of higher
+// priority; `lower` only raises its category.
+v1::DType CombineCategories(v1::DType higher, v1::DType lower) {
+  if (higher == v1::DTYPE_UNSPECIFIED) return lower;
+  if (lower == v1::DTYPE_UNSPECIFIED) return higher;
+  if (IsComplex(higher)) return higher;
+  if (IsComplex(lower)) return IsFloating(higher) ? ToComplex(higher) : lower;
+  if (IsFloating(higher)) return higher;
+  if (higher == v1::BOOL || IsFloating(lower)) return PromoteTypes(higher, lower);
+  return higher;
+}
+
+}  // namespace
+
+v1::DType ResultType(absl::Span<const PromotionOperand> operands) {
+  v1::DType dim = v1::DTYPE_UNSPECIFIED, zero = v1::DTYPE_UNSPECIFIED,
+            wrapped = v1::DTYPE_UNSPECIFIED;
+  for (const PromotionOperand& p : operands) {
+    if (p.dtype == v1::DTYPE_UNSPECIFIED) continue;
+    switch (p.priority) {
+      case PromotionOperand::Priority::kTensor:
+        dim = PromoteTypes(dim, p.dtype);
+        break;
+      case PromotionOperand::Priority::kZeroDim:
+        zero = PromoteTypes(zero, p.dtype);
+        break;
+      case PromotionOperand::Priority::kWrappedNumber:
+        wrapped = PromoteTypes(wrapped, p.dtype);
+        break;
+    }
+  }
+  return CombineCategories(dim, CombineCategories(zero, wrapped));
+}
+
+SymSizes ContiguousStrides(absl::Span<const ir::SymInt> sizes) {
+  SymSizes strides(sizes.size());
+  SymInt running{int64_t{1}};
+  for (size_t i = sizes.size(); i-- > 0;) {
+    strides[i] = running;
+    const SymInt& s = sizes[i];
+    running = SymMul(running, s.is_constant() && s.constant() == 0 ? SymInt{int64_t{1}} : s);
+  }
+  return strides;
+}
+
+bool IsContiguous(const ir::TensorMeta& meta) {
+  if (meta.strides.size() != meta.sizes.size()) return false;
+  for (const SymInt& s : meta.sizes) {
+    if (IsConstant(s, 0)) return true;
+  }
+  SymInt expected{int64_t{1}};
+  for (size_t i = meta.sizes.size(); i-- > 0;) {
+    if (IsConstant(meta.sizes[i], 1)) continue;
+    if (!(meta.strides[i] == expected)) return false;
+    expected = SymMul(expected, meta.sizes[i]);
+  }
+  return true;
+}
+
+std::optional<SymSizes> ViewStrides(absl::Span<const ir::SymInt> sizes,
+                                    absl::Span<const ir::SymInt> strides,
+                                    absl::Span<const ir::SymInt> new_sizes) {
+  if (strides.size() != sizes.size()) return ContiguousStrides(new_sizes);
+  auto old_shape = ConstantSizes(sizes);
+  auto old_stride = ConstantSizes(strides);
+  auto new_shape = ConstantSizes(new_sizes);
+  if (!old_shape || !old_stride || !new_shape) {
+    if (std::equal(sizes.begin(), sizes.end(), new_sizes.begin(), new_sizes.end())) {
+      return SymSizes(strides.begin(), strides.end());
+    }
+    // A contiguous input views contiguously; the undecided non-contiguous
+    // symbolic cases get contiguous strides too.
+    return ContiguousStrides(new_sizes);
+  }
+  // PyTorch's computeStride (aten/src/ATen/TensorUtils.cpp).
+  const auto& os = *old_shape;
+  const auto& ost = *old_stride;
+  const auto& ns = *new_shape;
+  const int64_t numel = std::accumulate(os.begin(), os.end(), int64_t{1}, std::multiplies<>());
+  if (numel == 0 || os.empty()) {
+    if (os == ns) return SymSizes(strides.begin(), strides.end());
+    return ContiguousStrides(new_sizes);
+  }
+  std::vector<int64_t> out(ns.size(), 0);
+  int64_t view_d = static_cast<int64_t>(ns.size()) - 1;
+  int64_t chunk_base_stride = ost.back();
+  int64_t tensor_numel = 1;
+  int64_t view_numel = 1;
+  for (int64_t tensor_d = static_cast<int64_t>(os.size()) - 1; tensor_d >= 0; --tensor_d) {
+    tensor_numel *= os[tensor_d];
+    if (tensor_d == 0 ||
+        (os[tensor_d - 1] != 1 && ost[tensor_d - 1] != tensor_numel * chunk_base_stride)) {
+      while (view_d >= 0 && (view_numel < tensor_numel || ns[view_d] == 1)) {
+        out[view_d] = view_numel * chunk_base_stride;
+        view_numel *= ns[view_d];
+        --view_d;
+      }
+      if (view_numel != tensor_numel) return std::nullopt;
+      if (tensor_d > 0) {
+        chunk_base_stride = ost[tensor_d - 1];
+        tensor_numel = 1;
+        view_numel = 1;
+      }
+    }
+  }
+  if (view_d != -1) return std::nullopt;
+  return ToSymSizes(out);
+}
+
+SymSizes PreservedStrides(const ir::TensorMeta& meta) {
+  auto sizes = ConstantSizes(meta.sizes);
+  auto strides = ConstantSizes(meta.strides);
+  if (!sizes || !strides || strides->size() != sizes->size()) {
+    return IsContiguous(meta) ? meta.strides : ContiguousStrides(meta.sizes);
+  }
+  // c10's is_non_overlapping_and_dense.
+  std::vector<size_t> perm(sizes->size());
+  std::iota(perm.begin(), perm.end(), 0);
+  std::stable_sort(perm.begin(), perm.end(), [&](size_t a, size_t b) {
+    const bool a_small = (*sizes)[a] < 2, b_small = (*sizes)[b] < 2;
+    if (a_small != b_small) return b_small;  // sizes < 2 last
+    if (a_small) return false;
+    return (*strides)[a] < (*strides)[b];
+  });
+  int64_t require = 1;
+  for (size_t i : perm) {
+    if ((*sizes)[i] < 2) break;
+    if ((*strides)[i] != require) return ContiguousStrides(meta.sizes);
+    require *= (*sizes)[i];
+  }
+  return meta.strides;
+}
+
+}  // namespace kiln::ops
