@@ -2,6 +2,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/status_macros.h"
+#include "compiler/autograd/joint_graph.h"
+#include "compiler/autograd/partition.h"
 #include "compiler/ir/canonical.h"
 
 namespace kiln::server {
@@ -17,6 +20,46 @@ class EagerBackend final : public Backend {
     *artifact.mutable_graph() =
         times->Time("canonicalize", [&] { return ir::Canonicalize(input.graph); });
     artifact.mutable_graph()->set_name(input.graph.name());
+    return artifact;
+  }
+};
+
+// `aot_eager`: the joint forward/backward graph, split by the min-cut
+// partitioner; the runtime runs both halves op by op as one autograd
+// function. Which inputs need gradients comes from their metadata.
+class AotEagerBackend final : public Backend {
+ public:
+  std::string name() const override { return "aot_eager"; }
+
+  absl::StatusOr<v1::Artifact> Compile(const CompileInput& input,
+                                       PhaseTimes* times) const override {
+    v1::Artifact artifact = NewArtifact(input, name());
+    *artifact.mutable_graph() =
+        times->Time("canonicalize", [&] { return ir::Canonicalize(input.graph); });
+    artifact.mutable_graph()->set_name(input.graph.name());
+    ASSIGN_OR_RETURN(autograd::JointGraph joint, times->Time("joint-graph", [&] {
+      return autograd::BuildJointGraph(input.graph, autograd::JointOptions());
+    }));
+    ASSIGN_OR_RETURN(autograd::Partition split, times->Time("partition", [&] {
+      return autograd::PartitionJointGraph(joint);
+    }));
+    v1::AutogradGraphs* out = artifact.mutable_autograd();
+    split.forward.ToProto(out->mutable_forward());
+    split.backward.ToProto(out->mutable_backward());
+    joint.graph.ToProto(out->mutable_joint());
+    out->set_num_forward_outputs(split.num_forward_outputs);
+    for (const auto& s : split.saved) out->add_saved(s);
+    out->set_saved_bytes(split.saved_bytes);
+    for (bool b : joint.inputs_need_grad) out->add_inputs_need_grad(b);
+    for (bool b : joint.outputs_receive_grad) out->add_outputs_receive_grad(b);
+    std::vector<int> by_output(joint.graph.outputs().size() - joint.num_forward_outputs, -1);
+    for (size_t i = 0; i < joint.grad_output_index.size(); ++i) {
+      if (joint.grad_output_index[i] >= 0) {
+        by_output[joint.grad_output_index[i] - joint.num_forward_outputs] = static_cast<int>(i);
+      }
+    }
+    for (int i : by_output) out->add_grad_input_index(i);
+    for (const auto& r : split.recomputed) out->add_recomputed(r);
     return artifact;
   }
 };
@@ -46,6 +89,7 @@ std::unique_ptr<Backend> MakeEagerBackend() { return std::make_unique<EagerBacke
 BackendRegistry BackendRegistry::Default() {
   BackendRegistry r;
   r.Add(MakeEagerBackend());
+  r.Add(std::make_unique<AotEagerBackend>());
   return r;
 }
 

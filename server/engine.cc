@@ -7,6 +7,7 @@
 #include "common/status_macros.h"
 #include "compiler/ir/canonical.h"
 #include "compiler/ir/verify.h"
+#include "compiler/ops/registry.h"
 
 namespace kiln::server {
 namespace {
@@ -27,9 +28,12 @@ absl::Status Prefix(const absl::Status& s, absl::string_view prefix) {
   return absl::Status(s.code(), absl::StrCat(prefix, s.message()));
 }
 
+// Structure, schemas, and the client's metadata against the op registry's
+// shape rules.
 absl::StatusOr<ir::Graph> BuildVerified(const v1::Graph& proto) {
   ASSIGN_OR_RETURN(ir::Graph g, ir::Graph::FromProto(proto));
   RETURN_IF_ERROR(ir::Verify(g));
+  RETURN_IF_ERROR(ops::CheckMetadata(ops::DefaultRegistry(), g));
   return g;
 }
 

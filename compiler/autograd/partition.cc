@@ -1,0 +1,316 @@
+#include "compiler/autograd/partition.h"
+
+#include <algorithm>
+#include <deque>
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "compiler/ir/builder.h"
+
+namespace kiln::autograd {
+namespace {
+
+using ir::kNoValue;
+using ir::ValueId;
+
+constexpr int64_t kInf = std::numeric_limits<int64_t>::max() / 4;
+
+// Dinic's max-flow over a small adjacency-list network.
+class FlowNetwork {
+ public:
+  explicit FlowNetwork(int n) : adj_(n), level_(n), it_(n) {}
+
+  void AddEdge(int from, int to, int64_t cap) {
+    adj_[from].push_back(static_cast<int>(edges_.size()));
+    edges_.push_back({to, cap});
+    adj_[to].push_back(static_cast<int>(edges_.size()));
+    edges_.push_back({from, 0});
+  }
+
+  int64_t MaxFlow(int s, int t) {
+    int64_t flow = 0;
+    while (Bfs(s, t)) {
+      std::fill(it_.begin(), it_.end(), 0);
+      while (int64_t f = Dfs(s, t, kInf)) flow += f;
+    }
+    return flow;
+  }
+
+  // Vertices reachable from `s` in the residual network: the source side of
+  // a minimum cut once MaxFlow has run.
+  std::vector<bool> SourceSide(int s) const {
+    std::vector<bool> seen(adj_.size(), false);
+    std::deque<int> q{s};
+    seen[s] = true;
+    while (!q.empty()) {
+      int v = q.front();
+      q.pop_front();
+      for (int e : adj_[v]) {
+        if (edges_[e].cap > 0 && !seen[edges_[e].to]) {
+          seen[edges_[e].to] = true;
+          q.push_back(edges_[e].to);
+        }
+      }
+    }
+    return seen;
+  }
+
+ private:
+  struct Edge {
+    int to;
+    int64_t cap;
+  };
+
+  bool Bfs(int s, int t) {
+    std::fill(level_.begin(), level_.end(), -1);
+    std::deque<int> q{s};
+    level_[s] = 0;
+    while (!q.empty()) {
+      int v = q.front();
+      q.pop_front();
+      for (int e : adj_[v]) {
+        if (edges_[e].cap > 0 && level_[edges_[e].to] < 0) {
+          level_[edges_[e].to] = level_[v] + 1;
+          q.push_back(edges_[e].to);
+        }
+      }
+    }
+    return level_[t] >= 0;
+  }
+
+  // Iterative blocking-flow search (graphs are deep: long pointwise chains).
+  int64_t Dfs(int s, int t, int64_t limit) {
+    std::vector<int> path_edges;
+    std::vector<int> stack{s};
+    while (!stack.empty()) {
+      int v = stack.back();
+      if (v == t) {
+        int64_t f = limit;
+        for (int e : path_edges) f = std::min(f, edges_[e].cap);
+        for (int e : path_edges) {
+          edges_[e].cap -= f;
+          edges_[e ^ 1].cap += f;
+        }
+        return f;
+      }
+      bool advanced = false;
+      for (; it_[v] < static_cast<int>(adj_[v].size()); ++it_[v]) {
+        int e = adj_[v][it_[v]];
+        int to = edges_[e].to;
+        if (edges_[e].cap > 0 && level_[to] == level_[v] + 1) {
+          path_edges.push_back(e);
+          stack.push_back(to);
+          advanced = true;
+          break;
+        }
+      }
+      if (!advanced) {
+        level_[v] = -1;  // dead end
+        stack.pop_back();
+        if (!path_edges.empty()) {
+          path_edges.pop_back();
+          ++it_[stack.back()];
+        }
+      }
+    }
+    return 0;
+  }
+
+  std::vector<std::vector<int>> adj_;
+  std::vector<Edge> edges_;
+  std::vector<int> level_;
+  std::vector<int> it_;
+};
+
+int64_t DTypeBytes(v1::DType t) {
+  switch (t) {
+    case v1::FLOAT64:
+    case v1::INT64:
+    case v1::COMPLEX64:
+      return 8;
+    case v1::COMPLEX128:
+      return 16;
+    case v1::FLOAT16:
+    case v1::BFLOAT16:
+    case v1::INT16:
+      return 2;
+    case v1::INT8:
+    case v1::UINT8:
+    case v1::BOOL:
+      return 1;
+    default:
+      return 4;
+  }
+}
+
+// A subgraph of `g` computing `outputs` from `inputs` (which become its
+// placeholders), with every node they need and no other.
+absl::StatusOr<ir::Graph> Extract(const ir::Graph& g, const std::string& name,
+                                  const std::vector<ValueId>& inputs,
+                                  const std::vector<ValueId>& outputs,
+                                  std::vector<int>* included_nodes) {
+  std::vector<bool> is_input(g.values().size(), false);
+  for (ValueId v : inputs) is_input[v] = true;
+  std::vector<bool> needed(g.values().size(), false);
+  for (ValueId v : outputs) needed[v] = true;
+  std::vector<bool> include(g.nodes().size(), false);
+  for (int i = static_cast<int>(g.nodes().size()) - 1; i >= 0; --i) {
+    const ir::Node& node = g.nodes()[i];
+    for (ValueId v : node.outputs) include[i] = include[i] || (needed[v] && !is_input[v]);
+    if (!include[i]) continue;
+    for (ValueId u : ir::Graph::Operands(node)) needed[u] = true;
+  }
+  for (size_t v = 0; v < g.values().size(); ++v) {
+    if (needed[v] && !is_input[v] && g.value(static_cast<ValueId>(v)).producer < 0) {
+      return absl::InternalError(absl::StrCat("partition: graph '", name, "' needs '",
+                                              g.value(static_cast<ValueId>(v)).name,
+                                              "', which it neither computes nor receives"));
+    }
+  }
+  ir::GraphBuilder b(name);
+  std::vector<ValueId> map(g.values().size(), kNoValue);
+  for (ValueId v : inputs) {
+    const ir::Value& val = g.value(v);
+    v1::Placeholder::Kind kind = v1::Placeholder::USER_INPUT;
+    if (val.producer < 0) kind = g.inputs()[val.index].kind;
+    map[v] = b.AddInput(val.meta, kind, val.name);
+  }
+  auto remap = [&](ir::Argument a) {
+    if (auto* id = std::get_if<ValueId>(&a.kind)) *id = map[*id];
+    if (auto* ids = std::get_if<std::vector<ValueId>>(&a.kind)) {
+      for (ValueId& id : *ids) {
+        if (id != kNoValue) id = map[id];
+      }
+    }
+    return a;
+  };
+  for (size_t i = 0; i < g.nodes().size(); ++i) {
+    if (!include[i]) continue;
+    if (included_nodes != nullptr) included_nodes->push_back(static_cast<int>(i));
+    const ir::Node& node = g.nodes()[i];
+    std::vector<ir::Argument> args, kwargs;
+    for (const auto& a : node.args) args.push_back(remap(a));
+    for (const auto& a : node.kwargs) kwargs.push_back(remap(a));
+    std::vector<ir::TensorMeta> metas;
+    std::vector<std::string> names;
+    for (ValueId v : node.outputs) {
+      metas.push_back(g.value(v).meta);
+      names.push_back(g.value(v).name);
+    }
+    auto outs = b.AddNode(node.target, std::move(args), std::move(kwargs), std::move(metas),
+                          node.name, std::move(names));
+    for (size_t j = 0; j < outs.size(); ++j) {
+      if (map[node.outputs[j]] == kNoValue) map[node.outputs[j]] = outs[j];
+    }
+  }
+  for (ValueId v : outputs) b.AddOutput(map[v]);
+  return std::move(b).Build();
+}
+
+}  // namespace
+
+int64_t ValueBytes(const ir::TensorMeta& meta, int64_t hint) {
+  int64_t n = 1;
+  for (const auto& s : meta.sizes) n *= s.is_constant() ? s.constant() : hint;
+  return n * DTypeBytes(meta.dtype);
+}
+
+absl::StatusOr<Partition> PartitionJointGraph(const JointGraph& joint,
+                                              const PartitionOptions& options) {
+  const ir::Graph& g = joint.graph;
+  const int nv = static_cast<int>(g.values().size());
+  const ops::Registry& registry = ops::DefaultRegistry();
+
+  // Tangent-dependent values belong to the backward.
+  std::vector<bool> backward(nv, false);
+  for (size_t i = joint.num_primals; i < g.inputs().size(); ++i) backward[g.inputs()[i].value] = true;
+  for (const ir::Node& node : g.nodes()) {
+    bool td = false;
+    for (ValueId u : ir::Graph::Operands(node)) td = td || backward[u];
+    for (ValueId v : node.outputs) backward[v] = td;
+  }
+  // What the forward outputs need. A node the forward runs yields all of
+  // its outputs there (layer norm's mean and rstd come with its result).
+  std::vector<bool> fwd_needed(nv, false);
+  for (int i = 0; i < joint.num_forward_outputs; ++i) fwd_needed[g.outputs()[i]] = true;
+  for (int i = static_cast<int>(g.nodes().size()) - 1; i >= 0; --i) {
+    const ir::Node& node = g.nodes()[i];
+    bool any = false;
+    for (ValueId v : node.outputs) any = any || fwd_needed[v];
+    if (!any) continue;
+    for (ValueId v : node.outputs) fwd_needed[v] = true;
+    for (ValueId u : ir::Graph::Operands(node)) fwd_needed[u] = true;
+  }
+  // Forward values the backward reads.
+  std::vector<bool> bw_read(nv, false);
+  for (const ir::Node& node : g.nodes()) {
+    if (node.outputs.empty() || !backward[node.outputs[0]]) continue;
+    for (ValueId u : ir::Graph::Operands(node)) bw_read[u] = bw_read[u] || !backward[u];
+  }
+  for (size_t i = joint.num_forward_outputs; i < g.outputs().size(); ++i) {
+    ValueId v = g.outputs()[i];
+    if (!backward[v]) bw_read[v] = true;
+  }
+
+  std::vector<bool> saved(nv, false);
+  if (!options.min_cut) {
+    saved = bw_read;
+  } else {
+    const int S = 2 * nv, T = 2 * nv + 1;
+    FlowNetwork net(2 * nv + 2);
+    for (ValueId v = 0; v < nv; ++v) {
+      if (backward[v]) continue;
+      const ir::Value& val = g.value(v);
+      net.AddEdge(2 * v, 2 * v + 1, std::max<int64_t>(1, ValueBytes(val.meta, options.symbolic_size_hint)));
+      bool recomputable = false;
+      if (val.producer >= 0) {
+        const ir::Node& node = g.nodes()[val.producer];
+        const ops::OpDef* def = registry.Find(node.target);
+        recomputable = def != nullptr && (def->traits.pointwise || def->traits.view) &&
+                       !def->traits.random && !def->traits.expensive;
+        for (ValueId u : ir::Graph::Operands(node)) net.AddEdge(2 * u + 1, 2 * v, kInf);
+      }
+      // Primals exist before the forward runs; a value the forward computes
+      // anyway and the backward may not recompute is on the forward's side.
+      // Everything else may land on either side of the cut.
+      if (val.producer < 0 || (fwd_needed[v] && !recomputable)) net.AddEdge(S, 2 * v, kInf);
+      if (bw_read[v]) net.AddEdge(2 * v + 1, T, kInf);
+    }
+    net.MaxFlow(S, T);
+    std::vector<bool> side = net.SourceSide(S);
+    for (ValueId v = 0; v < nv; ++v) {
+      if (!backward[v] && side[2 * v] && !side[2 * v + 1]) saved[v] = true;
+    }
+  }
+
+  Partition p;
+  p.num_forward_outputs = joint.num_forward_outputs;
+  std::vector<ValueId> primals, fwd_outputs, saved_values, bw_inputs, grads;
+  for (int i = 0; i < joint.num_primals; ++i) primals.push_back(g.inputs()[i].value);
+  for (int i = 0; i < joint.num_forward_outputs; ++i) fwd_outputs.push_back(g.outputs()[i]);
+  for (ValueId v = 0; v < nv; ++v) {
+    if (!saved[v]) continue;
+    saved_values.push_back(v);
+    p.saved.push_back(g.value(v).name);
+    p.saved_bytes += ValueBytes(g.value(v).meta, options.symbolic_size_hint);
+  }
+  fwd_outputs.insert(fwd_outputs.end(), saved_values.begin(), saved_values.end());
+  ASSIGN_OR_RETURN(p.forward, Extract(g, absl::StrCat(g.name(), "_forward"), primals, fwd_outputs,
+                                      nullptr));
+  bw_inputs = saved_values;
+  for (size_t i = joint.num_primals; i < g.inputs().size(); ++i) bw_inputs.push_back(g.inputs()[i].value);
+  for (size_t i = joint.num_forward_outputs; i < g.outputs().size(); ++i) grads.push_back(g.outputs()[i]);
+  std::vector<int> bw_nodes;
+  ASSIGN_OR_RETURN(p.backward, Extract(g, absl::StrCat(g.name(), "_backward"), bw_inputs, grads,
+                                       &bw_nodes));
+  for (int i : bw_nodes) {
+    const ir::Node& node = g.nodes()[i];
+    if (!node.outputs.empty() && !backward[node.outputs[0]]) {
+      p.recomputed.push_back(g.value(node.outputs[0]).name);
+    }
+  }
+  return p;
+}
+
+}  // namespace kiln::autograd

@@ -1,0 +1,67 @@
+// The min-cut partitioner (pass name "partition"): splits a joint graph into
+// a forward graph, which returns its outputs plus the values saved for the
+// backward, and a backward graph, which takes the saved values and the
+// tangents and returns the gradients.
+//
+// Construction. Every joint-graph value v that can be computed without
+// tangents becomes two vertices v_in -> v_out whose capacity is v's size in
+// bytes: cutting that edge means saving v. Each use u -> w adds u_out -> w_in
+// with infinite capacity. The source feeds, with infinite capacity, the
+// primals, every value the forward outputs need (it is computed in the
+// forward anyway), and every value that must not be recomputed (anything but
+// pointwise ops and views: matmuls, convolutions, reductions, random ops,
+// externs). Every value a tangent-dependent node reads drains into the sink.
+// A minimum cut is then the cheapest set of values to save such that
+// everything else the backward needs can be recomputed from them by cheap
+// ops. The classification lives apart from the solver (Dinic's max-flow).
+//
+// Worked example, y = sum(relu(x) * w), x and w needing gradients:
+//   forward-able: a = relu(x), b = a * w, y = sum(b)
+//   backward:     gb = expand(ty); ga = gb * w; gw = gb * a; gx = threshold_backward(ga, a, 0)
+//   backward reads: w, a   (x is not read)
+//   Saving a and w costs |a| + |w|; recomputing a = relu(x) instead needs x:
+//   |x| + |w|. Both cost the same here, and the cut saves the one it finds
+//   first; with a = relu(x) followed by several pointwise ops whose results
+//   backward reads, saving x alone wins over saving each of them.
+//
+// Pure functions; thread-safe.
+#ifndef KILN_COMPILER_AUTOGRAD_PARTITION_H_
+#define KILN_COMPILER_AUTOGRAD_PARTITION_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "compiler/autograd/joint_graph.h"
+
+namespace kiln::autograd {
+
+struct PartitionOptions {
+  // Size assumed for a symbolic dimension when weighing bytes.
+  int64_t symbolic_size_hint = 64;
+  // false: save every forward value the backward reads (no recomputation);
+  // the baseline the benchmark compares the min-cut with.
+  bool min_cut = true;
+};
+
+struct Partition {
+  // Inputs: the primals. Outputs: the forward outputs, then the saved values.
+  ir::Graph forward;
+  // Inputs: the saved values (in the forward's order), then the tangents.
+  // Outputs: one gradient per primal that has one (JointGraph order).
+  ir::Graph backward;
+  int num_forward_outputs = 0;
+  std::vector<std::string> saved;  // names of the saved values, in order
+  int64_t saved_bytes = 0;
+  std::vector<std::string> recomputed;  // forward values the backward recomputes
+};
+
+absl::StatusOr<Partition> PartitionJointGraph(const JointGraph& joint,
+                                              const PartitionOptions& options = {});
+
+// Bytes of a value of this metadata (symbolic dimensions take `hint`).
+int64_t ValueBytes(const ir::TensorMeta& meta, int64_t hint = 64);
+
+}  // namespace kiln::autograd
+
+#endif  // KILN_COMPILER_AUTOGRAD_PARTITION_H_
