@@ -103,6 +103,7 @@ absl::StatusOr<JointGraph> BuildJointGraph(const ir::Graph& fwd, const JointOpti
     }
     std::vector<ValueId> outs = b.AddNode(node.target, args, kwargs, std::move(metas), node.name,
                                           std::move(names));
+    jg.forward_nodes.insert(b.nodes().back().name);
     for (size_t j = 0; j < outs.size(); ++j) map[node.outputs[j]] = outs[j];
     node_args.push_back(std::move(args));
     node_kwargs.push_back(std::move(kwargs));

@@ -24,6 +24,7 @@
 
 #include <vector>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "compiler/ir/graph.h"
 #include "compiler/ops/registry.h"
@@ -48,6 +49,9 @@ struct JointGraph {
   std::vector<bool> outputs_receive_grad;  // per forward output
   // Index of each primal's gradient among the joint graph's outputs, or -1.
   std::vector<int> grad_output_index;
+  // Names of the joint graph's nodes that are the forward graph's own (the
+  // rest were emitted by derivative rules).
+  absl::flat_hash_set<std::string> forward_nodes;
 };
 
 // INVALID_ARGUMENT naming the op and the node when a node on a gradient path

@@ -306,7 +306,7 @@ absl::StatusOr<Partition> PartitionJointGraph(const JointGraph& joint,
                                        &bw_nodes));
   for (int i : bw_nodes) {
     const ir::Node& node = g.nodes()[i];
-    if (!node.outputs.empty() && !backward[node.outputs[0]]) {
+    if (joint.forward_nodes.contains(node.name) && !node.outputs.empty()) {
       p.recomputed.push_back(g.value(node.outputs[0]).name);
     }
   }

@@ -11,10 +11,8 @@ GraphBuilder::GraphBuilder(std::string graph_name) : name_(std::move(graph_name)
 std::string GraphBuilder::UniqueName(std::string wanted, const char* prefix) {
   if (wanted.empty()) wanted = absl::StrCat(prefix, next_++);
   std::string name = wanted;
-  for (int k = 1; std::binary_search(used_names_.begin(), used_names_.end(), name); ++k) {
-    name = absl::StrCat(wanted, "_", k);
-  }
-  used_names_.insert(std::upper_bound(used_names_.begin(), used_names_.end(), name), name);
+  for (int k = 1; used_names_.contains(name); ++k) name = absl::StrCat(wanted, "_", k);
+  used_names_.insert(name);
   return name;
 }
 

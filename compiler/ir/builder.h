@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_set.h"
 #include "compiler/ir/graph.h"
 
 namespace kiln::ir {
@@ -45,7 +46,7 @@ class GraphBuilder {
   std::vector<Node> nodes_;
   std::vector<ValueId> outputs_;
   std::vector<Value> values_;
-  std::vector<std::string> used_names_;  // sorted
+  absl::flat_hash_set<std::string> used_names_;
   int next_ = 0;
 };
 
