@@ -421,13 +421,27 @@ absl::Status Compile(const Client& client, const Invocation& inv) {
   }
   std::cout << t.Render();
   if (r.misses_size() > 0) std::cout << "misses:\n" << Misses(r.misses(), "  ");
-  if (a.has_graph()) {
-    auto graph = ir::Graph::FromProto(a.graph());
+  auto print = [](const v1::Graph& proto, absl::string_view what) -> absl::Status {
+    auto graph = ir::Graph::FromProto(proto);
     if (!graph.ok()) {
-      return absl::DataLossError(
-          absl::StrCat("the artifact's graph does not load: ", graph.status().message()));
+      return absl::DataLossError(absl::StrCat("the artifact's ", what,
+                                              " graph does not load: ", graph.status().message()));
     }
     std::cout << "\n" << ir::PrintReadable(*graph);
+    return absl::OkStatus();
+  };
+  if (a.has_autograd()) {
+    const v1::AutogradGraphs& ag = a.autograd();
+    std::cout << "\nsaved for backward (" << ag.saved_size() << " values, "
+              << HumanBytes(static_cast<uint64_t>(ag.saved_bytes())) << "): "
+              << absl::StrJoin(ag.saved(), ", ") << "\n";
+    if (ag.recomputed_size() > 0) {
+      std::cout << "recomputed in backward: " << absl::StrJoin(ag.recomputed(), ", ") << "\n";
+    }
+    RETURN_IF_ERROR(print(ag.forward(), "forward"));
+    RETURN_IF_ERROR(print(ag.backward(), "backward"));
+  } else if (a.has_graph()) {
+    RETURN_IF_ERROR(print(a.graph(), ""));
   }
   return absl::OkStatus();
 }
