@@ -1,10 +1,11 @@
 // kiln_saved_bytes: bytes saved between forward and backward for each
-// captured graph under tests/data/graphs (those with inputs that need
-// gradients): the min-cut partition against saving every forward value the
-// backward reads.
+// captured graph in a folder (default tests/data/graphs; those with inputs
+// that need gradients): the min-cut partition against saving every forward
+// value the backward reads.
 //
-//   build/bin/kiln_saved_bytes [--json]
+//   build/bin/kiln_saved_bytes [--json] [DIR]
 #include <cstdio>
+#include <algorithm>
 #include <filesystem>
 #include <string>
 
@@ -14,11 +15,18 @@
 #include "tests/integration/graphs.h"
 
 int main(int argc, char** argv) {
-  const bool json = argc > 1 && std::string(argv[1]) == "--json";
+  bool json = false;
+  std::string dir = absl::StrCat(KILN_SOURCE_DIR, "/tests/data/graphs");
+  for (int i = 1; i < argc; ++i) {
+    if (std::string(argv[i]) == "--json") {
+      json = true;
+    } else {
+      dir = argv[i];
+    }
+  }
   std::vector<std::string> files;
-  for (const auto& e : std::filesystem::directory_iterator(
-           absl::StrCat(KILN_SOURCE_DIR, "/tests/data/graphs"))) {
-    if (e.path().extension() == ".json") files.push_back(e.path().filename().string());
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+    if (e.path().extension() == ".json") files.push_back(e.path().string());
   }
   std::sort(files.begin(), files.end());
   if (json) {
@@ -29,7 +37,7 @@ int main(int argc, char** argv) {
   }
   bool first = true;
   for (const std::string& f : files) {
-    kiln::v1::GraphFile file = kiln::testing::LoadGraphFile(f);
+    kiln::v1::GraphFile file = kiln::testing::LoadGraphFileAt(f);
     auto g = kiln::ir::Graph::FromProto(file.graph());
     if (!g.ok()) {
       std::fprintf(stderr, "%s: %s\n", f.c_str(), g.status().ToString().c_str());
@@ -49,12 +57,13 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "%s: partition failed\n", f.c_str());
       return 1;
     }
+    const std::string name = std::filesystem::path(f).filename().string();
     if (json) {
       std::printf("%s  {\"graph\": \"%s\", \"save_all_bytes\": %lld, \"min_cut_bytes\": %lld}",
-                  first ? "" : ",\n", f.c_str(), static_cast<long long>(naive->saved_bytes),
+                  first ? "" : ",\n", name.c_str(), static_cast<long long>(naive->saved_bytes),
                   static_cast<long long>(cut->saved_bytes));
     } else {
-      std::printf("| %s | %zu | %lld | %lld | %zu | %zu |\n", f.c_str(), g->nodes().size(),
+      std::printf("| %s | %zu | %lld | %lld | %zu | %zu |\n", name.c_str(), g->nodes().size(),
                   static_cast<long long>(naive->saved_bytes),
                   static_cast<long long>(cut->saved_bytes), cut->saved.size(),
                   cut->recomputed.size());

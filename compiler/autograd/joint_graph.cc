@@ -7,6 +7,7 @@
 #include "compiler/ir/builder.h"
 #include "compiler/ir/dead_code.h"
 #include "compiler/ops/derivative.h"
+#include "compiler/ops/shape_util.h"
 
 namespace kiln::autograd {
 namespace {
@@ -129,8 +130,12 @@ absl::StatusOr<JointGraph> BuildJointGraph(const ir::Graph& fwd, const JointOpti
     receives = receives && req[out];
     jg.outputs_receive_grad.push_back(receives);
     if (!receives) continue;
-    ValueId t = b.AddInput(fwd.value(out).meta, v1::Placeholder::USER_INPUT,
-                           absl::StrCat("tangent_", i));
+    // Tangents arrive contiguous, whatever the layout of their output.
+    ir::TensorMeta tangent = fwd.value(out).meta;
+    tangent.strides = ops::ContiguousStrides(tangent.sizes);
+    tangent.storage_offset = ir::SymInt{int64_t{0}};
+    tangent.requires_grad = false;
+    ValueId t = b.AddInput(tangent, v1::Placeholder::USER_INPUT, absl::StrCat("tangent_", i));
     ++jg.num_tangents;
     RETURN_IF_ERROR(accumulate(out, t));
   }

@@ -38,9 +38,8 @@ absl::StatusOr<ir::ValueId> DerivativeContext::Op(const std::string& target,
   return out[0];
 }
 
-absl::StatusOr<ir::ValueId> DerivativeContext::SumToSize(ir::ValueId grad,
-                                                         const ir::TensorMeta& like) {
-  const ir::TensorMeta& g = meta(grad);
+absl::StatusOr<ir::ValueId> DerivativeContext::SumToSize(ir::ValueId grad, ir::TensorMeta like) {
+  const ir::TensorMeta g = meta(grad);
   const size_t lead = g.sizes.size() - std::min(g.sizes.size(), like.sizes.size());
   std::vector<int64_t> dims;
   for (size_t d = 0; d < lead; ++d) dims.push_back(static_cast<int64_t>(d));

@@ -30,6 +30,8 @@ class DerivativeContext {
   // ir::kNoValue when no gradient flows into output i.
   ir::ValueId grad_output(int i) const { return grad_outputs_[i]; }
   int num_outputs() const { return static_cast<int>(outputs_.size()); }
+  // Valid only until the next emitted op (the builder's storage may move):
+  // copy what must outlive an Op call.
   const ir::TensorMeta& meta(ir::ValueId v) const { return builder_.value(v).meta; }
 
   bool NeedsGrad(const std::string& param) const { return needs_grad_(param); }
@@ -50,7 +52,7 @@ class DerivativeContext {
   // Sums `grad` over the dimensions broadcasting added or expanded, so it
   // has `like`'s sizes (the reverse of broadcasting); casts to `like`'s
   // dtype when they differ. Returns `grad` itself when nothing is needed.
-  absl::StatusOr<ir::ValueId> SumToSize(ir::ValueId grad, const ir::TensorMeta& like);
+  absl::StatusOr<ir::ValueId> SumToSize(ir::ValueId grad, ir::TensorMeta like);
   // The grad_output of output i, or zeros shaped like output i when none
   // flows into it (multi-output ops whose other outputs carry gradients).
   absl::StatusOr<ir::ValueId> GradOrZeros(int i);

@@ -60,7 +60,9 @@ class OpCall {
 
   // Typed access; INVALID_ARGUMENT naming the parameter on a kind mismatch.
   absl::StatusOr<ir::ValueId> Tensor(const std::string& name) const;
-  absl::StatusOr<const ir::TensorMeta*> Meta(const std::string& name) const;  // of Tensor(name)
+  // The metadata of Tensor(name). In a derivative rule it points into the
+  // graph being built: valid only until the next emitted op.
+  absl::StatusOr<const ir::TensorMeta*> Meta(const std::string& name) const;
   absl::StatusOr<std::vector<ir::ValueId>> Tensors(const std::string& name) const;
   absl::StatusOr<int64_t> Int(const std::string& name) const;
   absl::StatusOr<double> Double(const std::string& name) const;  // float, int or bool Scalar

@@ -96,7 +96,10 @@ v1::InputSignature ChainSignature(int64_t batch) {
 }
 
 v1::GraphFile LoadGraphFile(const std::string& name) {
-  const std::string path = absl::StrCat(KILN_SOURCE_DIR, "/tests/data/graphs/", name);
+  return LoadGraphFileAt(absl::StrCat(KILN_SOURCE_DIR, "/tests/data/graphs/", name));
+}
+
+v1::GraphFile LoadGraphFileAt(const std::string& path) {
   std::ifstream in(path);
   if (!in) {
     std::fprintf(stderr, "cannot read %s\n", path.c_str());

@@ -22,6 +22,8 @@ v1::InputSignature ChainSignature(int64_t batch);
 
 // Reads a GraphFile (protobuf JSON) from tests/data/graphs/NAME.
 v1::GraphFile LoadGraphFile(const std::string& name);
+// Reads a GraphFile (protobuf JSON) from PATH. Aborts on failure.
+v1::GraphFile LoadGraphFileAt(const std::string& path);
 
 }  // namespace kiln::testing
 
