@@ -1,0 +1,130 @@
+// CompiledFunction: runs what kilnd compiled for one graph — the artifact of
+// the `eager` or the `aot_eager` backend — on the caller's tensors, as a
+// function with a forward and, for `aot_eager`, a backward (ARCHITECTURE §6).
+//
+// `eager`: forward runs artifact.graph through the reference interpreter.
+// Autograd is left as the caller has it, so inputs that require grad give
+// outputs with a grad_fn, as eager ATen would; there is no backward graph.
+//
+// `aot_eager`: forward runs artifact.autograd.forward with autograd disabled
+// and returns the graph's outputs; the values the backward needs come back
+// separately, in a Saved, which the caller hands to backward together with
+// one gradient per forward output. backward runs artifact.autograd.backward
+// (also with autograd disabled) and returns one gradient per forward input.
+// This is the shape of a torch.autograd.Function, and what a caller wraps in
+// one to train with it:
+//
+//   ASSIGN_OR_RETURN(auto fn, CompiledFunction::Create(response.artifact()));
+//   ASSIGN_OR_RETURN(CompiledFunction::ForwardResult r, fn->forward({w, x}));
+//   // ... loss from r.outputs, its gradient dy ...
+//   ASSIGN_OR_RETURN(std::vector<at::Tensor> grads, fn->backward(r.saved, {dy}));
+//   // grads[0] is dloss/dw; grads[1] is undefined (x does not require grad).
+//
+// Thread-safe: a CompiledFunction is immutable after Create; forward and
+// backward may be called concurrently from any number of threads. Each
+// forward's saved values live in the Saved it returns, not in the function,
+// so concurrent forward/backward pairs cannot mix up their tensors. A Saved
+// may be passed to backward any number of times; drop it to free the saved
+// tensors.
+#ifndef KILN_CLIENT_RUNTIME_COMPILED_FUNCTION_H_
+#define KILN_CLIENT_RUNTIME_COMPILED_FUNCTION_H_
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/TensorOptions.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "client/runtime/interpreter.h"
+#include "kiln/v1/artifact.pb.h"
+
+namespace kiln::runtime {
+
+class CompiledFunction {
+ public:
+  // What one forward call keeps for its backward: the saved values, and the
+  // sizes and options of the outputs that receive gradients (a gradient the
+  // caller leaves undefined becomes zeros of that shape). Only backward of
+  // the CompiledFunction that produced it reads it.
+  class Saved {
+   public:
+    Saved() = default;
+    // The saved tensors, in artifact.autograd.saved order.
+    const std::vector<at::Tensor>& tensors() const { return tensors_; }
+
+   private:
+    friend class CompiledFunction;
+    const CompiledFunction* owner_ = nullptr;
+    std::vector<at::Tensor> tensors_;
+    std::vector<std::vector<int64_t>> output_sizes_;  // per forward output
+    std::vector<at::TensorOptions> output_options_;   // per forward output
+  };
+
+  struct ForwardResult {
+    std::vector<at::Tensor> outputs;  // one per forward output
+    Saved saved;                      // empty for `eager`
+  };
+
+  // Builds the interpreters for the artifact's graphs. FAILED_PRECONDITION
+  // for a backend this runtime cannot run, a format_version newer than it
+  // reads, or a graph the backend needs that the artifact lacks;
+  // INVALID_ARGUMENT naming the field when the graphs or the autograd
+  // bookkeeping (counts, grad_input_index) are malformed or disagree.
+  static absl::StatusOr<std::unique_ptr<CompiledFunction>> Create(const v1::Artifact& artifact);
+
+  CompiledFunction(const CompiledFunction&) = delete;
+  CompiledFunction& operator=(const CompiledFunction&) = delete;
+  ~CompiledFunction();
+
+  // Runs the forward on `inputs` (one per graph input, in order). For
+  // `aot_eager` autograd is off while it runs (on this thread only: grad
+  // mode is thread-local), so the outputs carry no grad_fn even when inputs
+  // require grad; gradients come from backward. A graph that updates a
+  // buffer in place (batch norm's running statistics) updates the caller's
+  // tensor. INVALID_ARGUMENT on a wrong count or an undefined input; an ATen
+  // error becomes INTERNAL naming the node.
+  absl::StatusOr<ForwardResult> forward(const std::vector<at::Tensor>& inputs) const;
+
+  // Runs the backward of the forward that returned `saved`. `grad_outputs`
+  // holds one tensor per forward output: the gradient flowing into it, or an
+  // undefined tensor for none (zeros are used for an output that receives
+  // gradients; for one that does not, the entry is ignored). A defined
+  // gradient must have its output's sizes and dtype; it is made contiguous
+  // before use, as the backward graph was traced. Returns one tensor per
+  // forward input: its gradient, undefined for an input that needs none.
+  // FAILED_PRECONDITION for an `eager` artifact; INVALID_ARGUMENT on a wrong
+  // count, a mismatched gradient, or a Saved from another function.
+  absl::StatusOr<std::vector<at::Tensor>> backward(
+      const Saved& saved, const std::vector<at::Tensor>& grad_outputs) const;
+
+  const std::string& backend() const { return backend_; }
+  int num_inputs() const { return num_inputs_; }
+  int num_outputs() const { return num_outputs_; }
+  // Per forward input: whether backward returns a gradient for it (all
+  // false for `eager`).
+  const std::vector<bool>& inputs_need_grad() const { return inputs_need_grad_; }
+
+ private:
+  CompiledFunction() = default;
+
+  std::string backend_;
+  std::string name_;  // the graph's name, for messages
+  int num_inputs_ = 0;
+  int num_outputs_ = 0;
+  // `eager`: the graph. `aot_eager`: the forward graph, whose outputs are
+  // the num_outputs_ outputs followed by the saved values.
+  std::unique_ptr<Interpreter> forward_;
+  // `aot_eager` only.
+  std::unique_ptr<Interpreter> backward_;
+  int num_saved_ = 0;
+  std::vector<bool> inputs_need_grad_;
+  std::vector<bool> outputs_receive_grad_;
+  std::vector<int> grad_input_index_;  // per backward output: its primal
+};
+
+}  // namespace kiln::runtime
+
+#endif  // KILN_CLIENT_RUNTIME_COMPILED_FUNCTION_H_
