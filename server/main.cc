@@ -165,7 +165,12 @@ absl::Status Serve() {
   int sig = 0;
   sigwait(&signals, &sig);
   std::fprintf(stderr, "kilnd: signal %d, draining\n", sig);
-  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  // Drain: compiles in flight finish (up to 30 s) before the server stops.
+  // gRPC's own Shutdown would also wait out idle client connections until
+  // its deadline, so the deadline is short once nothing is in flight.
+  const absl::Time drain_deadline = absl::Now() + absl::Seconds(30);
+  while (compiler.active() > 0 && absl::Now() < drain_deadline) absl::SleepFor(absl::Milliseconds(5));
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(200));
   server->Wait();
   stop_flusher.Notify();
   flusher.join();

@@ -60,12 +60,18 @@ grpc::ServerUnaryReactor* CompilerService::Compile(grpc::CallbackServerContext* 
                                                    const grpc::ByteBuffer* req,
                                                    grpc::ByteBuffer* resp) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  ++active_;
   absl::Status queued = waiting_compiles_.Submit([this, req, resp, reactor] {
-    reactor->Finish(Serve<v1::CompileRequest, v1::CompileResponse>(
+    grpc::Status s = Serve<v1::CompileRequest, v1::CompileResponse>(
         *req, max_message_bytes_, resp,
-        [&](const v1::CompileRequest& r) { return engine_->Compile(r); }));
+        [&](const v1::CompileRequest& r) { return engine_->Compile(r); });
+    --active_;
+    reactor->Finish(s);
   });
-  if (!queued.ok()) reactor->Finish(ToGrpc(queued));
+  if (!queued.ok()) {
+    --active_;
+    reactor->Finish(ToGrpc(queued));
+  }
   return reactor;
 }
 

@@ -10,6 +10,8 @@
 #ifndef KILN_SERVER_SERVICES_H_
 #define KILN_SERVER_SERVICES_H_
 
+#include <atomic>
+
 #include "kiln/v1/service.grpc.pb.h"
 #include "server/engine.h"
 #include "server/worker_pool.h"
@@ -32,9 +34,13 @@ class CompilerService final
   grpc::ServerUnaryReactor* GetArtifact(grpc::CallbackServerContext*, const grpc::ByteBuffer*,
                                         grpc::ByteBuffer*) override;
 
+  // Compile requests accepted and not yet answered.
+  int active() const { return active_; }
+
  private:
   Engine* const engine_;
   const uint64_t max_message_bytes_;
+  std::atomic<int> active_{0};
   WorkerPool waiting_compiles_;
 };
 

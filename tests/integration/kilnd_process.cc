@@ -58,7 +58,13 @@ KilndProcess::~KilndProcess() {
 }
 
 int KilndProcess::Terminate() {
-  kill(pid_, SIGTERM);
+  SendTerm();
+  return Wait();
+}
+
+void KilndProcess::SendTerm() { kill(pid_, SIGTERM); }
+
+int KilndProcess::Wait() {
   int status = 0;
   waitpid(pid_, &status, 0);
   pid_ = -1;

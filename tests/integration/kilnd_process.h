@@ -32,6 +32,9 @@ class KilndProcess {
   const std::string& address() const { return address_; }
   // SIGTERM, then waits; returns the exit status (0 on a clean drain).
   int Terminate();
+  // SIGTERM without waiting; Wait() collects the exit status.
+  void SendTerm();
+  int Wait();
   // SIGKILL, then waits.
   void Kill();
 

@@ -351,6 +351,16 @@ TEST(KilndTest, BadInputIsRefusedByNameAndTheServerKeepsServing) {
       {"bad namespace", [](v1::CompileRequest* r) { r->set_namespace_("a/b"); }, "namespace 'a/b'"},
       {"oversized", [](v1::CompileRequest* r) { *r->mutable_graph() = ChainGraph(400); },
        "over max_message_bytes (20000)"},
+      {"metadata against the op's shape rule",
+       [](v1::CompileRequest* r) {
+         r->mutable_graph()->mutable_nodes(1)->mutable_outputs(0)->mutable_meta()->set_dtype(v1::FLOAT16);
+       },
+       "node 'op1' (aten.neg.default) output 0 't1': dtype is FLOAT16 in the graph, but the op gives FLOAT32"},
+      {"wrong size",
+       [](v1::CompileRequest* r) {
+         r->mutable_graph()->mutable_nodes(0)->mutable_outputs(0)->mutable_meta()->mutable_sizes(1)->set_int_value(15);
+       },
+       "size[1] is 15 in the graph, but the op gives 16"},
   };
   const v1::CompileRequest good = Request(ChainGraph(6));
   for (const Case& k : cases) {
@@ -406,6 +416,116 @@ TEST(KilndTest, BadInputIsRefusedByNameAndTheServerKeepsServing) {
   EXPECT_EQ(stats->variants(), 1u);
   EXPECT_EQ(stats->counters().compiles(), 1u);
   EXPECT_EQ(kilnd.Terminate(), 0);
+}
+
+TEST(KilndTest, AotEagerSplitsForwardAndBackward) {
+  TempDir dir;
+  KilndProcess kilnd(dir.path());
+  auto c = ConnectTo(kilnd);
+  v1::Graph g = ChainGraph(9);
+  g.mutable_inputs(0)->mutable_value()->mutable_meta()->set_requires_grad(true);
+  auto r = c->Compile(Request(g, "aot_eager"));
+  ASSERT_TRUE(r.ok()) << r.status();
+  const v1::AutogradGraphs& ag = r->artifact().autograd();
+  EXPECT_EQ(ag.num_forward_outputs(), 1);
+  EXPECT_EQ(ag.inputs_need_grad_size(), 1);
+  EXPECT_TRUE(ag.inputs_need_grad(0));
+  EXPECT_EQ(ag.grad_input_index_size(), 1);
+  EXPECT_EQ(ag.forward().outputs_size(), 1 + ag.saved_size());
+  EXPECT_EQ(ag.backward().inputs_size(), ag.saved_size() + 1);  // saved values, one tangent
+  EXPECT_GT(ag.backward().nodes_size(), 0);
+  bool timed_partition = false;
+  for (const auto& p : r->artifact().compile_times()) timed_partition |= p.phase() == "partition";
+  EXPECT_TRUE(timed_partition);
+  // aot_eager and eager artifacts live under different keys.
+  auto eager = c->Compile(Request(g));
+  ASSERT_TRUE(eager.ok());
+  EXPECT_NE(eager->key(), r->key());
+}
+
+TEST(KilndTest, AGradientThroughAnOpWithoutDerivativeIsRefusedByName) {
+  TempDir dir;
+  KilndProcess kilnd(dir.path());
+  auto c = ConnectTo(kilnd);
+  v1::Graph g;
+  g.set_name("group_norm");
+  auto meta = [](std::vector<int64_t> sizes) {
+    v1::TensorMeta m;
+    m.set_dtype(v1::FLOAT32);
+    m.mutable_device()->set_type("cpu");
+    m.mutable_device()->set_index(-1);
+    int64_t stride = 1;
+    std::vector<int64_t> strides(sizes.size());
+    for (int d = static_cast<int>(sizes.size()) - 1; d >= 0; --d) {
+      strides[d] = stride;
+      stride *= sizes[d];
+    }
+    for (size_t d = 0; d < sizes.size(); ++d) {
+      m.add_sizes()->set_int_value(sizes[d]);
+      m.add_strides()->set_int_value(strides[d]);
+    }
+    return m;
+  };
+  auto* in = g.add_inputs();
+  in->mutable_value()->set_name("x");
+  *in->mutable_value()->mutable_meta() = meta({2, 4, 3});
+  in->mutable_value()->mutable_meta()->set_requires_grad(true);
+  auto* n = g.add_nodes();
+  n->set_name("gn");
+  n->set_target("aten.native_group_norm.default");
+  n->add_args()->set_tensor("x");
+  n->add_args()->mutable_none();
+  n->add_args()->mutable_none();
+  n->add_args()->set_int_value(2);
+  n->add_args()->set_int_value(4);
+  n->add_args()->set_int_value(3);
+  n->add_args()->set_int_value(2);
+  n->add_args()->set_float_value(1e-5);
+  auto* o = n->add_outputs();
+  o->set_name("y");
+  *o->mutable_meta() = meta({2, 4, 3});
+  for (const char* name : {"mean", "rstd"}) {
+    auto* stat = n->add_outputs();
+    stat->set_name(name);
+    *stat->mutable_meta() = meta({2, 2});
+  }
+  g.add_outputs("y");
+  ASSERT_TRUE(c->Compile(Request(g)).ok()) << "eager needs no derivative";
+  auto r = c->Compile(Request(g, "aot_eager"));
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
+  EXPECT_TRUE(Contains(r.status().message(),
+                       "node 'gn': aten.native_group_norm.default has no derivative rule"))
+      << r.status();
+  EXPECT_TRUE(c->Health().ok());
+  EXPECT_EQ(c->Stats()->counters().compile_errors(), 1u);
+}
+
+TEST(KilndTest, SigtermDrainsACompileInFlight) {
+  TempDir dir;
+  const v1::Graph g = ChainGraph(60000);
+  std::string digest;
+  {
+    KilndProcess kilnd(dir.path(), {"--max_message_bytes=268435456"});
+    auto c = ConnectTo(kilnd);
+    absl::StatusOr<v1::CompileResponse> result;
+    std::thread compile([&] { result = c->Compile(Request(g)); });
+    // Signal once the compile is running on the server.
+    bool running = false;
+    for (int i = 0; i < 5000 && !running; ++i) {
+      auto s = c->Stats();
+      running = s.ok() && s->in_flight() > 0;
+      if (!running) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    ASSERT_TRUE(running) << "the compile never showed as in flight";
+    kilnd.SendTerm();
+    compile.join();
+    ASSERT_TRUE(result.ok()) << result.status();
+    digest = result->digest();
+    EXPECT_EQ(kilnd.Wait(), 0);
+  }
+  KilndProcess kilnd(dir.path(), {"--max_message_bytes=268435456"});
+  auto c = ConnectTo(kilnd);
+  EXPECT_TRUE(c->GetArtifact(digest).ok());
 }
 
 TEST(KilndTest, KillNineLosesNoAcknowledgedEntry) {
