@@ -123,6 +123,7 @@ const char* const kExpectedDifferentiable[] = {
     "aten.cat.default",
     "aten.t.default",
     "aten.transpose.int",
+    "aten.as_strided.default",
     "aten.mm.default",
     "aten.bmm.default",
     "aten.addmm.default",
@@ -961,6 +962,14 @@ std::map<std::string, Case> Cases() {
     Check("aten.cat.default", {G(Randn({a, b})), N(Randn({d, b})), G(Transposed(a, b))},
           {Refs({0, 1, 2})});
     Check("aten.cat.default", {G(Randn({a, b})), G(Randn({a, d}))}, {Refs({0, 1, 0}), Int(-1)});
+    return ok;
+  };
+  c["aten.as_strided.default"] = [] {
+    // A non-overlapping window: every other column of the first rows.
+    const int64_t a = Dim() + 2, b = 2 * Dim();
+    bool ok = Check("aten.as_strided.default", {G(Randn({a, b}))},
+                    {Ref(0), Ints({a - 1, b / 2}), Ints({b, 2}), Int(1)});
+    Check("aten.as_strided.default", {G(Randn({a * b}))}, {Ref(0), Ints({a, b}), Ints({b, 1})});
     return ok;
   };
   c["aten.stack.default"] = [] {

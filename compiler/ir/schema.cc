@@ -172,6 +172,8 @@ constexpr const char* kSchemas[] = {
     "stack(Tensor[] tensors, int dim=0) -> Tensor",
     "as_strided(Tensor(a) self, SymInt[] size, SymInt[] stride, SymInt? storage_offset=None) "
     "-> Tensor(a)",
+    "as_strided_scatter(Tensor self, Tensor src, SymInt[] size, SymInt[] stride, "
+    "SymInt? storage_offset=None) -> Tensor",
     "alias(Tensor(a) self) -> Tensor(a)",
     "t(Tensor(a) self) -> Tensor(a)",
     "transpose.int(Tensor(a) self, int dim0, int dim1) -> Tensor(a)",

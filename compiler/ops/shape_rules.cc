@@ -1644,6 +1644,11 @@ void RegisterViews(Definer& def) {
   def("aten.split_with_sizes.default", kView, SplitWithSizes);
   def("aten.unbind.int", kView, Unbind);
   def("aten.as_strided.default", kView, AsStrided);
+  // A copy of self with the strided window written from src: self's shape.
+  def("aten.as_strided_scatter.default", kPointwise, [](const OpCall& c) -> absl::StatusOr<Metas> {
+    ASSIGN_OR_RETURN(const TensorMeta* self, c.Meta("self"));
+    return Metas{NewTensor(self->dtype, self->sizes, *self)};
+  });
   def("aten.t.default", kView, T);
   def("aten.transpose.int", kView, [](const OpCall& c) -> absl::StatusOr<Metas> {
     ASSIGN_OR_RETURN(int64_t dim0, c.Int("dim0"));
