@@ -97,7 +97,10 @@ class CaptureTest(unittest.TestCase):
                     if str(param.type) == "Tensor":
                         self.assertEqual(arg.WhichOneof("kind"), "tensor",
                                          f"{file_name}: node '{node.name}' {param.name}")
-        targets = [n.target for _, g in capture_graphs.graphs() for n in g.nodes]
+        # The residual blocks add two tensors (aten.add.Tensor): leave them out.
+        residual = ("resnet_block.json", "transformer_block.json")
+        targets = [n.target for f, g in capture_graphs.graphs() if f not in residual
+                   for n in g.nodes]
         self.assertIn("aten.add.Scalar", targets)
         self.assertIn("aten.div.Scalar", targets)
         self.assertNotIn("aten.add.Tensor", targets)

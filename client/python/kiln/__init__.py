@@ -6,24 +6,40 @@
     client.compile(graph, backend="eager")      # kiln.v1.CompileResponse
     client.lookup(graph, signature=kiln.signature(*kiln.module_tensors(model), x))
 
+    step = kiln.compile(model, x, client=client)  # backend="aot_eager"
+    step(x).sum().backward()                      # forward and backward graphs
+    kiln.run_graph(graph, [*kiln.module_tensors(model), x])  # reference runner
+
 The generated protocol modules live in the subpackage kiln.v1 (graph_pb2,
 guards_pb2, artifact_pb2, service_pb2, service_pb2_grpc), which may sit in
 another directory on sys.path (a build tree): this package's __path__ is
-extended to find it. capture(), signature(), module_tensors() and
-tensor_meta() import torch on first use; the client does not need it.
+extended to find it. capture(), signature(), module_tensors(),
+tensor_meta(), compile() and run_graph() import torch on first use; the
+client does not need it.
 """
 
 __path__ = __import__("pkgutil").extend_path(__path__, __name__)
 
 from kiln.client import Client, KilnError  # noqa: E402
 
-__all__ = ["Client", "KilnError", "capture", "signature", "module_tensors", "tensor_meta"]
+__all__ = ["Client", "KilnError", "capture", "signature", "module_tensors", "tensor_meta",
+           "compile", "CompiledFunction", "run_graph", "Interpreter"]
 
-_CAPTURE_NAMES = ("capture", "signature", "module_tensors", "tensor_meta")
+# Names imported from the submodule that defines them on first use.
+_LAZY = {
+    "capture": "tracer",
+    "signature": "tracer",
+    "module_tensors": "tracer",
+    "tensor_meta": "tracer",
+    "compile": "compiled",
+    "CompiledFunction": "compiled",
+    "run_graph": "runtime",
+    "Interpreter": "runtime",
+}
 
 
 def __getattr__(name):
-    if name in _CAPTURE_NAMES:
-        from kiln import tracer
-        return getattr(tracer, name)
+    if name in _LAZY:
+        import importlib
+        return getattr(importlib.import_module(f"kiln.{_LAZY[name]}"), name)
     raise AttributeError(f"module 'kiln' has no attribute {name!r}")

@@ -18,10 +18,34 @@ The graph's inputs come in this order:
     that are not tensors (ints, floats, ...) are constants baked into the
     graph.
 
-Functions should be functional: in-place updates of inputs and tensors held
-outside the function (closure constants) are not captured.
+The graph is functional: no node writes to its arguments.
+  - An in-place op (`x.add_(y)`, `torch.empty_like(x).bernoulli_()`)
+    becomes its out-of-place overload (`aten.add.Tensor`), whose result
+    takes the in-place result's place. This is exact when nothing reads the
+    mutated tensor, or a tensor aliasing it, after the write through another
+    name; capture refuses (ValueError naming the node) when something does.
+  - An in-place update of a graph input is therefore dropped: its functional
+    result is unused and removed. The one such update in common models is
+    batch norm's `num_batches_tracked += 1` in training mode, so a compiled
+    training-mode BatchNorm does not advance num_batches_tracked (it only
+    matters for momentum=None). The running mean and variance are updated by
+    aten.native_batch_norm itself, whose torch 1.13 schema declares no write:
+    running the graph through ATen updates the buffers it is given, as eager
+    does.
+  - Dropout in training mode (F.dropout, nn.Dropout, torch.dropout, not
+    in-place, 0 <= p < 1) is captured as one aten.native_dropout node, which
+    draws the same random numbers as eager dropout (same mask for the same
+    seed), instead of the empty_like / bernoulli_ / div_ / mul that torch
+    1.13 decomposes it into.
+Capture leaves the module's buffers as they were: tracing runs the function
+twice, on copies of the buffers.
+
+Every value's requires_grad is what autograd gives with gradients enabled:
+inputs keep their own flag (a module's parameters usually require grad), and
+a value computed from them through a differentiable op requires grad.
 """
 
+import collections
 import inspect
 import operator
 
@@ -29,10 +53,12 @@ import torch
 import torch.fx
 from torch._decomp import get_decompositions
 from torch.fx.experimental.proxy_tensor import make_fx
+from torch.overrides import TorchFunctionMode
 
 from kiln.v1 import graph_pb2, guards_pb2
 
-__all__ = ["capture", "signature", "module_tensors", "tensor_meta"]
+__all__ = ["capture", "capture_with_structure", "Capture", "signature", "module_tensors",
+           "tensor_meta"]
 
 _aten = torch.ops.aten
 
@@ -248,6 +274,17 @@ def _user_input_names(fn, count):
     return names
 
 
+# What capture() learns about a function besides its graph: enough for
+# kiln.compile to call the compiled graph the way the function is called.
+Capture = collections.namedtuple("Capture", [
+    "graph",            # kiln.v1.Graph
+    "module",           # the nn.Module captured, or None
+    "tensor_positions", # indices of the example inputs that are graph inputs
+    "example_inputs",   # the example inputs (non-tensors are baked in)
+    "out_spec",         # torch.utils._pytree spec of the function's result
+])
+
+
 def capture(fn, *example_inputs, name=None):
     """Traces `fn` on `example_inputs` and returns a kiln.v1.Graph.
 
@@ -257,6 +294,12 @@ def capture(fn, *example_inputs, name=None):
     outputs are the flattened tensors. `name` defaults to the function's
     __name__ or the module's class name.
     """
+    return capture_with_structure(fn, *example_inputs, name=name).graph
+
+
+def capture_with_structure(fn, *example_inputs, name=None):
+    """capture(), also returning how the graph's inputs and outputs map onto
+    the function's arguments and result (a Capture)."""
     if isinstance(fn, torch.nn.Module):
         module = fn
         graph_name = name or type(module).__name__
@@ -278,8 +321,11 @@ def capture(fn, *example_inputs, name=None):
 
     # make_fx tells inputs apart by identity: give every input its own tensor
     # object (sharing the same storage) so that a tensor passed twice, or a
-    # parameter also passed as an input, becomes two placeholders.
-    flat = [t.detach().requires_grad_(t.requires_grad) for _, t, _ in inputs]
+    # parameter also passed as an input, becomes two placeholders. Buffers
+    # are copied: tracing runs the function, and batch norm in training mode
+    # would update the module's running statistics.
+    flat = [(t.detach().clone() if kind == graph_pb2.Placeholder.BUFFER else t.detach())
+            .requires_grad_(t.requires_grad) for _, t, kind in inputs]
     n_state = len(state)
 
     def flat_fn(*tensors):
@@ -291,13 +337,143 @@ def capture(fn, *example_inputs, name=None):
         values = {n: t for (n, _, _), t in zip(state, tensors[:n_state])}
         return torch.nn.utils.stateless.functional_call(module, values, tuple(args))
 
-    gm = make_fx(flat_fn, decomposition_table=_DECOMPOSITIONS)(*flat)
+    with torch.enable_grad(), _DropoutAsNativeDropout():
+        gm = make_fx(flat_fn, decomposition_table=_DECOMPOSITIONS)(*flat)
+    _functionalize(gm.graph)
     _remove_dead_nodes(gm.graph)
     _use_number_overloads(gm.graph)
     gm.recompile()
     recorder = _Recorder(gm)
-    recorder.run(*flat)
-    return _to_proto(gm.graph, recorder.results, inputs, graph_name)
+    with torch.enable_grad():
+        recorder.run(*flat)
+    output_node = next(n for n in gm.graph.nodes if n.op == "output")
+    _, out_spec = torch.utils._pytree.tree_flatten(output_node.args[0])
+    graph = _to_proto(gm.graph, recorder.results, inputs, graph_name)
+    return Capture(graph, module, positions, tuple(example_inputs), out_spec)
+
+
+class _DropoutAsNativeDropout(TorchFunctionMode):
+    """Routes training-mode dropout to aten.native_dropout while tracing.
+
+    torch 1.13 decomposes aten.dropout in C++, before make_fx sees it, into
+    empty_like, bernoulli_, div_ and mul. native_dropout is the core ATen op
+    for it (one node, a derivative rule, a mask to save) and, on the CPU, it
+    draws the same random numbers as that decomposition. p == 1 is left alone:
+    eager multiplies by zero there and draws nothing.
+    """
+
+    # Function -> (its parameters, their defaults); "train" is "training".
+    _FUNCTIONS = {
+        torch.nn.functional.dropout: (("input", "p", "training", "inplace"),
+                                      {"p": 0.5, "training": True, "inplace": False}),
+        torch.dropout: (("input", "p", "training"), {}),
+    }
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in self._FUNCTIONS:
+            params, defaults = self._FUNCTIONS[func]
+            bound = dict(defaults)
+            bound.update(zip(params, args))
+            bound.update({"training" if k == "train" else k: v for k, v in kwargs.items()})
+            if bound["training"] and not bound.get("inplace") and 0 <= bound["p"] < 1:
+                return _aten.native_dropout.default(bound["input"], float(bound["p"]), True)[0]
+        return func(*args, **kwargs)
+
+
+def _is_view(node):
+    """Whether FX node `node` returns an alias of its first argument."""
+    if node.op != "call_function":
+        return False
+    if node.target is operator.getitem:
+        return _is_view(node.args[0])
+    op = node.target
+    if not isinstance(op, torch._ops.OpOverload) or op._schema.is_mutable:
+        return False
+    return bool(op._schema.returns) and op._schema.returns[0].alias_info is not None
+
+
+def _parameters(schema):
+    return [(a.name, str(a.type), a.kwarg_only) for a in schema.arguments]
+
+
+def _out_of_place(op, args, kwargs):
+    """The functional overload computing what in-place `op` writes, with the
+    arguments to call it with: (overload, args, kwargs), or None.
+
+    The overload must take the same parameters (names, types, keyword-only or
+    not); defaults it lacks are passed explicitly. Matching by parameters, not
+    by what the call happens to bind, matters: make_fx records
+    bernoulli_.float(x) without its default p=0.5, which aten.bernoulli.default
+    would also accept, and draw with probabilities x instead."""
+    schema = op._schema
+    name = schema.name.split("::")[1]
+    packet = getattr(_aten, name[:-1], None) if name.endswith("_") else None
+    if packet is None:
+        return None
+    wanted = _parameters(schema)
+    for overload in [op._overloadname] + sorted(packet.overloads()):
+        candidate = getattr(packet, overload, None)
+        if candidate is None or candidate._schema.is_mutable:
+            continue
+        if (_parameters(candidate._schema) != wanted
+                or [str(r.type) for r in candidate._schema.returns] != ["Tensor"]):
+            continue
+        args, kwargs = list(args), dict(kwargs)
+        params = list(zip(schema.arguments, candidate._schema.arguments))
+        positional = [(mine, theirs) for mine, theirs in params if not mine.kwarg_only]
+        missing = [i for i, (mine, theirs) in enumerate(positional)
+                   if i >= len(args) and mine.name not in kwargs
+                   and not theirs.has_default_value()]
+        if missing:
+            for mine, _ in positional[len(args):max(missing) + 1]:
+                args.append(kwargs.pop(mine.name) if mine.name in kwargs else mine.default_value)
+        for mine, theirs in params:
+            if (mine.kwarg_only and mine.name not in kwargs and not theirs.has_default_value()
+                    and mine.has_default_value()):
+                kwargs[mine.name] = mine.default_value
+        return candidate, tuple(args), kwargs
+    return None
+
+
+def _functionalize(fx_graph):
+    """Rewrites in-place ops as out-of-place ones (see the module docstring).
+
+    make_fx makes every later use of a tensor written in place refer to the
+    in-place node, so the out-of-place result can stand in for it. What it
+    cannot redirect are reads through another alias of the same memory (a
+    view taken before the write, or the base of a view written to): if any
+    such read comes after the write, the rewrite would change the result and
+    capture refuses."""
+    nodes = list(fx_graph.nodes)
+    position = {n: i for i, n in enumerate(nodes)}
+    for node in nodes:
+        op = node.target
+        if (node.op != "call_function" or not isinstance(op, torch._ops.OpOverload)
+                or not op._schema.is_mutable):
+            continue
+        where = f"node '{node.name}' ({_target_name(op)})"
+        functional = _out_of_place(op, node.args, node.kwargs)
+        written = node.args[0] if node.args else None
+        if functional is None or not isinstance(written, torch.fx.Node):
+            raise ValueError(f"{where} writes to its arguments and has no out-of-place "
+                             "overload: kiln graphs are functional")
+        root = written
+        while _is_view(root):
+            root = root.args[0]
+        aliases, stack = set(), [root]
+        while stack:
+            n = stack.pop()
+            aliases.add(n)
+            stack.extend(u for u in n.users if u not in aliases and _is_view(u))
+        for alias in aliases:
+            for user in alias.users:
+                if user is not node and user not in aliases and position[user] > position[node]:
+                    raise ValueError(
+                        f"{where} writes to '{written.name}', and '{user.name}' reads "
+                        f"'{alias.name}' afterwards: capture cannot make this in-place "
+                        "update functional; write it out of place")
+        node.target, node.args, node.kwargs = functional
 
 
 def _remove_dead_nodes(fx_graph):

@@ -1,0 +1,227 @@
+"""kiln.compile(): capture a function, compile it on kilnd, call the result.
+
+    step = kiln.compile(model, x, client="127.0.0.1:7070")   # backend="aot_eager"
+    loss = step(x).sum()
+    loss.backward()                  # runs the backward graph kilnd built
+    step.key, step.artifact          # the cache key and the kiln.v1.Artifact
+
+The returned CompiledFunction takes the arguments the function takes (for a
+module, its inputs only: the module's parameters and buffers are read from it
+at every call, in capture order, see tracer.module_tensors) and returns what
+the function returns, rebuilt from the graph's flat outputs: a tensor, or the
+same tuple / list / dict structure.
+
+Artifacts:
+  - `aot_eager` (artifact.autograd set): when gradients are enabled and an
+    input that needs one requires grad, the call goes through a
+    torch.autograd.Function whose forward runs the forward graph (keeping the
+    saved values with ctx.save_for_backward) and whose backward runs the
+    backward graph on the saved values and one tangent per output that
+    receives a gradient. Otherwise only the forward graph runs and its saved
+    values are dropped.
+  - `eager`: the graph runs op by op; autograd records through the ATen ops as
+    it would in eager PyTorch.
+Both run through the reference runner (kiln.runtime), so a graph's random ops
+draw from torch's default generator as eager would: seeding torch the same
+way gives the same dropout masks.
+
+The compiled function holds exactly what was compiled: an argument whose
+dtype, sizes or device differ from the example's, a non-tensor argument that
+differs from the example's (it was baked into the graph), or an input that
+requires grad where the example did not (its gradient was not compiled) is a
+ValueError: compile again for it.
+"""
+
+import torch
+from torch.autograd.function import once_differentiable
+from torch.utils._pytree import tree_unflatten
+
+from kiln import tracer
+from kiln.client import Client
+from kiln.runtime import Interpreter, torch_device, torch_dtype
+
+__all__ = ["compile", "CompiledFunction"]
+
+
+def compile(fn, *example_inputs, client, backend="aot_eager", namespace=""):  # noqa: A001
+    """Captures `fn` (a function of tensors or an nn.Module) on
+    `example_inputs`, compiles it on kilnd with `backend` in `namespace`, and
+    returns a CompiledFunction. `client` is a kiln.Client or an address
+    ("host:port"). A failed compile raises kiln.KilnError."""
+    captured = tracer.capture_with_structure(fn, *example_inputs)
+    if isinstance(client, str):
+        with Client(client) as owned:
+            response = owned.compile(captured.graph, backend=backend, namespace=namespace)
+    else:
+        response = client.compile(captured.graph, backend=backend, namespace=namespace)
+    return CompiledFunction(captured, response.artifact, response.key)
+
+
+class _AutogradGraphs(torch.autograd.Function):
+    """The forward and backward graphs of an `aot_eager` artifact as one
+    autograd function: apply(compiled, *primals) -> forward outputs."""
+
+    @staticmethod
+    def forward(ctx, compiled, *primals):
+        results = compiled._forward.run(primals)
+        n = compiled._num_outputs
+        outputs, saved = results[:n], results[n:]
+        ctx.compiled = compiled
+        ctx.save_for_backward(*saved)
+        ctx.output_layouts = [(o.shape, o.stride(), o.dtype, o.device) if receives else None
+                              for o, receives in zip(outputs, compiled._outputs_receive_grad)]
+        ctx.mark_non_differentiable(
+            *[o for o, receives in zip(outputs, compiled._outputs_receive_grad) if not receives])
+        return tuple(outputs)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, *grad_outputs):
+        compiled = ctx.compiled
+        tangents = []
+        for grad, layout in zip(grad_outputs, ctx.output_layouts):
+            if layout is not None:
+                tangents.append(_tangent(grad, layout))
+        grads = compiled._backward.run(list(ctx.saved_tensors) + tangents)
+        by_primal = [None] * compiled._num_primals
+        for grad, primal in zip(grads, compiled._grad_input_index):
+            if ctx.needs_input_grad[1 + primal]:
+                by_primal[primal] = grad
+        return (None, *by_primal)
+
+
+def _tangent(grad, layout):
+    """The gradient of one output as the backward graph expects it: zeros for
+    None, and the output's own strides (out.sum() gives an expanded gradient
+    whose zero strides a view in the backward graph could not take)."""
+    sizes, strides, dtype, device = layout
+    if grad is None:
+        return torch.zeros(sizes, dtype=dtype, device=device)
+    if tuple(grad.stride()) != strides or grad.dtype != dtype:
+        out = torch.empty_strided(sizes, strides, dtype=dtype, device=device)
+        out.copy_(grad)
+        return out
+    return grad
+
+
+def _static(sym_ints):
+    if any(s.WhichOneof("value") != "int_value" for s in sym_ints):
+        return None
+    return tuple(s.int_value for s in sym_ints)
+
+
+class CompiledFunction:
+    """A captured function compiled by kilnd; call it like the function.
+
+    Attributes: `key` (hex cache key), `artifact` (kiln.v1.Artifact),
+    `graph` (the captured kiln.v1.Graph), `backend` (the artifact's)."""
+
+    def __init__(self, captured, artifact, key):
+        self.graph = captured.graph
+        self.artifact = artifact
+        self.key = key
+        self.backend = artifact.backend
+        self._module = captured.module
+        self._positions = list(captured.tensor_positions)
+        # Per argument: None for a tensor, else the constant baked into the
+        # graph (the example tensors themselves are not kept alive).
+        self._constants = [None if isinstance(x, torch.Tensor) else (x,)
+                           for x in captured.example_inputs]
+        self._out_spec = captured.out_spec
+        self._inputs = list(self.graph.inputs)
+        self._num_primals = len(self._inputs)
+        self._input_requires_grad = [ph.value.meta.requires_grad for ph in self._inputs]
+
+        if artifact.HasField("autograd"):
+            graphs = artifact.autograd
+            self._forward = Interpreter(graphs.forward)
+            self._backward = Interpreter(graphs.backward)
+            self._num_outputs = graphs.num_forward_outputs
+            self._outputs_receive_grad = list(graphs.outputs_receive_grad)
+            self._grad_input_index = list(graphs.grad_input_index)
+            self._inputs_need_grad = list(graphs.inputs_need_grad)
+            self._check_autograd(graphs)
+        elif artifact.HasField("graph"):
+            self._forward = Interpreter(artifact.graph)
+            self._backward = None
+            self._num_outputs = len(artifact.graph.outputs)
+            self._inputs_need_grad = [False] * self._num_primals
+        else:
+            raise ValueError(f"artifact of backend '{artifact.backend}' carries neither a graph "
+                             "nor autograd graphs: this runtime cannot run it")
+        if len(self._forward.input_names) != self._num_primals:
+            raise ValueError(f"the artifact's graph takes {len(self._forward.input_names)} "
+                             f"inputs; the captured graph has {self._num_primals}")
+
+    def _check_autograd(self, graphs):
+        where = "artifact.autograd"
+        if len(graphs.forward.outputs) != self._num_outputs + len(graphs.saved):
+            raise ValueError(f"{where}: the forward graph has {len(graphs.forward.outputs)} "
+                             f"outputs for {self._num_outputs} outputs and "
+                             f"{len(graphs.saved)} saved values")
+        if len(self._outputs_receive_grad) != self._num_outputs:
+            raise ValueError(f"{where}: outputs_receive_grad has "
+                             f"{len(self._outputs_receive_grad)} entries for "
+                             f"{self._num_outputs} outputs")
+        tangents = sum(self._outputs_receive_grad)
+        if len(graphs.backward.inputs) != len(graphs.saved) + tangents:
+            raise ValueError(f"{where}: the backward graph takes {len(graphs.backward.inputs)} "
+                             f"inputs for {len(graphs.saved)} saved values and {tangents} "
+                             "tangents")
+        if len(self._grad_input_index) != len(graphs.backward.outputs):
+            raise ValueError(f"{where}: grad_input_index has {len(self._grad_input_index)} "
+                             f"entries for {len(graphs.backward.outputs)} gradients")
+        for i in self._grad_input_index:
+            if not 0 <= i < self._num_primals:
+                raise ValueError(f"{where}: grad_input_index names input {i} of "
+                                 f"{self._num_primals}")
+
+    def _primals(self, args):
+        """The graph's inputs for a call with `args`, checked against the
+        example inputs the graph was compiled for."""
+        if len(args) != len(self._constants):
+            raise ValueError(f"{self.graph.name} was compiled for {len(self._constants)} "
+                             f"arguments, got {len(args)}")
+        for i, (arg, constant) in enumerate(zip(args, self._constants)):
+            if constant is None:
+                if not isinstance(arg, torch.Tensor):
+                    raise ValueError(f"argument {i} must be a tensor, got {type(arg).__name__}")
+            elif (isinstance(arg, torch.Tensor) or type(arg) is not type(constant[0])
+                    or arg != constant[0]):
+                raise ValueError(f"argument {i} is {arg!r}; the graph was compiled with "
+                                 f"{constant[0]!r} baked in")
+        state = tracer.module_tensors(self._module) if self._module is not None else []
+        primals = list(state) + [args[i] for i in self._positions]
+        if len(primals) != self._num_primals:
+            raise ValueError(f"{self.graph.name} takes {self._num_primals} tensors (module "
+                             f"parameters and buffers, then inputs), got {len(primals)}")
+        for t, ph, compiled_with_grad in zip(primals, self._inputs, self._input_requires_grad):
+            meta, name = ph.value.meta, ph.value.name
+            sizes = _static(meta.sizes)
+            if (t.dtype != torch_dtype(meta.dtype) or t.device != torch_device(meta.device)
+                    or (sizes is not None and tuple(t.shape) != sizes)
+                    or (sizes is None and t.dim() != len(meta.sizes))):
+                raise ValueError(f"input '{name}' is {t.dtype} {list(t.shape)} on {t.device}; "
+                                 f"{self.graph.name} was compiled for "
+                                 f"{torch_dtype(meta.dtype)} {list(sizes or [])} on "
+                                 f"{torch_device(meta.device)}")
+            if (t.requires_grad and not compiled_with_grad and self._backward is not None
+                    and t.is_floating_point() and torch.is_grad_enabled()):
+                raise ValueError(f"input '{name}' requires grad, but {self.graph.name} was "
+                                 "compiled for an input that does not: its gradient was not "
+                                 "compiled")
+        return primals
+
+    def __call__(self, *args):
+        primals = self._primals(args)
+        if self._backward is not None and torch.is_grad_enabled() and any(
+                need and t.requires_grad for need, t in zip(self._inputs_need_grad, primals)):
+            outputs = _AutogradGraphs.apply(self, *primals)
+        else:
+            outputs = self._forward.run(primals)[:self._num_outputs]
+        return tree_unflatten(list(outputs), self._out_spec)
+
+    def __repr__(self):
+        return (f"<kiln.CompiledFunction {self.graph.name} backend={self.backend} "
+                f"key={self.key[:12]}>")
+

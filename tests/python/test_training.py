@@ -1,0 +1,630 @@
+"""Training through kilnd: kiln.compile with the aot_eager backend against
+eager PyTorch, and the Python reference runner (kiln.run_graph) against eager.
+
+ReferenceRunnerTest needs no server. TrainingTest starts a kilnd (the binary
+named by $KILND) per test, as test_server.py does, and is skipped when KILND
+is unset.
+
+Inputs and loss weights are fresh random values on every run, drawn from a
+generator whose seed every failure message names (the models' weights come
+from capture_graphs' fixed seeds). Dropout masks agree between eager and
+compiled calls because both draw from torch's default generator seeded the
+same way just before the call: the compiled forward graph runs
+aten.native_dropout through ATen, which draws what eager dropout draws. The
+tests check that the outputs agree (so the masks did) and that another seed
+gives another output (so dropout was really on).
+"""
+
+import copy
+import glob
+import os
+import random
+import shutil
+import sys
+import tempfile
+import unittest
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from google.protobuf import json_format
+
+import kiln
+from kiln.v1 import graph_pb2, service_pb2
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+DATA_DIR = os.path.join(HERE, os.pardir, "data")
+GRAPHS_DIR = os.path.join(DATA_DIR, "graphs")
+sys.path.insert(0, DATA_DIR)
+sys.path.insert(0, HERE)
+import capture_graphs  # noqa: E402
+import test_server  # noqa: E402  (its Kilnd helper; imported as a module so
+#                                   that its tests are not collected twice)
+
+KILND = os.environ.get("KILND")
+RTOL, ATOL = 1e-4, 1e-5
+
+_ELEMENT_BYTES = {
+    graph_pb2.FLOAT32: 4, graph_pb2.FLOAT64: 8, graph_pb2.FLOAT16: 2, graph_pb2.BFLOAT16: 2,
+    graph_pb2.INT64: 8, graph_pb2.INT32: 4, graph_pb2.INT16: 2, graph_pb2.INT8: 1,
+    graph_pb2.UINT8: 1, graph_pb2.BOOL: 1, graph_pb2.COMPLEX64: 8, graph_pb2.COMPLEX128: 16,
+}
+
+
+def load_graph(file_name):
+    with open(os.path.join(GRAPHS_DIR, file_name)) as f:
+        return json_format.Parse(f.read(), service_pb2.GraphFile()).graph
+
+
+def case(file_name):
+    """(function or module, example inputs) of capture_graphs' case."""
+    for name, fn, inputs in capture_graphs.cases():
+        if name == file_name:
+            return fn, inputs
+    raise KeyError(f"capture_graphs.cases() has no {file_name}")
+
+
+class Random:
+    """Fresh random values from a seed chosen per run and named in messages."""
+
+    def __init__(self):
+        self.seed = random.SystemRandom().randrange(2 ** 31)
+        self.generator = torch.Generator().manual_seed(self.seed)
+
+    def like(self, t, requires_grad=False):
+        out = torch.randn(t.shape, generator=self.generator, dtype=t.dtype)
+        return out.requires_grad_(requires_grad)
+
+    def int(self, high):
+        return int(torch.randint(high, (), generator=self.generator))
+
+
+def value_bytes(meta):
+    numel = 1
+    for s in meta.sizes:
+        numel *= s.int_value
+    return numel * _ELEMENT_BYTES[meta.dtype]
+
+
+def assert_close(test, actual, expected, what):
+    test.assertIsNotNone(actual, f"{what}: no value")
+    test.assertIsNotNone(expected, f"{what}: no reference value")
+    torch.testing.assert_close(actual, expected, rtol=RTOL, atol=ATOL, msg=lambda m: f"{what}: {m}")
+
+
+def has_dropout(model):
+    return isinstance(model, nn.Module) and any(
+        isinstance(m, nn.Dropout) and m.p > 0 and m.training for m in model.modules())
+
+
+class ReferenceRunnerTest(unittest.TestCase):
+    """kiln.run_graph against eager PyTorch, and what capture makes of
+    training-mode ops. No server."""
+
+    def test_runner_reproduces_eager_on_every_graph_file(self):
+        files = sorted(os.path.basename(p) for p in glob.glob(os.path.join(GRAPHS_DIR, "*.json")))
+        cases = {name: (fn, inputs) for name, fn, inputs in capture_graphs.cases()}
+        self.assertIn("resnet_block.json", files)
+        self.assertIn("transformer_block.json", files)
+        for file_name in files:
+            with self.subTest(file=file_name):
+                self.assertIn(file_name, cases, "a graph file without an eager reference in "
+                                                "capture_graphs.cases()")
+                rng = Random()
+                msg = f"{file_name}, seed {rng.seed}"
+                fn, examples = cases[file_name]
+                graph = load_graph(file_name)
+                inputs = [rng.like(x) for x in examples]
+                eager_fn = copy.deepcopy(fn) if isinstance(fn, nn.Module) else fn
+                state = kiln.module_tensors(fn) if isinstance(fn, nn.Module) else []
+                seed = rng.int(2 ** 31)
+                with torch.no_grad():
+                    torch.manual_seed(seed)
+                    expected = eager_fn(*inputs)
+                    torch.manual_seed(seed)
+                    outputs = kiln.run_graph(graph, list(state) + inputs)
+                expected, _ = torch.utils._pytree.tree_flatten(expected)
+                self.assertEqual(len(outputs), len(expected), msg)
+                for i, (out, ref) in enumerate(zip(outputs, expected)):
+                    assert_close(self, out, ref, f"{msg}: output {i}")
+                if isinstance(fn, nn.Module):
+                    # Training-mode batch norm updates the running statistics
+                    # it is given, in the runner as in eager; the graph has no
+                    # num_batches_tracked += 1 (see tracer.py).
+                    for (name, b), ref in zip(fn.named_buffers(), eager_fn.buffers()):
+                        if not name.endswith("num_batches_tracked"):
+                            assert_close(self, b, ref, f"{msg}: buffer {name}")
+
+    def test_runner_under_autograd_matches_eager_gradients(self):
+        for file_name in ("mlp.json", "transformer_block.json"):
+            with self.subTest(file=file_name):
+                rng = Random()
+                msg = f"{file_name}, seed {rng.seed}"
+                fn, examples = case(file_name)
+                graph = load_graph(file_name)
+                x = rng.like(examples[0], requires_grad=True)
+                x_ref = x.detach().clone().requires_grad_()
+                params = [p.detach().clone().requires_grad_() for p in fn.parameters()]
+                seed = rng.int(2 ** 31)
+                torch.manual_seed(seed)
+                out = kiln.run_graph(graph, params + list(fn.buffers()) + [x])[0]
+                torch.manual_seed(seed)
+                ref = fn(x_ref)
+                weight = rng.like(ref)
+                (out * weight).sum().backward()
+                (ref * weight).sum().backward()
+                assert_close(self, out, ref, f"{msg}: output")
+                assert_close(self, x.grad, x_ref.grad, f"{msg}: grad of x")
+                for (name, p), mine in zip(fn.named_parameters(), params):
+                    assert_close(self, mine.grad, p.grad, f"{msg}: grad of {name}")
+
+    def test_runner_multi_output_ops_and_typed_arguments(self):
+        def ops(x):
+            a, b = torch.split(x, [3, 5], dim=1)
+            var, mean = torch.var_mean(x, dim=1)
+            pooled, indices = F.max_pool2d(x.view(1, 4, 2, 4), 2, return_indices=True)
+            wide = x.to(torch.float64).sum(dim=[0], keepdim=True)
+            padded = F.pad(x, (1, 2), value=0.5)
+            return a * 2, b, var + mean, pooled, indices, wide, F.gelu(x, approximate="tanh"), \
+                padded, torch.zeros_like(x, dtype=torch.int32)
+
+        x = Random().like(torch.empty(4, 8))
+        graph = kiln.capture(ops, x)
+        outputs = kiln.run_graph(graph, [x])
+        expected = ops(x)
+        self.assertEqual(len(outputs), len(expected))
+        for i, (out, ref) in enumerate(zip(outputs, expected)):
+            self.assertEqual(out.dtype, ref.dtype, f"output {i}")
+            assert_close(self, out, ref, f"output {i}")
+        # One Interpreter runs many times; wrong input counts are refused.
+        runner = kiln.Interpreter(graph)
+        assert_close(self, runner.run([x])[2], expected[2], "second run")
+        with self.assertRaisesRegex(ValueError, "takes 1 inputs, got 2"):
+            runner.run([x, x])
+
+    def test_runner_evaluates_symbolic_sizes_from_the_inputs(self):
+        graph = kiln.capture(lambda x: x.view(8), torch.randn(4, 2), name="flatten")
+        ph = graph.inputs[0].value.meta
+        ph.sizes[0].expr = "s0"
+        view = graph.nodes[0]
+        self.assertEqual(view.target, "aten.view.default")
+        view.args[1].sym_ints.values.add(expr="2*s0")
+        out = kiln.run_graph(graph, [torch.arange(6.0).view(3, 2)])[0]
+        self.assertEqual(list(out.shape), [6])
+        self.assertEqual(out.tolist(), [0.0, 1.0, 2.0, 3.0, 4.0, 5.0])
+
+    def test_runner_names_the_failing_node(self):
+        graph = kiln.capture(lambda x: x.view(8).relu(), torch.randn(4, 2), name="flatten")
+        with self.assertRaisesRegex(RuntimeError, f"node '{graph.nodes[0].name}' "
+                                                  r"\(aten.view.default\)"):
+            kiln.run_graph(graph, [torch.randn(4, 3)])
+        graph.nodes[1].target = "aten.no_such_op.default"
+        with self.assertRaisesRegex(ValueError, f"node '{graph.nodes[1].name}'.*no_such_op"):
+            kiln.Interpreter(graph)
+
+    def test_training_graphs_are_functional(self):
+        graphs = dict(capture_graphs.graphs())
+        for file_name in ("resnet_block.json", "transformer_block.json"):
+            graph = graphs[file_name]
+            targets = [n.target for n in graph.nodes]
+            for target in targets:
+                self.assertFalse(target.split(".")[1].endswith("_"), f"{file_name}: {target}")
+            params = [ph for ph in graph.inputs if ph.kind == graph_pb2.Placeholder.PARAMETER]
+            self.assertTrue(params)
+            self.assertTrue(all(ph.value.meta.requires_grad for ph in params), file_name)
+        resnet = [n.target for n in graphs["resnet_block.json"].nodes]
+        self.assertEqual(resnet.count("aten.native_batch_norm.default"), 2)
+        bn = next(n for n in graphs["resnet_block.json"].nodes
+                  if n.target == "aten.native_batch_norm.default")
+        self.assertTrue(bn.args[5].bool_value, "batch norm is not in training mode")
+        transformer = [n.target for n in graphs["transformer_block.json"].nodes]
+        self.assertEqual(transformer.count("aten.native_dropout.default"), 2)
+        self.assertNotIn("aten.bernoulli.p", transformer)
+        self.assertEqual(transformer.count("aten.native_layer_norm.default"), 2)
+        self.assertIn("aten._softmax.default", transformer)
+        self.assertIn("aten.gelu.default", transformer)
+
+    def test_capture_leaves_module_buffers_alone(self):
+        torch.manual_seed(0)
+        block = capture_graphs.ResNetBlock(4).train()
+        before = {n: b.clone() for n, b in block.named_buffers()}
+        kiln.capture(block, torch.randn(2, 4, 6, 6))
+        for name, b in block.named_buffers():
+            self.assertTrue(torch.equal(b, before[name]), name)
+
+    def test_in_place_ops_become_out_of_place(self):
+        def fresh_then_in_place(x):
+            y = x * 2
+            y.add_(1)
+            y.mul_(x)
+            return torch.relu(y)
+
+        graph = kiln.capture(fresh_then_in_place, torch.randn(5))
+        self.assertEqual([n.target for n in graph.nodes],
+                         ["aten.mul.Scalar", "aten.add.Scalar", "aten.mul.Tensor",
+                          "aten.relu.default"])
+        x = torch.randn(5)
+        assert_close(self, kiln.run_graph(graph, [x])[0], fresh_then_in_place(x.clone()),
+                     "output")
+
+    def test_in_place_defaults_are_kept(self):
+        # make_fx records bernoulli_.float(t) without its default p=0.5; the
+        # functional overload must draw with p=0.5 too (aten.bernoulli.p), not
+        # with probabilities t (aten.bernoulli.default).
+        def coin(x):
+            return x * torch.empty_like(x).bernoulli_()
+
+        x = torch.randn(256)
+        graph = kiln.capture(coin, x)
+        bernoulli = graph.nodes[1]
+        self.assertEqual(bernoulli.target, "aten.bernoulli.p")
+        self.assertEqual(bernoulli.args[1].float_value, 0.5)
+        torch.manual_seed(3)
+        expected = coin(x)
+        torch.manual_seed(3)
+        assert_close(self, kiln.run_graph(graph, [x])[0], expected, "same seed")
+
+    def test_in_place_write_read_through_another_alias_is_refused(self):
+        def write_through_view(x):
+            y = x * 2
+            y[0].add_(1)        # writes y through a view
+            return y.sum()      # ... and reads y afterwards
+
+        with self.assertRaisesRegex(ValueError, "add_.*afterwards"):
+            kiln.capture(write_through_view, torch.randn(3, 2))
+
+    def test_dropout_draws_what_eager_draws(self):
+        def dropout(x):
+            return F.dropout(x, 0.3, training=True) * 3
+
+        x = torch.randn(64)
+        graph = kiln.capture(dropout, x)
+        self.assertIn("aten.native_dropout.default", [n.target for n in graph.nodes])
+        torch.manual_seed(11)
+        expected = dropout(x)
+        torch.manual_seed(11)
+        assert_close(self, kiln.run_graph(graph, [x])[0], expected, "same seed")
+        self.assertFalse(torch.equal(kiln.run_graph(graph, [x])[0], expected),
+                         "another draw gave the same mask")
+        # Inference-mode dropout is the identity: nothing is captured for it.
+        graph = kiln.capture(lambda x: F.dropout(x, 0.3, training=False) + 1, x, name="eval")
+        self.assertEqual([n.target for n in graph.nodes], ["aten.add.Scalar"])
+        graph = kiln.capture(lambda x: torch.dropout(x, 0.3, False) + 1, x, name="eval")
+        self.assertEqual([n.target for n in graph.nodes], ["aten.add.Scalar"])
+        graph = kiln.capture(lambda x: torch.dropout(x, 0.3, train=True), x, name="train")
+        self.assertEqual([n.target for n in graph.nodes], ["aten.native_dropout.default"])
+
+
+@unittest.skipUnless(KILND, "KILND is not set")
+class TrainingTest(unittest.TestCase):
+    """kiln.compile through a real kilnd against eager PyTorch."""
+
+    def setUp(self):
+        self.assertTrue(os.path.isfile(KILND), f"KILND={KILND} does not exist")
+        self.tmp = tempfile.mkdtemp(prefix="kiln_training_test_")
+        self.addCleanup(shutil.rmtree, self.tmp, ignore_errors=True)
+        self.server = test_server.Kilnd(os.path.join(self.tmp, "data"))
+        self.client = kiln.Client(self.server.address, timeout=120)
+
+    def tearDown(self):
+        self.client.close()
+        status = self.server.stop()
+        self.assertEqual(status, 0, f"kilnd exit status after SIGTERM:\n{self.server.log_tail()}")
+
+    def check_training(self, name, fn, examples):
+        """Compiles `fn` with aot_eager and compares, for a plain sum and a
+        randomly weighted sum as the loss, the output and the gradient of
+        every parameter and input with eager PyTorch. Returns the compiled
+        function."""
+        rng = Random()
+        msg = f"{name}, seed {rng.seed}"
+        is_module = isinstance(fn, nn.Module)
+        eager_fn = copy.deepcopy(fn) if is_module else fn
+        inputs = [rng.like(x, requires_grad=x.is_floating_point()) for x in examples]
+        compiled = kiln.compile(fn, *inputs, client=self.client, backend="aot_eager")
+        self.assertEqual(compiled.artifact.backend, "aot_eager", msg)
+        self.assertTrue(compiled.artifact.HasField("autograd"), msg)
+        self.assertTrue(compiled.key, msg)
+
+        for loss_kind in ("sum", "weighted"):
+            what = f"{msg}, loss {loss_kind}"
+            inputs = [rng.like(x, requires_grad=x.is_floating_point()) for x in examples]
+            eager_inputs = [x.detach().clone().requires_grad_(x.requires_grad) for x in inputs]
+            if is_module:
+                fn.zero_grad(set_to_none=True)
+                eager_fn.zero_grad(set_to_none=True)
+                buffers_before = [b.clone() for b in fn.buffers()]
+            seed = rng.int(2 ** 31)
+
+            torch.manual_seed(seed)
+            expected = eager_fn(*eager_inputs)
+            torch.manual_seed(seed)
+            out = compiled(*inputs)
+            self.assertIs(type(out), type(expected), what)
+            self.assertIsNotNone(out.grad_fn, what)
+            assert_close(self, out, expected, f"{what}: output (dropout masks agree)")
+
+            weight = rng.like(expected) if loss_kind == "weighted" else None
+            for value in (out, expected):
+                loss = value.sum() if weight is None else (value * weight).sum()
+                loss.backward()
+
+            for i, (x, ref) in enumerate(zip(inputs, eager_inputs)):
+                if ref.requires_grad:
+                    assert_close(self, x.grad, ref.grad, f"{what}: grad of input {i}")
+            if is_module:
+                for (pname, p), ref in zip(fn.named_parameters(), eager_fn.parameters()):
+                    if ref.requires_grad:
+                        assert_close(self, p.grad, ref.grad, f"{what}: grad of {pname}")
+                # Batch norm's running statistics move as in eager; its
+                # num_batches_tracked += 1 is dropped by capture (documented
+                # in tracer.py: it only matters for momentum=None).
+                for (bname, b), ref, before in zip(fn.named_buffers(), eager_fn.buffers(),
+                                                   buffers_before):
+                    if bname.endswith("num_batches_tracked"):
+                        self.assertTrue(torch.equal(b, before), f"{what}: {bname}")
+                        eager_fn.get_buffer(bname).copy_(before)
+                    else:
+                        assert_close(self, b, ref, f"{what}: buffer {bname}")
+
+            if has_dropout(fn):
+                torch.manual_seed(seed + 1)
+                with torch.no_grad():
+                    other = compiled(*inputs)
+                self.assertFalse(torch.allclose(other, expected),
+                                 f"{what}: another seed gives the same output: is dropout on?")
+        return compiled
+
+    def test_mlp(self):
+        self.check_training("mlp", *case("mlp.json"))
+
+    def test_rmsnorm(self):
+        model, examples = case("rmsnorm.json")
+        self.assertTrue(model.weight.requires_grad)
+        self.check_training("rmsnorm", model, examples)
+
+    def test_attention(self):
+        # attention.json was captured from inputs that do not require grad;
+        # check_training captures again with q, k and v requiring grad.
+        _, examples = case("attention.json")
+        compiled = self.check_training("attention", capture_graphs.attention, examples)
+        self.assertEqual(list(compiled.artifact.autograd.inputs_need_grad), [True] * 3)
+
+    def test_conv_block(self):
+        model, examples = case("conv_block.json")
+        self.check_training("conv_block (eval)", model, examples)
+        self.check_training("conv_block (train)", model.train(), examples)
+
+    def test_resnet_block(self):
+        model, examples = case("resnet_block.json")
+        self.assertTrue(model.training)
+        self.check_training("resnet_block", model, examples)
+
+    def test_transformer_block(self):
+        model, examples = case("transformer_block.json")
+        self.assertTrue(has_dropout(model))
+        self.check_training("transformer_block", model, examples)
+
+    def test_frozen_parameters_get_no_gradient(self):
+        model, examples = case("mlp.json")
+        model.fc1.weight.requires_grad_(False)
+        graph = kiln.capture(model, *examples)
+        flags = {ph.value.name: ph.value.meta.requires_grad for ph in graph.inputs}
+        self.assertEqual(flags, {"fc1_weight": False, "fc1_bias": True, "norm_weight": True,
+                                 "norm_bias": True, "fc2_weight": True, "fc2_bias": True,
+                                 "x": False})
+        compiled = self.check_training("mlp, fc1.weight frozen", model, examples)
+        self.assertEqual(list(compiled.artifact.autograd.inputs_need_grad),
+                         [False, True, True, True, True, True, True])
+        self.assertIsNone(model.fc1.weight.grad)
+        # Its gradient was not compiled: unfreezing it needs another compile.
+        model.fc1.weight.requires_grad_(True)
+        with self.assertRaisesRegex(ValueError, "input 'fc1_weight' requires grad"):
+            compiled(examples[0])
+
+    def test_autograd_graphs_bookkeeping(self):
+        for file_name in sorted(os.listdir(GRAPHS_DIR)):
+            with self.subTest(file=file_name):
+                graph = load_graph(file_name)
+                artifact = self.client.compile(graph, backend="aot_eager").artifact
+                self.check_autograd_graphs(file_name, graph, artifact.autograd)
+
+    def check_autograd_graphs(self, file_name, graph, ag):
+        forward, backward = ag.forward, ag.backward
+        metas = {ph.value.name: ph.value.meta for ph in forward.inputs}
+        metas.update({o.name: o.meta for n in forward.nodes for o in n.outputs})
+        n_out = ag.num_forward_outputs
+        self.assertEqual(n_out, len(graph.outputs), file_name)
+
+        # The saved values are forward values, returned after the outputs.
+        self.assertLessEqual(set(ag.saved), set(metas), file_name)
+        self.assertEqual(list(forward.outputs[n_out:]), list(ag.saved), file_name)
+        self.assertEqual(ag.saved_bytes, sum(value_bytes(metas[s]) for s in ag.saved), file_name)
+
+        # Backward inputs: the saved values, then one tangent per output that
+        # receives a gradient.
+        self.assertEqual(len(ag.outputs_receive_grad), n_out, file_name)
+        tangents = sum(ag.outputs_receive_grad)
+        self.assertEqual(len(backward.inputs), len(ag.saved) + tangents, file_name)
+        self.assertEqual([ph.value.name for ph in backward.inputs[:len(ag.saved)]],
+                         list(ag.saved), file_name)
+        for ph in backward.inputs[:len(ag.saved)]:
+            self.assertEqual(ph.value.meta, metas[ph.value.name], file_name)
+        kiln.Interpreter(backward)  # every value the backward reads is defined in it
+
+        # One gradient per primal that needs one.
+        self.assertEqual(len(ag.inputs_need_grad), len(graph.inputs), file_name)
+        for ph, need in zip(graph.inputs, ag.inputs_need_grad):
+            floating = ph.value.meta.dtype in (graph_pb2.FLOAT32, graph_pb2.FLOAT64,
+                                               graph_pb2.FLOAT16, graph_pb2.BFLOAT16)
+            self.assertEqual(need, ph.value.meta.requires_grad and floating,
+                             f"{file_name}: {ph.value.name}")
+        self.assertEqual(len(ag.grad_input_index), len(backward.outputs), file_name)
+        self.assertEqual(len(set(ag.grad_input_index)), len(ag.grad_input_index), file_name)
+        for i in ag.grad_input_index:
+            self.assertTrue(ag.inputs_need_grad[i], f"{file_name}: gradient of input {i}")
+
+        # The min-cut saves no more than saving every forward value that the
+        # backward half of the joint graph reads.
+        joint = ag.joint
+        n_primals = len(ag.inputs_need_grad)
+        self.assertEqual(len(joint.inputs), n_primals + tangents, file_name)
+        joint_metas = {ph.value.name: ph.value.meta for ph in joint.inputs}
+        depends_on_tangents = {ph.value.name for ph in joint.inputs[n_primals:]}
+        read_by_backward = set()
+        for node in joint.nodes:
+            joint_metas.update({o.name: o.meta for o in node.outputs})
+            reads = [a.tensor for a in list(node.args) + list(node.kwargs)
+                     if a.WhichOneof("kind") == "tensor"]
+            reads += [n for a in list(node.args) + list(node.kwargs)
+                      if a.WhichOneof("kind") == "tensors" for n in a.tensors.names if n]
+            if any(r in depends_on_tangents for r in reads):
+                depends_on_tangents.update(o.name for o in node.outputs)
+                read_by_backward.update(r for r in reads if r not in depends_on_tangents)
+        save_everything = sum(value_bytes(joint_metas[v]) for v in read_by_backward)
+        self.assertLessEqual(ag.saved_bytes, save_everything, file_name)
+
+    def test_missing_derivative_is_invalid_argument(self):
+        # docs/ops.md: aten.embedding_dense_backward has no derivative rule.
+        def embedding_grad(grad, indices):
+            return torch.ops.aten.embedding_dense_backward(grad, indices, 10, -1, False) * 2
+
+        graph = kiln.capture(embedding_grad, torch.randn(4, 3, requires_grad=True),
+                             torch.tensor([1, 2, 3, 1]))
+        node = next(n for n in graph.nodes
+                    if n.target == "aten.embedding_dense_backward.default")
+        # The graph itself is fine: the eager backend compiles it.
+        self.client.compile(graph, backend="eager")
+        with self.assertRaises(kiln.KilnError) as cm:
+            self.client.compile(graph, backend="aot_eager")
+        self.assertEqual(cm.exception.code, "INVALID_ARGUMENT", cm.exception.message)
+        self.assertIn("aten.embedding_dense_backward.default", cm.exception.message)
+        self.assertIn(f"'{node.name}'", cm.exception.message)
+        with self.assertRaises(kiln.KilnError) as cm:
+            kiln.compile(embedding_grad, torch.randn(4, 3, requires_grad=True),
+                         torch.tensor([0, 1, 2, 3]), client=self.client)
+        self.assertEqual(cm.exception.code, "INVALID_ARGUMENT", cm.exception.message)
+
+        # The server goes on serving.
+        compiled = self.client.compile(load_graph("mlp.json"), backend="aot_eager")
+        self.assertTrue(compiled.artifact.HasField("autograd"))
+
+    def test_tampered_metadata_is_invalid_argument(self):
+        for backend in ("eager", "aot_eager"):
+            with self.subTest(backend=backend):
+                graph = load_graph("mlp.json")
+                node = graph.nodes[len(graph.nodes) // 2]
+                self.assertEqual(node.outputs[0].meta.dtype, graph_pb2.FLOAT32)
+                node.outputs[0].meta.dtype = graph_pb2.FLOAT64
+                with self.assertRaises(kiln.KilnError) as cm:
+                    self.client.compile(graph, backend=backend)
+                self.assertEqual(cm.exception.code, "INVALID_ARGUMENT", cm.exception.message)
+                self.assertIn(f"node '{node.name}'", cm.exception.message)
+                self.assertIn("dtype", cm.exception.message)
+        self.client.compile(load_graph("mlp.json"), backend="aot_eager")
+
+    def test_eager_backend_runs_the_graph(self):
+        rng = Random()
+        model, examples = case("mlp.json")
+        x = rng.like(examples[0], requires_grad=True)
+        compiled = kiln.compile(model, x, client=self.server.address, backend="eager")
+        self.assertEqual(compiled.artifact.backend, "eager")
+        self.assertFalse(compiled.artifact.HasField("autograd"))
+        out = compiled(x)
+        expected = model(x)
+        assert_close(self, out, expected, f"seed {rng.seed}: output")
+        # Autograd records through the ATen ops, as in eager.
+        out.sum().backward()
+        grad = x.grad.clone()
+        x.grad = None
+        expected.sum().backward()
+        assert_close(self, grad, x.grad, f"seed {rng.seed}: grad of x")
+
+    def check_random_ops_keep_program_order(self, backend):
+        # Three dropouts that do not depend on one another: each must draw
+        # its mask in the order the program does, or the masks swap.
+        def three(a, b, c):
+            return (F.dropout(b, 0.5, True) * 2, F.dropout(a, 0.5, True) + c,
+                    F.dropout(c * 3, 0.5, True))
+
+        rng = Random()
+        args = [rng.like(torch.empty(64), requires_grad=True) for _ in range(3)]
+        compiled = kiln.compile(three, *args, client=self.client, backend=backend)
+        seed = rng.int(2 ** 31)
+        torch.manual_seed(seed)
+        expected = three(*args)
+        torch.manual_seed(seed)
+        out = compiled(*args)
+        for i, (got, ref) in enumerate(zip(out, expected)):
+            assert_close(self, got, ref, f"{backend}, seed {rng.seed}: output {i}")
+
+    def test_random_ops_keep_program_order_aot_eager(self):
+        self.check_random_ops_keep_program_order("aot_eager")
+
+    # Known server bug: the `eager` artifact's graph is the canonical graph,
+    # whose canonical topological order moves independent random ops (here
+    # the three native_dropout nodes) out of program order, so they draw
+    # their masks in another order than eager PyTorch. (aot_eager builds its
+    # forward graph from the graph as sent and keeps the order.)
+    @unittest.expectedFailure
+    def test_random_ops_keep_program_order_eager(self):
+        self.check_random_ops_keep_program_order("eager")
+
+    def test_structure_constants_and_no_grad(self):
+        def pieces(x, scale, y):
+            h = torch.tanh(x @ y) * scale
+            return {"h": h, "parts": (h.sum(dim=0), [x.relu()])}
+
+        rng = Random()
+        x = rng.like(torch.empty(3, 4), requires_grad=True)
+        y = rng.like(torch.empty(4, 5), requires_grad=True)
+        compiled = kiln.compile(pieces, x, 0.5, y, client=self.client)
+        out = compiled(x, 0.5, y)
+        self.assertEqual(sorted(out), ["h", "parts"])
+        self.assertIsInstance(out["parts"], tuple)
+        self.assertIsInstance(out["parts"][1], list)
+        expected = pieces(x, 0.5, y)
+        for got, ref in zip(torch.utils._pytree.tree_flatten(out)[0],
+                            torch.utils._pytree.tree_flatten(expected)[0]):
+            assert_close(self, got, ref, f"seed {rng.seed}")
+        # Only one output receives a gradient: the others give zeros.
+        out["h"].sum().backward()
+        gx, gy = x.grad, y.grad
+        x.grad = y.grad = None
+        expected["h"].sum().backward()
+        assert_close(self, gx, x.grad, f"seed {rng.seed}: grad of x")
+        assert_close(self, gy, y.grad, f"seed {rng.seed}: grad of y")
+
+        with torch.no_grad():
+            out = compiled(x, 0.5, y)
+        self.assertIsNone(out["h"].grad_fn)
+        assert_close(self, out["h"], expected["h"], f"seed {rng.seed}: no_grad")
+
+        with self.assertRaisesRegex(ValueError, "0.5 baked in"):
+            compiled(x, 0.25, y)
+        with self.assertRaisesRegex(ValueError, "input 'x'"):
+            compiled(torch.randn(2, 4), 0.5, y)
+
+    def test_optimizer_steps_match_eager(self):
+        # Three SGD steps of the transformer block, compiled and eager, from
+        # the same weights and dropout seeds.
+        model, examples = case("transformer_block.json")
+        eager_model = copy.deepcopy(model)
+        rng = Random()
+        compiled = kiln.compile(model, examples[0], client=self.client)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        eager_opt = torch.optim.SGD(eager_model.parameters(), lr=0.1)
+        for step in range(3):
+            x = rng.like(examples[0])
+            seed = rng.int(2 ** 31)
+            for m, o, f in ((model, opt, compiled), (eager_model, eager_opt, eager_model)):
+                o.zero_grad()
+                torch.manual_seed(seed)
+                f(x).square().mean().backward()
+                o.step()
+            for (name, p), ref in zip(model.named_parameters(), eager_model.parameters()):
+                assert_close(self, p, ref, f"seed {rng.seed}, step {step}: {name}")
+
+
+if __name__ == "__main__":
+    unittest.main()
