@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <queue>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/hashing.h"
@@ -92,6 +93,15 @@ std::vector<std::string> ValueHashes(const Graph& g) {
 
 }  // namespace
 
+bool IsRandomTarget(absl::string_view target) {
+  for (absl::string_view op : {"dropout", "bernoulli", "aten.rand", "normal", "uniform",
+                               "multinomial", "exponential", "geometric", "cauchy",
+                               "log_normal", "random_"}) {
+    if (absl::StrContains(target, op)) return true;
+  }
+  return false;
+}
+
 std::string DeterministicBytes(const google::protobuf::Message& message) {
   std::string out;
   google::protobuf::io::StringOutputStream sos(&out);
@@ -122,6 +132,16 @@ void Canonicalize(const Graph& g, v1::Graph* out) {
       users[p].push_back(i);
       ++pending[i];
     }
+  }
+  // Random ops draw from one generator in program order: each one follows
+  // the previous, so reordering them changes the key (and never the masks).
+  for (int i = 0, last = -1; i < n; ++i) {
+    if (!IsRandomTarget(g.nodes()[i].target)) continue;
+    if (last >= 0) {
+      users[last].push_back(i);
+      ++pending[i];
+    }
+    last = i;
   }
   // A node's up-hash describes what it computes; its down-hash adds how its
   // results are used (by whom, at which argument, which graph outputs), so

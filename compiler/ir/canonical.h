@@ -9,7 +9,10 @@
 // replaced by their hashes, its output metadata and its output index). Nodes
 // are then emitted by Kahn's algorithm, always taking the ready node with the
 // smallest hash, and renamed in that order: inputs "arg0".., node outputs
-// "v0".., nodes "n0"... Keyword arguments are sorted by name.
+// "v0".., nodes "n0"... Keyword arguments are sorted by name. Random ops
+// (dropout, bernoulli, rand...) keep their program order among themselves:
+// they draw from one generator, so their order is part of what the graph
+// computes.
 //
 // Pure functions; thread-safe.
 #ifndef KILN_COMPILER_IR_CANONICAL_H_
@@ -38,6 +41,9 @@ v1::CompileOptions NormalizeOptions(const v1::CompileOptions& options);
 // target, backend options) and `compiler_version`.
 std::string CacheKey(const Graph& graph, const v1::CompileOptions& options,
                      const std::string& compiler_version = KILN_COMPILER_VERSION);
+
+// Whether `target` draws random numbers (by ATen's op names).
+bool IsRandomTarget(absl::string_view target);
 
 // Deterministic bytes of any message (for keys and digests).
 std::string DeterministicBytes(const google::protobuf::Message& message);

@@ -156,6 +156,26 @@ TEST(CanonicalTest, IdenticalNodesWithDifferentUsersKeepTheKey) {
   EXPECT_EQ(CanonicalBytes(MustBuild(build(false))), CanonicalBytes(MustBuild(build(true))));
 }
 
+// Two independent dropouts: their order is their meaning (one generator).
+TEST(CanonicalTest, RandomOpsKeepProgramOrder) {
+  auto build = [](bool swap) {
+    std::string d1 = "nodes { name: \"d1\" target: \"aten.native_dropout.default\" args { tensor: \"x\" } args { float_value: 0.1 } args { bool_value: true } outputs " + V("a") + " outputs " + V("am") + " }\n";
+    std::string d2 = "nodes { name: \"d2\" target: \"aten.native_dropout.default\" args { tensor: \"x\" } args { float_value: 0.5 } args { bool_value: true } outputs " + V("b") + " outputs " + V("bm") + " }\n";
+    std::string text = "inputs { value " + V("x") + " }\n" + (swap ? d2 + d1 : d1 + d2) +
+                       "outputs: \"a\" outputs: \"b\"";
+    v1::Graph g;
+    EXPECT_TRUE(google::protobuf::TextFormat::ParseFromString(text, &g));
+    return g;
+  };
+  const Graph a = MustBuild(build(false)), b = MustBuild(build(true));
+  EXPECT_NE(CacheKey(a, {}), CacheKey(b, {}));
+  // The canonical graph keeps the order the program drew them in.
+  EXPECT_EQ(Canonicalize(a).nodes(0).args(1).float_value(), 0.1);
+  EXPECT_EQ(Canonicalize(b).nodes(0).args(1).float_value(), 0.5);
+  // Non-random nodes still reorder freely.
+  EXPECT_EQ(CacheKey(MustBuild(Diamond()), {}), CacheKey(MustBuild(Diamond(true)), {}));
+}
+
 TEST(CanonicalTest, EveryFieldChangesTheKey) {
   v1::CompileOptions opts;
   const std::string base = CacheKey(MustBuild(Diamond()), opts);

@@ -566,7 +566,6 @@ class TrainingTest(unittest.TestCase):
     # the three native_dropout nodes) out of program order, so they draw
     # their masks in another order than eager PyTorch. (aot_eager builds its
     # forward graph from the graph as sent and keeps the order.)
-    @unittest.expectedFailure
     def test_random_ops_keep_program_order_eager(self):
         self.check_random_ops_keep_program_order("eager")
 
