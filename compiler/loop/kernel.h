@@ -1,0 +1,103 @@
+// The loop-level IR: what a fused kernel computes, independent of the
+// language it is generated in (C++ for CPUs now, CUDA later).
+//
+// A Kernel iterates an `outer` space (parallel; one "row" per point) and,
+// inside each row, makes `passes` sweeps over an `inner` space. Statements
+// are in SSA form, each belonging to one pass and one level:
+//
+//   for each outer point o:                      (parallel)
+//     for pass p in 0 .. passes-1:
+//       [outer-level statements of pass p that precede the sweep]
+//       for each inner point i:                  (vectorizable)
+//         inner statements of pass p: loads, scalar ops, stores,
+//         and reductions accumulating over i
+//       outer-level statements of pass p (after the sweep): they may read
+//       the pass's reductions, e.g. a mean = sum / n, and store per row
+//
+// A pointwise kernel has one pass, an inner space of the last dimension and
+// no reductions. Softmax over the last dimension is one kernel: pass 0
+// reduces max, pass 1 reduces sum(exp(x - max)), pass 2 stores
+// exp(x - max) / sum. Layer norm: pass 0 a Welford mean/variance, pass 1 the
+// normalized, scaled store.
+//
+// Loads and stores address buffers through affine index expressions: one
+// stride per outer dimension and per inner dimension, plus an offset, all
+// SymInt (symbolic sizes become kernel arguments). Broadcasting is a zero
+// stride; views are their own strides over their base's storage (views never
+// copy).
+//
+// Plain data; not thread-safe for mutation.
+#ifndef KILN_COMPILER_LOOP_KERNEL_H_
+#define KILN_COMPILER_LOOP_KERNEL_H_
+
+#include <string>
+#include <vector>
+
+#include "compiler/ir/graph.h"
+
+namespace kiln::loop {
+
+// Index into a buffer: sum(outer_strides[k] * o_k) + sum(inner_strides[k] * i_k) + offset.
+struct Index {
+  std::vector<ir::SymInt> outer_strides;
+  std::vector<ir::SymInt> inner_strides;
+  ir::SymInt offset{int64_t{0}};
+};
+
+enum class StmtKind {
+  kLoad,      // buffer[index]
+  kConstant,  // `constant`, of `dtype`
+  kOp,        // scalar op `op` over `args`
+  kReduce,    // accumulates args[0] over the inner sweep with `reduce`
+  kStore,     // buffer[index] = args[0]
+};
+
+// Reductions. Welford's three results come from one accumulation:
+// kWelfordMean and kWelfordM2 name the same accumulator (args[0] equal) and
+// read its mean and its sum of squared deviations; the count is the inner
+// size.
+enum class ReduceOp { kSum, kMax, kMin, kWelfordMean, kWelfordM2 };
+
+struct Stmt {
+  StmtKind kind = StmtKind::kOp;
+  int pass = 0;
+  bool inner = true;  // inside the sweep (false: outer level, after it)
+  v1::DType dtype = v1::FLOAT32;  // of the result (loads: the buffer's)
+  // kOp: one of the scalar ops below; args are statement indices.
+  //   unary:  neg abs exp log log1p expm1 sqrt rsqrt reciprocal sin cos tanh
+  //           sigmoid relu erf sign floor ceil not gelu gelu_tanh silu isnan
+  //   binary: add sub mul div div_floor div_trunc pow max min eq ne lt le gt ge
+  //           and or xor
+  //   ternary: where(cond, a, b)
+  //   cast (to `dtype`)
+  std::string op;
+  std::vector<int> args;
+  double constant = 0;
+  int buffer = -1;  // kLoad / kStore: index into Kernel::buffers
+  Index index;
+  ReduceOp reduce = ReduceOp::kSum;
+};
+
+struct KernelBuffer {
+  std::string value;  // the plan value whose storage this is
+  v1::DType dtype = v1::FLOAT32;
+  bool written = false;
+};
+
+struct Kernel {
+  std::string name;                 // unique in its module: "kernel_3"
+  std::vector<ir::SymInt> outer;    // sizes of the outer (parallel) dimensions
+  std::vector<ir::SymInt> inner;    // sizes of the inner (swept) dimensions
+  int passes = 1;
+  std::vector<Stmt> stmts;
+  std::vector<KernelBuffer> buffers;
+  // The graph nodes fused into this kernel, in order (for the debug trace).
+  std::vector<std::string> nodes;
+};
+
+// Readable listing of a kernel, for the debug trace and for tests.
+std::string PrintKernel(const Kernel& kernel);
+
+}  // namespace kiln::loop
+
+#endif  // KILN_COMPILER_LOOP_KERNEL_H_
