@@ -1,7 +1,7 @@
 // CompiledFunction (compiled_function.h): the artifact's graphs, each run by
-// the reference interpreter, plus the bookkeeping that splits the forward
-// graph's outputs into outputs and saved values and maps the backward
-// graph's outputs back to the primals.
+// the reference interpreter or (for `kiln`) a plan executor, plus the
+// bookkeeping that splits the forward graph's outputs into outputs and saved
+// values and maps the backward graph's outputs back to the primals.
 #include "client/runtime/compiled_function.h"
 
 #include <ATen/ops/zeros.h>
@@ -36,6 +36,13 @@ absl::StatusOr<std::unique_ptr<Interpreter>> Load(const v1::Graph& proto,
   return interpreter;
 }
 
+absl::StatusOr<std::unique_ptr<PlanExecutor>> LoadPlan(const v1::CompiledGraph& graph,
+                                                       const std::string& field) {
+  absl::StatusOr<std::unique_ptr<PlanExecutor>> plan = PlanExecutor::Create(graph);
+  if (!plan.ok()) return Annotate(plan.status(), field);
+  return plan;
+}
+
 std::string SizesString(at::IntArrayRef sizes) {
   std::string s = "[";
   for (size_t i = 0; i < sizes.size(); ++i) absl::StrAppend(&s, i ? ", " : "", sizes[i]);
@@ -45,6 +52,12 @@ std::string SizesString(at::IntArrayRef sizes) {
 }  // namespace
 
 CompiledFunction::~CompiledFunction() = default;
+
+absl::StatusOr<std::vector<at::Tensor>> CompiledFunction::Runner::Run(
+    const std::vector<at::Tensor>& inputs) const {
+  if (interpreter != nullptr) return interpreter->Run(inputs);
+  return plan->Run(inputs);
+}
 
 absl::StatusOr<std::unique_ptr<CompiledFunction>> CompiledFunction::Create(
     const v1::Artifact& artifact) {
@@ -60,8 +73,8 @@ absl::StatusOr<std::unique_ptr<CompiledFunction>> CompiledFunction::Create(
     if (!artifact.has_graph()) {
       return absl::FailedPreconditionError("eager artifact: artifact.graph is missing");
     }
-    ASSIGN_OR_RETURN(fn->forward_, Load(artifact.graph(), "artifact.graph"));
-    const ir::Graph& g = fn->forward_->graph();
+    ASSIGN_OR_RETURN(fn->forward_.interpreter, Load(artifact.graph(), "artifact.graph"));
+    const ir::Graph& g = fn->forward_.interpreter->graph();
     fn->name_ = g.name();
     fn->num_inputs_ = static_cast<int>(g.inputs().size());
     fn->num_outputs_ = static_cast<int>(g.outputs().size());
@@ -70,10 +83,46 @@ absl::StatusOr<std::unique_ptr<CompiledFunction>> CompiledFunction::Create(
     return fn;
   }
 
+  if (artifact.backend() == "kiln") {
+    fn->name_ = artifact.graph().name();
+    if (!artifact.has_compiled_forward() && !artifact.has_compiled_backward()) {
+      if (!artifact.has_compiled()) {
+        return absl::FailedPreconditionError(
+            "kiln artifact: neither artifact.compiled nor artifact.compiled_forward is present");
+      }
+      ASSIGN_OR_RETURN(fn->forward_.plan, LoadPlan(artifact.compiled(), "artifact.compiled"));
+      fn->num_inputs_ = fn->forward_.plan->num_inputs();
+      fn->num_outputs_ = fn->forward_.plan->num_outputs();
+      fn->inputs_need_grad_.assign(fn->num_inputs_, false);
+      fn->outputs_receive_grad_.assign(fn->num_outputs_, false);
+      return fn;
+    }
+    for (const auto& [present, field] :
+         {std::pair{artifact.has_compiled_forward(), "artifact.compiled_forward"},
+          std::pair{artifact.has_compiled_backward(), "artifact.compiled_backward"},
+          std::pair{artifact.has_autograd(), "artifact.autograd"}}) {
+      if (!present) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("kiln training artifact: ", field, " is missing"));
+      }
+    }
+    ASSIGN_OR_RETURN(fn->forward_.plan,
+                     LoadPlan(artifact.compiled_forward(), "artifact.compiled_forward"));
+    ASSIGN_OR_RETURN(fn->backward_.plan,
+                     LoadPlan(artifact.compiled_backward(), "artifact.compiled_backward"));
+    if (fn->name_.empty()) fn->name_ = artifact.autograd().forward().name();
+    fn->num_inputs_ = fn->forward_.plan->num_inputs();
+    RETURN_IF_ERROR(fn->InitAutograd(artifact.autograd(), fn->forward_.plan->num_outputs(),
+                                     "artifact.compiled_backward",
+                                     fn->backward_.plan->num_inputs(),
+                                     fn->backward_.plan->num_outputs()));
+    return fn;
+  }
+
   if (artifact.backend() != "aot_eager") {
     return absl::FailedPreconditionError(
         absl::StrCat("artifact.backend '", artifact.backend(),
-                     "': this runtime runs only 'eager' and 'aot_eager' artifacts"));
+                     "': this runtime runs only 'eager', 'aot_eager' and 'kiln' artifacts"));
   }
   const v1::AutogradGraphs& ag = artifact.autograd();
   if (!artifact.has_autograd()) {
@@ -87,59 +136,69 @@ absl::StatusOr<std::unique_ptr<CompiledFunction>> CompiledFunction::Create(
     return absl::FailedPreconditionError(
         "aot_eager artifact: artifact.autograd.backward is missing");
   }
-  ASSIGN_OR_RETURN(fn->forward_, Load(ag.forward(), "artifact.autograd.forward"));
-  ASSIGN_OR_RETURN(fn->backward_, Load(ag.backward(), "artifact.autograd.backward"));
-  const ir::Graph& fwd = fn->forward_->graph();
-  const ir::Graph& bwd = fn->backward_->graph();
+  ASSIGN_OR_RETURN(fn->forward_.interpreter, Load(ag.forward(), "artifact.autograd.forward"));
+  ASSIGN_OR_RETURN(fn->backward_.interpreter, Load(ag.backward(), "artifact.autograd.backward"));
+  const ir::Graph& fwd = fn->forward_.interpreter->graph();
+  const ir::Graph& bwd = fn->backward_.interpreter->graph();
   fn->name_ = artifact.graph().name().empty() ? fwd.name() : artifact.graph().name();
   fn->num_inputs_ = static_cast<int>(fwd.inputs().size());
-  fn->num_outputs_ = ag.num_forward_outputs();
-  fn->num_saved_ = ag.saved_size();
+  RETURN_IF_ERROR(fn->InitAutograd(ag, static_cast<int>(fwd.outputs().size()),
+                                   "artifact.autograd.backward",
+                                   static_cast<int>(bwd.inputs().size()),
+                                   static_cast<int>(bwd.outputs().size())));
+  return fn;
+}
 
-  const int fwd_outputs = static_cast<int>(fwd.outputs().size());
-  if (fn->num_outputs_ < 0 || fn->num_outputs_ + fn->num_saved_ != fwd_outputs) {
+// The autograd bookkeeping, checked against the forward and backward graphs'
+// counts; num_inputs_ is set.
+absl::Status CompiledFunction::InitAutograd(const v1::AutogradGraphs& ag, int fwd_outputs,
+                                            const std::string& backward_field, int bwd_inputs,
+                                            int bwd_outputs) {
+  has_backward_ = true;
+  num_outputs_ = ag.num_forward_outputs();
+  num_saved_ = ag.saved_size();
+  if (num_outputs_ < 0 || num_outputs_ + num_saved_ != fwd_outputs) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "artifact.autograd: num_forward_outputs (", fn->num_outputs_, ") + saved (",
-        fn->num_saved_, ") must equal the forward graph's ", fwd_outputs, " outputs"));
+        "artifact.autograd: num_forward_outputs (", num_outputs_, ") + saved (", num_saved_,
+        ") must equal the forward graph's ", fwd_outputs, " outputs"));
   }
-  if (ag.inputs_need_grad_size() != fn->num_inputs_) {
+  if (ag.inputs_need_grad_size() != num_inputs_) {
     return absl::InvalidArgumentError(
         absl::StrCat("artifact.autograd.inputs_need_grad has ", ag.inputs_need_grad_size(),
-                     " entries; the forward graph has ", fn->num_inputs_, " inputs"));
+                     " entries; the forward graph has ", num_inputs_, " inputs"));
   }
-  if (ag.outputs_receive_grad_size() != fn->num_outputs_) {
+  if (ag.outputs_receive_grad_size() != num_outputs_) {
     return absl::InvalidArgumentError(
         absl::StrCat("artifact.autograd.outputs_receive_grad has ",
                      ag.outputs_receive_grad_size(), " entries; num_forward_outputs is ",
-                     fn->num_outputs_));
+                     num_outputs_));
   }
-  fn->inputs_need_grad_.assign(ag.inputs_need_grad().begin(), ag.inputs_need_grad().end());
-  fn->outputs_receive_grad_.assign(ag.outputs_receive_grad().begin(),
-                                   ag.outputs_receive_grad().end());
+  inputs_need_grad_.assign(ag.inputs_need_grad().begin(), ag.inputs_need_grad().end());
+  outputs_receive_grad_.assign(ag.outputs_receive_grad().begin(), ag.outputs_receive_grad().end());
   int tangents = 0;
-  for (bool b : fn->outputs_receive_grad_) tangents += b ? 1 : 0;
-  if (static_cast<int>(bwd.inputs().size()) != fn->num_saved_ + tangents) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "artifact.autograd.backward takes ", bwd.inputs().size(), " inputs; expected ",
-        fn->num_saved_, " saved values + ", tangents, " tangents"));
+  for (bool b : outputs_receive_grad_) tangents += b ? 1 : 0;
+  if (bwd_inputs != num_saved_ + tangents) {
+    return absl::InvalidArgumentError(absl::StrCat(backward_field, " takes ", bwd_inputs,
+                                                   " inputs; expected ", num_saved_,
+                                                   " saved values + ", tangents, " tangents"));
   }
-  if (ag.grad_input_index_size() != static_cast<int>(bwd.outputs().size())) {
+  if (ag.grad_input_index_size() != bwd_outputs) {
     return absl::InvalidArgumentError(
         absl::StrCat("artifact.autograd.grad_input_index has ", ag.grad_input_index_size(),
-                     " entries; the backward graph has ", bwd.outputs().size(), " outputs"));
+                     " entries; the backward graph has ", bwd_outputs, " outputs"));
   }
-  std::vector<bool> seen(fn->num_inputs_, false);
+  std::vector<bool> seen(num_inputs_, false);
   for (int k = 0; k < ag.grad_input_index_size(); ++k) {
     const int i = ag.grad_input_index(k);
-    if (i < 0 || i >= fn->num_inputs_ || !fn->inputs_need_grad_[i] || seen[i]) {
+    if (i < 0 || i >= num_inputs_ || !inputs_need_grad_[i] || seen[i]) {
       return absl::InvalidArgumentError(absl::StrCat(
           "artifact.autograd.grad_input_index[", k, "] = ", i,
           ": not a primal that needs a gradient, or one that already has one"));
     }
     seen[i] = true;
-    fn->grad_input_index_.push_back(i);
+    grad_input_index_.push_back(i);
   }
-  return fn;
+  return absl::OkStatus();
 }
 
 absl::StatusOr<CompiledFunction::ForwardResult> CompiledFunction::forward(
@@ -149,15 +208,26 @@ absl::StatusOr<CompiledFunction::ForwardResult> CompiledFunction::forward(
                                                    num_inputs_, " inputs, got ", inputs.size()));
   }
   ForwardResult result;
-  if (backward_ == nullptr) {  // eager: autograd as the caller has it
-    ASSIGN_OR_RETURN(result.outputs, forward_->Run(inputs));
+  if (!has_backward_) {
+    if (forward_.plan != nullptr && c10::GradMode::is_enabled()) {
+      for (size_t i = 0; i < inputs.size(); ++i) {
+        if (inputs[i].defined() && inputs[i].requires_grad()) {
+          return absl::FailedPreconditionError(absl::StrCat(
+              "compiled function '", name_, "': input ", i,
+              " requires grad, but the kiln artifact was compiled for inference (its outputs "
+              "cannot have a grad_fn); run it under no_grad or compile it for training"));
+        }
+      }
+    }
+    // eager: autograd as the caller has it; kiln: the plan runs without.
+    ASSIGN_OR_RETURN(result.outputs, forward_.Run(inputs));
     return result;
   }
 
   std::vector<at::Tensor> all;
   {
     c10::AutoGradMode no_grad(false);
-    ASSIGN_OR_RETURN(all, forward_->Run(inputs));
+    ASSIGN_OR_RETURN(all, forward_.Run(inputs));
   }
   result.outputs.assign(std::make_move_iterator(all.begin()),
                         std::make_move_iterator(all.begin() + num_outputs_));
@@ -181,10 +251,12 @@ absl::StatusOr<CompiledFunction::ForwardResult> CompiledFunction::forward(
 
 absl::StatusOr<std::vector<at::Tensor>> CompiledFunction::backward(
     const Saved& saved, const std::vector<at::Tensor>& grad_outputs) const {
-  if (backward_ == nullptr) {
+  if (!has_backward_) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "compiled function '", name_, "': the ", backend_,
-        " backend compiles no backward graph (its forward records ATen's autograd)"));
+        "compiled function '", name_, "': ",
+        backend_ == "eager"
+            ? "the eager backend compiles no backward graph (its forward records ATen's autograd)"
+            : "the artifact was compiled for inference; it has no backward graph"));
   }
   if (static_cast<int>(grad_outputs.size()) != num_outputs_) {
     return absl::InvalidArgumentError(
@@ -222,7 +294,7 @@ absl::StatusOr<std::vector<at::Tensor>> CompiledFunction::backward(
   std::vector<at::Tensor> out;
   {
     c10::AutoGradMode no_grad(false);
-    ASSIGN_OR_RETURN(out, backward_->Run(args));
+    ASSIGN_OR_RETURN(out, backward_.Run(args));
   }
   std::vector<at::Tensor> grads(num_inputs_);
   for (size_t k = 0; k < out.size(); ++k) grads[grad_input_index_[k]] = std::move(out[k]);

@@ -1,6 +1,7 @@
 // CompiledFunction: runs what kilnd compiled for one graph — the artifact of
-// the `eager` or the `aot_eager` backend — on the caller's tensors, as a
-// function with a forward and, for `aot_eager`, a backward (ARCHITECTURE §6).
+// the `eager`, `aot_eager` or `kiln` backend — on the caller's tensors, as a
+// function with a forward and, for training artifacts, a backward
+// (ARCHITECTURE §6).
 //
 // `eager`: forward runs artifact.graph through the reference interpreter.
 // Autograd is left as the caller has it, so inputs that require grad give
@@ -11,6 +12,18 @@
 // separately, in a Saved, which the caller hands to backward together with
 // one gradient per forward output. backward runs artifact.autograd.backward
 // (also with autograd disabled) and returns one gradient per forward input.
+// `kiln`: the graphs are compiled (CompiledGraph: generated code and an
+// execution plan) and run by a PlanExecutor (plan_executor.h) instead of
+// the interpreter. With artifact.compiled alone it is an inference
+// function: forward runs the plan with autograd off, and refuses
+// (FAILED_PRECONDITION) inputs that require grad while grad mode is on, as
+// it could not give their outputs a grad_fn. With
+// artifact.compiled_forward, artifact.compiled_backward and
+// artifact.autograd it is a training function with exactly the `aot_eager`
+// conventions: the compiled forward takes the primals and returns the
+// outputs then the saved values; the compiled backward takes the saved
+// values then the tangents and returns the gradients.
+//
 // This is the shape of a torch.autograd.Function, and what a caller wraps in
 // one to train with it:
 //
@@ -39,6 +52,7 @@
 
 #include "absl/status/statusor.h"
 #include "client/runtime/interpreter.h"
+#include "client/runtime/plan_executor.h"
 #include "kiln/v1/artifact.pb.h"
 
 namespace kiln::runtime {
@@ -68,11 +82,13 @@ class CompiledFunction {
     Saved saved;                      // empty for `eager`
   };
 
-  // Builds the interpreters for the artifact's graphs. FAILED_PRECONDITION
+  // Builds the interpreters (or plan executors) for the artifact's graphs;
+  // for `kiln` this loads the generated code. FAILED_PRECONDITION
   // for a backend this runtime cannot run, a format_version newer than it
   // reads, or a graph the backend needs that the artifact lacks;
-  // INVALID_ARGUMENT naming the field when the graphs or the autograd
-  // bookkeeping (counts, grad_input_index) are malformed or disagree.
+  // INVALID_ARGUMENT naming the field when the graphs, the plans or the
+  // autograd bookkeeping (counts, grad_input_index) are malformed or
+  // disagree; a plan's other errors as PlanExecutor::Create gives them.
   static absl::StatusOr<std::unique_ptr<CompiledFunction>> Create(const v1::Artifact& artifact);
 
   CompiledFunction(const CompiledFunction&) = delete;
@@ -80,7 +96,7 @@ class CompiledFunction {
   ~CompiledFunction();
 
   // Runs the forward on `inputs` (one per graph input, in order). For
-  // `aot_eager` autograd is off while it runs (on this thread only: grad
+  // `aot_eager` and `kiln` autograd is off while it runs (on this thread only: grad
   // mode is thread-local), so the outputs carry no grad_fn even when inputs
   // require grad; gradients come from backward. A graph that updates a
   // buffer in place (batch norm's running statistics) updates the caller's
@@ -95,7 +111,8 @@ class CompiledFunction {
   // gradient must have its output's sizes and dtype; it is made contiguous
   // before use, as the backward graph was traced. Returns one tensor per
   // forward input: its gradient, undefined for an input that needs none.
-  // FAILED_PRECONDITION for an `eager` artifact; INVALID_ARGUMENT on a wrong
+  // FAILED_PRECONDITION for an `eager` or inference `kiln` artifact;
+  // INVALID_ARGUMENT on a wrong
   // count, a mismatched gradient, or a Saved from another function.
   absl::StatusOr<std::vector<at::Tensor>> backward(
       const Saved& saved, const std::vector<at::Tensor>& grad_outputs) const;
@@ -104,21 +121,34 @@ class CompiledFunction {
   int num_inputs() const { return num_inputs_; }
   int num_outputs() const { return num_outputs_; }
   // Per forward input: whether backward returns a gradient for it (all
-  // false for `eager`).
+  // false without a backward).
   const std::vector<bool>& inputs_need_grad() const { return inputs_need_grad_; }
 
  private:
+  // One graph, run by the interpreter or (for `kiln`) by a plan executor:
+  // exactly one of the two is set.
+  struct Runner {
+    std::unique_ptr<Interpreter> interpreter;
+    std::unique_ptr<PlanExecutor> plan;
+    absl::StatusOr<std::vector<at::Tensor>> Run(const std::vector<at::Tensor>& inputs) const;
+  };
+
   CompiledFunction() = default;
+  absl::Status InitAutograd(const v1::AutogradGraphs& ag, int forward_outputs,
+                            const std::string& backward_field, int backward_inputs,
+                            int backward_outputs);
 
   std::string backend_;
   std::string name_;  // the graph's name, for messages
   int num_inputs_ = 0;
   int num_outputs_ = 0;
-  // `eager`: the graph. `aot_eager`: the forward graph, whose outputs are
-  // the num_outputs_ outputs followed by the saved values.
-  std::unique_ptr<Interpreter> forward_;
-  // `aot_eager` only.
-  std::unique_ptr<Interpreter> backward_;
+  // Without a backward (`eager`, inference `kiln`): the graph. Otherwise
+  // the forward graph, whose outputs are the num_outputs_ outputs followed
+  // by the saved values.
+  Runner forward_;
+  bool has_backward_ = false;
+  // Only with a backward.
+  Runner backward_;
   int num_saved_ = 0;
   std::vector<bool> inputs_need_grad_;
   std::vector<bool> outputs_receive_grad_;

@@ -594,11 +594,18 @@ TEST(CompiledFunctionTest, MissingGraphOrUnknownBackendIsFailedPrecondition) {
   EXPECT_EQ(fn.status().code(), absl::StatusCode::kFailedPrecondition) << fn.status();
   EXPECT_THAT(fn.status().message(), HasSubstr("artifact.autograd.backward"));
 
+  // A kiln artifact runs its compiled graphs, which this one lacks.
   v1::Artifact kiln = *compiled;
   kiln.set_backend("kiln");
   fn = CompiledFunction::Create(kiln);
   EXPECT_EQ(fn.status().code(), absl::StatusCode::kFailedPrecondition) << fn.status();
-  EXPECT_THAT(fn.status().message(), HasSubstr("'kiln'"));
+  EXPECT_THAT(fn.status().message(), HasSubstr("artifact.compiled"));
+
+  v1::Artifact unknown = *compiled;
+  unknown.set_backend("bogus");
+  fn = CompiledFunction::Create(unknown);
+  EXPECT_EQ(fn.status().code(), absl::StatusCode::kFailedPrecondition) << fn.status();
+  EXPECT_THAT(fn.status().message(), HasSubstr("'bogus'"));
 
   v1::Artifact newer = *compiled;
   newer.set_format_version(newer.format_version() + 100);

@@ -1,21 +1,24 @@
 // The reference interpreter (interpreter.h).
 //
-// Create resolves each node's operator and binds its arguments to the
+// BoundOp::Create resolves a node's operator and binds its arguments to the
 // schema's parameters once: every parameter becomes a Slot, either a
-// constant IValue (ints, floats, lists, dtypes, defaults, None) or a
-// reference to values of the environment (tensors, tensor lists). Run only
-// fills in the tensors, calls the op boxed and stores what it returns.
+// constant IValue (ints, floats, lists, dtypes, defaults, None), a
+// reference to values of the environment (tensors, tensor lists), or
+// symbolic SymInts evaluated at each call. Call only fills in the tensors
+// and symbols, calls the op boxed and stores what it returns. The
+// Interpreter is a list of BoundOps plus the values each one releases.
 //
 // Errors: a target ATen does not know is NOT_FOUND at Create; an argument
 // that does not fit its parameter (wrong kind, missing, unknown keyword) is
-// INVALID_ARGUMENT at Create. A symbolic SymInt argument is accepted at
-// Create and refused at Run with INVALID_ARGUMENT: resolving symbols from
-// the input sizes is the runtime's job, not done here yet.
+// INVALID_ARGUMENT at Create. The Interpreter has no symbol values: a
+// symbolic SymInt argument is accepted at Create and refused at Run with
+// INVALID_ARGUMENT (the plan executor evaluates them).
 #include "client/runtime/interpreter.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/ivalue.h>
 
+#include <algorithm>
 #include <iterator>
 #include <limits>
 #include <string>
@@ -41,13 +44,16 @@ struct Slot {
     kTensor,              // env[tensor]
     kTensorList,          // c10::List<at::Tensor> of env[tensors[i]]
     kOptionalTensorList,  // c10::List<c10::optional<at::Tensor>>; kNoValue is None
-    kUnresolved,          // a symbolic SymInt: `unresolved` says which
+    kSymbolic,            // `syms` evaluated, made a `form`
   };
+  // What symbolic SymInts become: an int, a Scalar, or an int list.
+  enum class Form { kInt, kScalar, kIntList };
   Kind kind = Kind::kConstant;
   c10::IValue constant;
   ValueId tensor = ir::kNoValue;
   std::vector<ValueId> tensors;
-  std::string unresolved;
+  Form form = Form::kInt;
+  std::vector<ir::SymInt> syms;  // at least one of them symbolic
 };
 
 Slot Constant(c10::IValue v) {
@@ -55,16 +61,6 @@ Slot Constant(c10::IValue v) {
   s.constant = std::move(v);
   return s;
 }
-
-// One node, ready to call.
-struct Step {
-  Step(c10::OperatorHandle op, const ir::Node* node) : op(std::move(op)), node(node) {}
-
-  c10::OperatorHandle op;
-  const ir::Node* node;          // in Impl::graph
-  std::vector<Slot> slots;       // one per schema parameter, in order
-  std::vector<ValueId> release;  // values dead after this step
-};
 
 const char* KindName(const Argument::Kind& kind) {
   static constexpr const char* kNames[] = {
@@ -93,7 +89,9 @@ bool IsEmptyList(const Argument::Kind& kind) {
       kind);
 }
 
-absl::StatusOr<at::ScalarType> ToScalarType(v1::DType dtype) {
+}  // namespace
+
+absl::StatusOr<at::ScalarType> ScalarTypeFromProto(v1::DType dtype) {
   switch (dtype) {
     case v1::FLOAT32:
       return at::kFloat;
@@ -124,6 +122,8 @@ absl::StatusOr<at::ScalarType> ToScalarType(v1::DType dtype) {
   }
   return absl::InvalidArgumentError(absl::StrCat("unsupported dtype ", v1::DType_Name(dtype)));
 }
+
+namespace {
 
 absl::StatusOr<c10::MemoryFormat> ToMemoryFormat(v1::MemoryFormat format) {
   switch (format) {
@@ -166,10 +166,11 @@ absl::StatusOr<c10::Device> ToDevice(const ir::Device& device) {
   return ToDevice(device.index >= 0 ? absl::StrCat(device.type, ":", device.index) : device.type);
 }
 
-Slot Unresolved(const ir::SymInt& s) {
+Slot Symbolic(Slot::Form form, std::vector<ir::SymInt> syms) {
   Slot slot;
-  slot.kind = Slot::Kind::kUnresolved;
-  slot.unresolved = s.expr();
+  slot.kind = Slot::Kind::kSymbolic;
+  slot.form = form;
+  slot.syms = std::move(syms);
   return slot;
 }
 
@@ -183,7 +184,7 @@ absl::StatusOr<Slot> ConvertIntList(const Argument::Kind& kind, c10::optional<in
     std::vector<int64_t> ints;
     ints.reserve(syms->size());
     for (const ir::SymInt& s : *syms) {
-      if (!s.is_constant()) return Unresolved(s);
+      if (!s.is_constant()) return Symbolic(Slot::Form::kIntList, *syms);
       ints.push_back(s.constant());
     }
     return Constant(c10::IValue(std::move(ints)));
@@ -194,7 +195,9 @@ absl::StatusOr<Slot> ConvertIntList(const Argument::Kind& kind, c10::optional<in
       return Constant(c10::IValue(std::vector<int64_t>(*n, *i)));
     }
     if (const auto* s = std::get_if<ir::SymInt>(&kind)) {
-      if (!s->is_constant()) return Unresolved(*s);
+      if (!s->is_constant()) {
+        return Symbolic(Slot::Form::kIntList, std::vector<ir::SymInt>(*n, *s));
+      }
       return Constant(c10::IValue(std::vector<int64_t>(*n, s->constant())));
     }
   }
@@ -224,7 +227,7 @@ absl::StatusOr<Slot> Convert(const c10::TypePtr& type, c10::optional<int32_t> n,
     case c10::TypeKind::SymIntType:
       if (const auto* i = std::get_if<int64_t>(&kind)) return Constant(c10::IValue(*i));
       if (const auto* s = std::get_if<ir::SymInt>(&kind)) {
-        if (!s->is_constant()) return Unresolved(*s);
+        if (!s->is_constant()) return Symbolic(Slot::Form::kInt, {*s});
         return Constant(c10::IValue(s->constant()));
       }
       return mismatch;
@@ -239,7 +242,7 @@ absl::StatusOr<Slot> Convert(const c10::TypePtr& type, c10::optional<int32_t> n,
       if (const auto* d = std::get_if<double>(&kind)) return Constant(c10::Scalar(*d));
       if (const auto* b = std::get_if<bool>(&kind)) return Constant(c10::Scalar(*b));
       if (const auto* s = std::get_if<ir::SymInt>(&kind)) {
-        if (!s->is_constant()) return Unresolved(*s);
+        if (!s->is_constant()) return Symbolic(Slot::Form::kScalar, {*s});
         return Constant(c10::Scalar(s->constant()));
       }
       return mismatch;
@@ -251,7 +254,7 @@ absl::StatusOr<Slot> Convert(const c10::TypePtr& type, c10::optional<int32_t> n,
       return mismatch;
     case c10::TypeKind::ScalarTypeType:
       if (const auto* d = std::get_if<v1::DType>(&kind)) {
-        ASSIGN_OR_RETURN(at::ScalarType st, ToScalarType(*d));
+        ASSIGN_OR_RETURN(at::ScalarType st, ScalarTypeFromProto(*d));
         return Constant(c10::IValue(st));
       }
       return mismatch;
@@ -433,6 +436,168 @@ int FixedReturnCount(const c10::FunctionSchema& schema) {
 
 }  // namespace
 
+// ---------------------------------------------------------------- BoundOp
+
+struct BoundOp::Impl {
+  Impl(c10::OperatorHandle op, ir::Node node) : op(std::move(op)), node(std::move(node)) {}
+
+  c10::OperatorHandle op;
+  ir::Node node;
+  std::vector<Slot> slots;  // one per schema parameter, in order
+};
+
+BoundOp::BoundOp(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+BoundOp::BoundOp(BoundOp&&) noexcept = default;
+BoundOp& BoundOp::operator=(BoundOp&&) noexcept = default;
+BoundOp::~BoundOp() = default;
+
+const ir::Node& BoundOp::node() const { return impl_->node; }
+
+absl::StatusOr<BoundOp> BoundOp::Create(const ir::Node& node) {
+  c10::OperatorName name("", "");
+  if (!ParseTarget(node.target, &name)) {
+    return absl::NotFoundError(
+        absl::StrCat(NodeLabel(node), ": not an operator name (namespace.op.overload)"));
+  }
+  c10::optional<c10::OperatorHandle> op = c10::Dispatcher::singleton().findSchema(name);
+  if (!op.has_value()) {
+    return absl::NotFoundError(absl::StrCat(NodeLabel(node), ": ATen has no operator ", name.name,
+                                            name.overload_name.empty() ? "" : ".",
+                                            name.overload_name));
+  }
+  const c10::FunctionSchema& schema = op->schema();
+  const int returns = FixedReturnCount(schema);
+  if (returns >= 0 && static_cast<size_t>(returns) != node.outputs.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(NodeLabel(node), ": the operator returns ",
+                                                   returns, " tensors, the node names ",
+                                                   node.outputs.size()));
+  }
+  auto impl = std::make_unique<Impl>(*std::move(op), node);
+  ASSIGN_OR_RETURN(impl->slots, Bind(impl->node, schema));
+  return BoundOp(std::move(impl));
+}
+
+std::vector<std::string> BoundOp::SymbolicExprs() const {
+  std::vector<std::string> exprs;
+  for (const Slot& slot : impl_->slots) {
+    for (const ir::SymInt& s : slot.syms) {
+      if (s.is_constant()) continue;
+      if (std::find(exprs.begin(), exprs.end(), s.expr()) == exprs.end()) {
+        exprs.push_back(s.expr());
+      }
+    }
+  }
+  return exprs;
+}
+
+absl::Status BoundOp::Call(std::vector<at::Tensor>& env, SymIntEvaluator evaluate) const {
+  const ir::Node& node = impl_->node;
+  torch::jit::Stack stack;
+  stack.reserve(impl_->slots.size());
+  for (size_t i = 0; i < impl_->slots.size(); ++i) {
+    const Slot& slot = impl_->slots[i];
+    switch (slot.kind) {
+      case Slot::Kind::kConstant:
+        stack.push_back(slot.constant);
+        break;
+      case Slot::Kind::kTensor:
+        stack.emplace_back(env[slot.tensor]);
+        break;
+      case Slot::Kind::kTensorList: {
+        c10::List<at::Tensor> list;
+        list.reserve(slot.tensors.size());
+        for (ValueId v : slot.tensors) list.push_back(env[v]);
+        stack.emplace_back(std::move(list));
+        break;
+      }
+      case Slot::Kind::kOptionalTensorList: {
+        c10::List<c10::optional<at::Tensor>> list;
+        list.reserve(slot.tensors.size());
+        for (ValueId v : slot.tensors) {
+          list.push_back(v == ir::kNoValue ? c10::optional<at::Tensor>()
+                                           : c10::optional<at::Tensor>(env[v]));
+        }
+        stack.emplace_back(std::move(list));
+        break;
+      }
+      case Slot::Kind::kSymbolic: {
+        std::vector<int64_t> ints;
+        ints.reserve(slot.syms.size());
+        for (const ir::SymInt& s : slot.syms) {
+          if (s.is_constant()) {
+            ints.push_back(s.constant());
+            continue;
+          }
+          absl::StatusOr<int64_t> v = evaluate(s.expr());
+          if (!v.ok()) {
+            const std::string& param = impl_->op.schema().arguments()[i].name();
+            return absl::Status(v.status().code(),
+                                absl::StrCat(NodeLabel(node), ": argument '", param, "' (",
+                                             s.expr(), "): ", v.status().message()));
+          }
+          ints.push_back(*v);
+        }
+        switch (slot.form) {
+          case Slot::Form::kInt:
+            stack.emplace_back(ints[0]);
+            break;
+          case Slot::Form::kScalar:
+            stack.emplace_back(c10::Scalar(ints[0]));
+            break;
+          case Slot::Form::kIntList:
+            stack.emplace_back(std::move(ints));
+            break;
+        }
+        break;
+      }
+    }
+  }
+
+  try {
+    impl_->op.callBoxed(&stack);
+  } catch (const c10::Error& e) {
+    return absl::InternalError(
+        absl::StrCat(NodeLabel(node), ": ", FirstLine(e.what_without_backtrace())));
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat(NodeLabel(node), ": ", FirstLine(e.what())));
+  }
+
+  size_t produced = 0;
+  auto store = [&](at::Tensor t) {
+    if (produced < node.outputs.size()) env[node.outputs[produced]] = std::move(t);
+    ++produced;
+  };
+  for (c10::IValue& ret : stack) {
+    if (ret.isTensor()) {
+      store(std::move(ret).toTensor());
+    } else if (ret.isTensorList()) {
+      for (const at::Tensor& t : std::move(ret).toTensorList()) store(t);
+    } else if (ret.isNone()) {
+      store(at::Tensor());
+    } else {
+      return absl::InternalError(
+          absl::StrCat(NodeLabel(node), ": returned a ", ret.tagKind(), ", not a tensor"));
+    }
+  }
+  if (produced != node.outputs.size()) {
+    return absl::InternalError(absl::StrCat(NodeLabel(node), ": returned ", produced,
+                                            " tensors, the node names ", node.outputs.size()));
+  }
+  return absl::OkStatus();
+}
+
+// ------------------------------------------------------------ Interpreter
+
+namespace {
+
+// One node, ready to call.
+struct Step {
+  BoundOp op;
+  std::vector<ValueId> release;  // values dead after this step
+};
+
+}  // namespace
+
 struct Interpreter::Impl {
   ir::Graph graph;
   std::vector<Step> steps;
@@ -461,29 +626,9 @@ absl::StatusOr<std::unique_ptr<Interpreter>> Interpreter::Create(ir::Graph graph
   for (ValueId v : g.outputs()) last_use[v] = kLive;
 
   impl->steps.reserve(g.nodes().size());
-  for (size_t i = 0; i < g.nodes().size(); ++i) {
-    const ir::Node& node = g.nodes()[i];
-    c10::OperatorName name("", "");
-    if (!ParseTarget(node.target, &name)) {
-      return absl::NotFoundError(
-          absl::StrCat(NodeLabel(node), ": not an operator name (namespace.op.overload)"));
-    }
-    c10::optional<c10::OperatorHandle> op = c10::Dispatcher::singleton().findSchema(name);
-    if (!op.has_value()) {
-      return absl::NotFoundError(absl::StrCat(NodeLabel(node), ": ATen has no operator ", name.name,
-                                              name.overload_name.empty() ? "" : ".",
-                                              name.overload_name));
-    }
-    const c10::FunctionSchema& schema = op->schema();
-    const int returns = FixedReturnCount(schema);
-    if (returns >= 0 && static_cast<size_t>(returns) != node.outputs.size()) {
-      return absl::InvalidArgumentError(absl::StrCat(NodeLabel(node), ": the operator returns ",
-                                                     returns, " tensors, the node names ",
-                                                     node.outputs.size()));
-    }
-    Step step(*std::move(op), &node);
-    ASSIGN_OR_RETURN(step.slots, Bind(node, schema));
-    impl->steps.push_back(std::move(step));
+  for (const ir::Node& node : g.nodes()) {
+    ASSIGN_OR_RETURN(BoundOp op, BoundOp::Create(node));
+    impl->steps.push_back(Step{std::move(op), {}});
   }
 
   for (ValueId v = 0; v < static_cast<ValueId>(g.values().size()); ++v) {
@@ -519,76 +664,13 @@ absl::StatusOr<std::vector<at::Tensor>> Interpreter::Run(
     if (impl_->input_used[i]) env[v] = inputs[i];
   }
 
-  torch::jit::Stack stack;
+  // The interpreter has no symbol values (they come from a plan's bindings).
+  auto no_symbols = [](const std::string&) -> absl::StatusOr<int64_t> {
+    return absl::InvalidArgumentError(
+        "symbolic arguments are not resolved by the interpreter (it has no symbol values)");
+  };
   for (const Step& step : impl_->steps) {
-    const ir::Node& node = *step.node;
-    stack.clear();
-    stack.reserve(step.slots.size());
-    for (size_t i = 0; i < step.slots.size(); ++i) {
-      const Slot& slot = step.slots[i];
-      switch (slot.kind) {
-        case Slot::Kind::kConstant:
-          stack.push_back(slot.constant);
-          break;
-        case Slot::Kind::kTensor:
-          stack.emplace_back(env[slot.tensor]);
-          break;
-        case Slot::Kind::kTensorList: {
-          c10::List<at::Tensor> list;
-          list.reserve(slot.tensors.size());
-          for (ValueId v : slot.tensors) list.push_back(env[v]);
-          stack.emplace_back(std::move(list));
-          break;
-        }
-        case Slot::Kind::kOptionalTensorList: {
-          c10::List<c10::optional<at::Tensor>> list;
-          list.reserve(slot.tensors.size());
-          for (ValueId v : slot.tensors) {
-            list.push_back(v == ir::kNoValue ? c10::optional<at::Tensor>()
-                                             : c10::optional<at::Tensor>(env[v]));
-          }
-          stack.emplace_back(std::move(list));
-          break;
-        }
-        case Slot::Kind::kUnresolved:
-          return absl::InvalidArgumentError(
-              absl::StrCat(NodeLabel(node), ": argument '", step.op.schema().arguments()[i].name(),
-                           "' is symbolic (", slot.unresolved,
-                           "); symbolic arguments are not resolved by the interpreter yet"));
-      }
-    }
-
-    try {
-      step.op.callBoxed(&stack);
-    } catch (const c10::Error& e) {
-      return absl::InternalError(
-          absl::StrCat(NodeLabel(node), ": ", FirstLine(e.what_without_backtrace())));
-    } catch (const std::exception& e) {
-      return absl::InternalError(absl::StrCat(NodeLabel(node), ": ", FirstLine(e.what())));
-    }
-
-    size_t produced = 0;
-    auto store = [&](at::Tensor t) {
-      if (produced < node.outputs.size()) env[node.outputs[produced]] = std::move(t);
-      ++produced;
-    };
-    for (c10::IValue& ret : stack) {
-      if (ret.isTensor()) {
-        store(std::move(ret).toTensor());
-      } else if (ret.isTensorList()) {
-        for (const at::Tensor& t : std::move(ret).toTensorList()) store(t);
-      } else if (ret.isNone()) {
-        store(at::Tensor());
-      } else {
-        return absl::InternalError(
-            absl::StrCat(NodeLabel(node), ": returned a ", ret.tagKind(), ", not a tensor"));
-      }
-    }
-    stack.clear();
-    if (produced != node.outputs.size()) {
-      return absl::InternalError(absl::StrCat(NodeLabel(node), ": returned ", produced,
-                                              " tensors, the node names ", node.outputs.size()));
-    }
+    RETURN_IF_ERROR(step.op.Call(env, no_symbols));
     for (ValueId v : step.release) env[v].reset();
   }
 
