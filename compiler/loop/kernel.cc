@@ -1,0 +1,118 @@
+#include "compiler/loop/kernel.h"
+
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "compiler/ir/printer.h"
+
+namespace kiln::loop {
+namespace {
+
+bool IsZero(const ir::SymInt& s) { return s.is_constant() && s.constant() == 0; }
+
+// A stride as a factor: "64", "s1", "(s1 - 1)".
+std::string Factor(const ir::SymInt& s) {
+  std::string text = s.ToString();
+  if (s.is_constant() || text.find_first_of(" +-*/%,(") == std::string::npos) return text;
+  return absl::StrCat("(", text, ")");
+}
+
+std::string SizeList(const std::vector<ir::SymInt>& sizes) {
+  std::vector<std::string> parts;
+  for (const auto& s : sizes) parts.push_back(s.ToString());
+  return absl::StrCat("[", absl::StrJoin(parts, ", "), "]");
+}
+
+// "o0*64 + i0*1 + 0": every term with a nonzero stride, then the offset.
+std::string IndexString(const Index& index) {
+  std::vector<std::string> terms;
+  for (size_t k = 0; k < index.outer_strides.size(); ++k) {
+    if (!IsZero(index.outer_strides[k])) {
+      terms.push_back(absl::StrCat("o", k, "*", Factor(index.outer_strides[k])));
+    }
+  }
+  for (size_t k = 0; k < index.inner_strides.size(); ++k) {
+    if (!IsZero(index.inner_strides[k])) {
+      terms.push_back(absl::StrCat("i", k, "*", Factor(index.inner_strides[k])));
+    }
+  }
+  terms.push_back(index.offset.ToString());
+  return absl::StrJoin(terms, " + ");
+}
+
+const char* ReduceName(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum: return "sum";
+    case ReduceOp::kMax: return "max";
+    case ReduceOp::kMin: return "min";
+    case ReduceOp::kWelfordMean: return "welford_mean";
+    case ReduceOp::kWelfordM2: return "welford_m2";
+  }
+  return "?";
+}
+
+std::string ArgList(const std::vector<int>& args) {
+  std::vector<std::string> parts;
+  for (int a : args) parts.push_back(absl::StrCat("%", a));
+  return absl::StrJoin(parts, ", ");
+}
+
+std::string BufferName(const Kernel& kernel, int buffer) {
+  if (buffer < 0 || buffer >= static_cast<int>(kernel.buffers.size())) {
+    return absl::StrCat("buf", buffer, "(out of range)");
+  }
+  return absl::StrCat("buf", buffer);
+}
+
+}  // namespace
+
+std::string PrintKernel(const Kernel& kernel) {
+  std::string out =
+      absl::StrCat("kernel ", kernel.name, ": outer ", SizeList(kernel.outer), " inner ",
+                   SizeList(kernel.inner), " passes ", kernel.passes, "\n");
+  if (!kernel.nodes.empty()) {
+    absl::StrAppend(&out, "  nodes: ", absl::StrJoin(kernel.nodes, ", "), "\n");
+  }
+  absl::StrAppend(&out, "  buffers:\n");
+  for (size_t b = 0; b < kernel.buffers.size(); ++b) {
+    const KernelBuffer& buf = kernel.buffers[b];
+    absl::StrAppend(&out, "    buf", b, " = ", buf.value, " : ", ir::DTypeShortName(buf.dtype),
+                    buf.written ? " (written)" : "", "\n");
+  }
+  for (size_t j = 0; j < kernel.stmts.size(); ++j) {
+    const Stmt& s = kernel.stmts[j];
+    const std::string where =
+        absl::StrCat(" [pass ", s.pass, ", ", s.inner ? "inner" : "outer", "]");
+    const std::string type = absl::StrCat(" : ", ir::DTypeShortName(s.dtype));
+    absl::StrAppend(&out, "  ");
+    switch (s.kind) {
+      case StmtKind::kLoad:
+        absl::StrAppend(&out, "%", j, " = load ", BufferName(kernel, s.buffer), "[",
+                        IndexString(s.index), "]", type, where);
+        break;
+      case StmtKind::kConstant:
+        absl::StrAppend(&out, "%", j, " = constant ", absl::StrFormat("%.17g", s.constant), type,
+                        where);
+        break;
+      case StmtKind::kOp:
+        absl::StrAppend(&out, "%", j, " = ", s.op, s.args.empty() ? "" : " ", ArgList(s.args), type,
+                        where);
+        break;
+      case StmtKind::kReduce:
+        absl::StrAppend(&out, "%", j, " = reduce ", ReduceName(s.reduce), " ", ArgList(s.args),
+                        type, where);
+        break;
+      case StmtKind::kStore:
+        absl::StrAppend(&out, "store ", BufferName(kernel, s.buffer), "[", IndexString(s.index),
+                        "] = ", ArgList(s.args), where);
+        break;
+    }
+    absl::StrAppend(&out, "\n");
+  }
+  return out;
+}
+
+}  // namespace kiln::loop
