@@ -7,7 +7,9 @@
 // stderr), 2 on a usage error.
 #include <cstdint>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
+#include <map>
 #include <iostream>
 #include <memory>
 #include <sstream>
@@ -40,6 +42,7 @@ ABSL_FLAG(std::string, backend, "",
 ABSL_FLAG(std::string, namespace, "", "cache namespace (tenant); \"\" is the default, "
           "\"*\" lists every namespace with ls and recompiles");
 ABSL_FLAG(absl::Duration, deadline, absl::Seconds(60), "deadline of each call, retries included");
+ABSL_FLAG(std::string, o, "", "trace: the directory to write the debug trace into");
 
 namespace kiln {
 namespace {
@@ -60,6 +63,9 @@ commands:
   recompiles [KEY]  why variants were added, for KEY or for every entry
   key FILE          print the cache key of the graph in FILE, computed locally
   print FILE        print the graph in FILE readably
+  trace KEY -o DIR  write the debug trace of KEY's most recent variant into DIR:
+                    input, joint, forward and backward graphs, IR before and after
+                    fusion with the fusion decisions, generated code, compile times
 
 KEY is a full hex key or a unique prefix of one (ls shows 16 hex digits).
 FILE is a kiln.v1.GraphFile {graph, guards, options} in protobuf JSON.
@@ -534,6 +540,39 @@ absl::Status Print(const Invocation& inv) {
 
 // ---------------------------------------------------------------------------
 
+// The debug trace the compile stored in the artifact, one file per stage.
+absl::Status Trace(const Client& client, const Invocation& inv) {
+  const std::string dir = absl::GetFlag(FLAGS_o);
+  if (dir.empty()) return absl::InvalidArgumentError("trace: give the output directory with -o DIR");
+  ASSIGN_OR_RETURN(std::string key, ResolveKey(client, inv.args[0], inv.ns));
+  ASSIGN_OR_RETURN(v1::GetEntryResponse entry, client.GetEntry(key, inv.ns));
+  if (entry.entry().variants_size() == 0) {
+    return absl::NotFoundError(absl::StrCat("entry ", key, " has no variants"));
+  }
+  ASSIGN_OR_RETURN(v1::GetArtifactResponse got, client.GetArtifact(entry.entry().variants(0).digest()));
+  const v1::Artifact& a = got.artifact();
+  std::map<std::string, std::string> files(a.trace().begin(), a.trace().end());
+  std::string times;
+  for (const auto& p : a.compile_times()) {
+    absl::StrAppend(&times, p.phase(), " ", p.micros(), " us\n");
+  }
+  files["compile_times.txt"] = times;
+  if (a.has_graph()) {
+    auto g = ir::Graph::FromProto(a.graph());
+    if (g.ok()) files.emplace("input_graph.txt", ir::PrintReadable(*g));
+  }
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return absl::FailedPreconditionError(absl::StrCat("trace: cannot create ", dir, ": ", ec.message()));
+  for (const auto& [name, text] : files) {
+    std::ofstream out(std::filesystem::path(dir) / name);
+    out << text;
+    if (!out) return absl::InternalError(absl::StrCat("trace: cannot write ", name, " in ", dir));
+    std::cout << (std::filesystem::path(dir) / name).string() << "\n";
+  }
+  return absl::OkStatus();
+}
+
 struct Command {
   const char* name;
   size_t min_args;
@@ -556,6 +595,7 @@ constexpr Command kCommands[] = {
     {"recompiles", 0, 1, "[KEY]", Recompiles, nullptr},
     {"key", 1, 1, "FILE", nullptr, Key},
     {"print", 1, 1, "FILE", nullptr, Print},
+    {"trace", 1, 1, "KEY -o DIR", Trace, nullptr},
 };
 
 int Fail(const absl::Status& status) {

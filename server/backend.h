@@ -1,6 +1,7 @@
 // Compile backends: the stages after verification that turn a graph into an
 // artifact. `eager` stops after canonicalization (the runtime runs the graph
-// op by op); `aot_eager` and `kiln` add stages in later work.
+// op by op); `aot_eager` adds the joint graph and the min-cut partition;
+// `kiln` adds lowering, fusion, codegen and native compilation.
 //
 // Backends are stateless and thread-safe: workers call Compile concurrently.
 #ifndef KILN_SERVER_BACKEND_H_
@@ -13,6 +14,8 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/clock.h"
+#include "compiler/autograd/joint_graph.h"
+#include "compiler/autograd/partition.h"
 #include "compiler/ir/graph.h"
 #include "kiln/v1/service.pb.h"
 
@@ -55,6 +58,10 @@ class Backend {
   virtual absl::StatusOr<v1::Artifact> Compile(const CompileInput& input,
                                                PhaseTimes* times) const = 0;
 };
+
+// The forward/backward split in wire form (aot_eager and kiln).
+void FillAutograd(const autograd::JointGraph& joint, const autograd::Partition& split,
+                  v1::AutogradGraphs* out);
 
 // The artifact fields every backend fills the same way.
 v1::Artifact NewArtifact(const CompileInput& input, const std::string& backend);

@@ -116,6 +116,12 @@ absl::StatusOr<std::shared_ptr<const LoadedModule>> ModuleLoader::Load(absl::str
         absl::StrCat("cannot find a free /proc/self/fd path to load module ", digest));
   }
 
+  // Generated modules use OpenMP: keep libgomp resident for the life of the
+  // process, so unloading the last module never unloads it under its idle
+  // worker threads (a crash at the next fork/exit otherwise).
+  static const bool gomp_pinned =
+      dlopen("libgomp.so.1", RTLD_NOW | RTLD_GLOBAL | RTLD_NODELETE) != nullptr;
+  (void)gomp_pinned;
   dlerror();  // clear
   void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (handle == nullptr) {

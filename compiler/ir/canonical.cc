@@ -236,6 +236,14 @@ std::string CanonicalBytes(const Graph& graph) {
 v1::CompileOptions NormalizeOptions(const v1::CompileOptions& options) {
   v1::CompileOptions o = options;
   if (o.backend().empty()) o.set_backend("eager");
+  // Generated CPU code is compiled for a named ISA, never for whatever the
+  // compiling machine happens to be: the key must say what the code needs.
+  if (o.backend() == "kiln") {
+    if (o.target().device_type().empty()) o.mutable_target()->set_device_type("cpu");
+    if (o.target().device_type() == "cpu" && o.target().cpu_isa().empty()) {
+      o.mutable_target()->set_cpu_isa(kDefaultCpuIsa);
+    }
+  }
   std::sort(o.mutable_options()->begin(), o.mutable_options()->end(),
             [](const auto& a, const auto& b) {
               return a.name() != b.name() ? a.name() < b.name() : a.value() < b.value();

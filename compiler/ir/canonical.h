@@ -33,8 +33,13 @@ void Canonicalize(const Graph& graph, v1::Graph* out);
 // Deterministic serialization of Canonicalize(graph).
 std::string CanonicalBytes(const Graph& graph);
 
+// The ISA generated CPU code targets when a client names none (g++'s
+// -march level: AVX2 and FMA).
+inline constexpr char kDefaultCpuIsa[] = "x86-64-v3";
+
 // The options as they enter the key: backend defaulted to "eager", options
-// sorted by name.
+// sorted by name, and for `kiln` the target device (cpu) and CPU ISA
+// (kDefaultCpuIsa) filled in.
 v1::CompileOptions NormalizeOptions(const v1::CompileOptions& options);
 
 // Hex SHA-256 over the canonical graph, the normalized options (backend,

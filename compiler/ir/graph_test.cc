@@ -219,6 +219,17 @@ TEST(CanonicalTest, EveryFieldChangesTheKey) {
   v1::CompileOptions eager;
   eager.set_backend("eager");
   EXPECT_EQ(CacheKey(g, eager), base);
+  // kiln always compiles for a named ISA: the default is spelled out in the key.
+  v1::CompileOptions kiln, kiln_v3, kiln_v4;
+  kiln.set_backend("kiln");
+  kiln_v3 = kiln;
+  kiln_v3.mutable_target()->set_device_type("cpu");
+  kiln_v3.mutable_target()->set_cpu_isa("x86-64-v3");
+  kiln_v4 = kiln_v3;
+  kiln_v4.mutable_target()->set_cpu_isa("x86-64-v4");
+  EXPECT_EQ(NormalizeOptions(kiln).target().cpu_isa(), kDefaultCpuIsa);
+  EXPECT_EQ(CacheKey(g, kiln), CacheKey(g, kiln_v3));
+  EXPECT_NE(CacheKey(g, kiln), CacheKey(g, kiln_v4));
 }
 
 TEST(PrinterTest, ReadsLikeFx) {

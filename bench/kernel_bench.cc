@@ -1,0 +1,201 @@
+// kiln_kernel_bench: the `kiln` backend's generated CPU kernels against
+// libtorch eager on the same graphs, the bandwidth they reach against a plain
+// copy of the same bytes, and the server-side compile time with and without
+// g++.
+//
+//   build/bin/kiln_kernel_bench [--rows=4096] [--cols=1024] [--reps=30]
+//
+// Eager is the same graph run op by op through ATen (the reference
+// interpreter: the ops eager PyTorch dispatches to). Both sides get fresh
+// random inputs, a warm-up, and the median of --reps timed runs.
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/allclose.h>
+#include <ATen/ops/empty_like.h>
+#include <ATen/ops/randn.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <functional>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "client/runtime/interpreter.h"
+#include "client/runtime/plan_executor.h"
+#include "compiler/codegen/codegen.h"
+#include "compiler/ir/builder.h"
+#include "compiler/loop/lowering.h"
+
+ABSL_FLAG(int64_t, rows, 4096, "rows of the activations");
+ABSL_FLAG(int64_t, cols, 1024, "columns of the activations");
+ABSL_FLAG(int, reps, 30, "timed runs per measurement");
+
+namespace kiln {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using ir::Ref;
+
+ir::TensorMeta Meta(std::vector<int64_t> sizes) {
+  ir::TensorMeta m;
+  m.dtype = v1::FLOAT32;
+  m.device_type = "cpu";
+  int64_t stride = 1;
+  m.strides.resize(sizes.size());
+  for (int d = static_cast<int>(sizes.size()) - 1; d >= 0; --d) {
+    m.strides[d] = ir::SymInt{stride};
+    stride *= sizes[d];
+  }
+  for (int64_t s : sizes) m.sizes.push_back(ir::SymInt{s});
+  return m;
+}
+
+ir::ValueId Op(ir::GraphBuilder& b, const std::string& target, std::vector<ir::Argument> args,
+               int output = 0) {
+  auto out = ops::Emit(b, ops::DefaultRegistry(), target, std::move(args));
+  if (!out.ok()) {
+    std::fprintf(stderr, "%s: %s\n", target.c_str(), out.status().ToString().c_str());
+    std::exit(1);
+  }
+  return (*out)[output];
+}
+
+double MedianMs(const std::function<void()>& fn, int reps) {
+  for (int i = 0; i < 3; ++i) fn();
+  std::vector<double> t;
+  for (int i = 0; i < reps; ++i) {
+    auto s = Clock::now();
+    fn();
+    t.push_back(std::chrono::duration<double, std::milli>(Clock::now() - s).count());
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+struct Case {
+  std::string name;
+  ir::Graph graph;
+  std::vector<at::Tensor> inputs;
+  bool memory_bound;
+};
+
+void Run(const Case& c, int reps) {
+  const auto t0 = Clock::now();
+  auto lowered = loop::LowerGraph(c.graph);
+  if (!lowered.ok()) {
+    std::fprintf(stderr, "%s: %s\n", c.name.c_str(), lowered.status().ToString().c_str());
+    std::exit(1);
+  }
+  auto backend = codegen::MakeCppBackend({});
+  auto source = backend->Generate(lowered->kernels, lowered->symbols);
+  const double compile_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+  const auto t1 = Clock::now();
+  auto module = backend->Compile(*source);
+  const double gxx_ms = std::chrono::duration<double, std::milli>(Clock::now() - t1).count();
+  if (!module.ok()) {
+    std::fprintf(stderr, "%s: %s\n", c.name.c_str(), module.status().ToString().c_str());
+    std::exit(1);
+  }
+  v1::CompiledGraph cg;
+  *cg.mutable_plan() = lowered->plan;
+  *cg.add_modules() = *module;
+  auto exec = runtime::PlanExecutor::Create(cg);
+  auto interp = runtime::Interpreter::Create(c.graph);
+  if (!exec.ok() || !interp.ok()) {
+    std::fprintf(stderr, "%s: cannot run\n", c.name.c_str());
+    std::exit(1);
+  }
+  // Same answers first.
+  auto got = (*exec)->Run(c.inputs);
+  auto want = (*interp)->Run(c.inputs);
+  if (!got.ok() || !want.ok() || !at::allclose((*got)[0], (*want)[0], 1e-4, 1e-4)) {
+    std::fprintf(stderr, "%s: compiled result differs from eager\n", c.name.c_str());
+    std::exit(1);
+  }
+  const double kiln_ms = MedianMs([&] { (void)(*exec)->Run(c.inputs); }, reps);
+  const double eager_ms = MedianMs([&] { (void)(*interp)->Run(c.inputs); }, reps);
+  // Bytes a fused kernel must move: the inputs once, the outputs once.
+  double bytes = 0;
+  for (const auto& t : c.inputs) bytes += static_cast<double>(t.nbytes());
+  for (const auto& t : *got) bytes += static_cast<double>(t.nbytes());
+  at::Tensor src = at::randn({static_cast<int64_t>(bytes / 8)});
+  at::Tensor dst = at::empty_like(src);
+  const double copy_ms = MedianMs([&] { dst.copy_(src); }, reps);  // reads and writes `bytes`
+  const double gbps = bytes / (kiln_ms * 1e-3) / 1e9;
+  const double copy_gbps = bytes / (copy_ms * 1e-3) / 1e9;
+  std::printf("| %s | %zu | %.3f | %.3f | %.2fx | %.1f | %.1f | %.0f%% | %.2f | %.0f |\n",
+              c.name.c_str(), lowered->kernels.size(), eager_ms, kiln_ms, eager_ms / kiln_ms,
+              gbps, copy_gbps, c.memory_bound ? 100.0 * gbps / copy_gbps : 0.0, compile_ms, gxx_ms);
+}
+
+}  // namespace
+}  // namespace kiln
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  using namespace kiln;
+  const int64_t n = absl::GetFlag(FLAGS_rows), d = absl::GetFlag(FLAGS_cols);
+  const int reps = absl::GetFlag(FLAGS_reps);
+  auto randn = [](std::vector<int64_t> s) { return at::randn(s); };
+  std::vector<Case> cases;
+  {
+    ir::GraphBuilder b("layer_norm");
+    auto x = b.AddInput(Meta({n, d}), v1::Placeholder::USER_INPUT, "x");
+    auto w = b.AddInput(Meta({d}), v1::Placeholder::PARAMETER, "w");
+    auto bias = b.AddInput(Meta({d}), v1::Placeholder::PARAMETER, "b");
+    b.AddOutput(Op(b, "aten.native_layer_norm.default", {Ref(x), ir::Ints({d}), Ref(w), Ref(bias), ir::Float(1e-5)}));
+    cases.push_back({"LayerNorm", std::move(b).Build(), {randn({n, d}), randn({d}), randn({d})}, true});
+  }
+  {
+    ir::GraphBuilder b("rms_norm");
+    auto x = b.AddInput(Meta({n, d}), v1::Placeholder::USER_INPUT, "x");
+    auto w = b.AddInput(Meta({d}), v1::Placeholder::PARAMETER, "w");
+    auto sq = Op(b, "aten.pow.Tensor_Scalar", {Ref(x), ir::Float(2.0)});
+    auto m = Op(b, "aten.mean.dim", {Ref(sq), ir::Ints({-1}), ir::Bool(true)});
+    auto r = Op(b, "aten.rsqrt.default", {Ref(Op(b, "aten.add.Scalar", {Ref(m), ir::Float(1e-6)}))});
+    auto y = Op(b, "aten.mul.Tensor", {Ref(x), Ref(r)});
+    b.AddOutput(Op(b, "aten.mul.Tensor", {Ref(y), Ref(w)}));
+    cases.push_back({"RMSNorm", std::move(b).Build(), {randn({n, d}), randn({d})}, true});
+  }
+  {
+    ir::GraphBuilder b("softmax");
+    auto x = b.AddInput(Meta({n, d}), v1::Placeholder::USER_INPUT, "x");
+    b.AddOutput(Op(b, "aten._softmax.default", {Ref(x), ir::Int(-1), ir::Bool(false)}));
+    cases.push_back({"softmax", std::move(b).Build(), {randn({n, d})}, true});
+  }
+  {
+    ir::GraphBuilder b("gelu_after_matmul");
+    const int64_t m = n / 8;
+    auto x = b.AddInput(Meta({m, d}), v1::Placeholder::USER_INPUT, "x");
+    auto w = b.AddInput(Meta({d, d}), v1::Placeholder::PARAMETER, "w");
+    auto bias = b.AddInput(Meta({d}), v1::Placeholder::PARAMETER, "b");
+    auto h = Op(b, "aten.mm.default", {Ref(x), Ref(w)});
+    h = Op(b, "aten.add.Tensor", {Ref(h), Ref(bias)});
+    b.AddOutput(Op(b, "aten.gelu.default", {Ref(h)}));
+    cases.push_back({"GELU after matmul", std::move(b).Build(), {randn({m, d}), randn({d, d}), randn({d})}, false});
+  }
+  {
+    ir::GraphBuilder b("mlp_block");
+    const int64_t m = n / 8;
+    auto x = b.AddInput(Meta({m, d}), v1::Placeholder::USER_INPUT, "x");
+    auto w1 = b.AddInput(Meta({d, d}), v1::Placeholder::PARAMETER, "w1");
+    auto b1 = b.AddInput(Meta({d}), v1::Placeholder::PARAMETER, "b1");
+    auto g = b.AddInput(Meta({d}), v1::Placeholder::PARAMETER, "g");
+    auto beta = b.AddInput(Meta({d}), v1::Placeholder::PARAMETER, "beta");
+    auto w2 = b.AddInput(Meta({d, d}), v1::Placeholder::PARAMETER, "w2");
+    auto h = Op(b, "aten.mm.default", {Ref(x), Ref(w1)});
+    h = Op(b, "aten.add.Tensor", {Ref(h), Ref(b1)});
+    h = Op(b, "aten.native_layer_norm.default", {Ref(h), ir::Ints({d}), Ref(g), Ref(beta), ir::Float(1e-5)});
+    h = Op(b, "aten.gelu.default", {Ref(h)});
+    h = Op(b, "aten.mm.default", {Ref(h), Ref(w2)});
+    b.AddOutput(Op(b, "aten.add.Tensor", {Ref(x), Ref(h)}));
+    cases.push_back({"MLP block", std::move(b).Build(),
+                     {randn({m, d}), randn({d, d}), randn({d}), randn({d}), randn({d}), randn({d, d})}, false});
+  }
+  std::printf("kiln_kernel_bench: activations [%lld, %lld] float32, median of %d runs\n\n",
+              static_cast<long long>(n), static_cast<long long>(d), reps);
+  std::printf("| graph | kernels | eager ms | kiln ms | speed-up | kiln GB/s | copy GB/s | of copy | compile ms (no g++) | g++ ms |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|\n");
+  for (const Case& c : cases) Run(c, reps);
+  return 0;
+}

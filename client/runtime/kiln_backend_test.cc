@@ -1,0 +1,325 @@
+// The `kiln` backend end to end: every lowered op family, compiled to C++
+// with g++, run by the plan executor on fresh random inputs, and compared
+// with the reference interpreter (ATen op by op) on the same inputs.
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/allclose.h>
+#include <ATen/ops/equal.h>
+#include <ATen/ops/rand.h>
+#include <ATen/ops/randint.h>
+#include <ATen/ops/randn.h>
+#include <gtest/gtest.h>
+
+#include <functional>
+
+#include "client/runtime/interpreter.h"
+#include "client/runtime/plan_executor.h"
+#include "compiler/codegen/codegen.h"
+#include "compiler/ir/builder.h"
+#include "compiler/loop/lowering.h"
+
+namespace kiln::runtime {
+namespace {
+
+using ir::Ref;
+
+ir::TensorMeta Meta(std::vector<ir::SymInt> sizes, v1::DType dtype = v1::FLOAT32,
+                    std::vector<ir::SymInt> strides = {}) {
+  ir::TensorMeta m;
+  m.dtype = dtype;
+  m.device_type = "cpu";
+  m.sizes = std::move(sizes);
+  if (strides.empty()) {
+    strides.resize(m.sizes.size());
+    int64_t stride = 1;
+    for (int d = static_cast<int>(m.sizes.size()) - 1; d >= 0; --d) {
+      strides[d] = ir::SymInt{stride};
+      if (m.sizes[d].is_constant()) stride *= m.sizes[d].constant();
+    }
+  }
+  m.strides = std::move(strides);
+  return m;
+}
+
+std::vector<ir::SymInt> S(std::vector<int64_t> v) {
+  std::vector<ir::SymInt> out;
+  for (int64_t x : v) out.push_back(ir::SymInt{x});
+  return out;
+}
+
+struct Compiled {
+  std::unique_ptr<PlanExecutor> exec;
+  loop::LoweredGraph lowered;
+};
+
+Compiled Compile(const ir::Graph& g) {
+  Compiled c;
+  auto lowered = loop::LowerGraph(g);
+  EXPECT_TRUE(lowered.ok()) << lowered.status();
+  if (!lowered.ok()) return c;
+  c.lowered = *lowered;
+  v1::CompiledGraph cg;
+  *cg.mutable_plan() = lowered->plan;
+  if (!lowered->kernels.empty()) {
+    auto backend = codegen::MakeCppBackend({});
+    auto source = backend->Generate(lowered->kernels, lowered->symbols);
+    EXPECT_TRUE(source.ok()) << source.status();
+    if (!source.ok()) return c;
+    auto module = backend->Compile(*source);
+    EXPECT_TRUE(module.ok()) << module.status();
+    if (!module.ok()) return c;
+    *cg.add_modules() = *std::move(module);
+  }
+  auto exec = PlanExecutor::Create(cg);
+  EXPECT_TRUE(exec.ok()) << exec.status();
+  if (exec.ok()) c.exec = *std::move(exec);
+  return c;
+}
+
+// Runs `g` compiled and through the interpreter on the same inputs.
+void ExpectSame(Compiled& c, const ir::Graph& g, const std::vector<at::Tensor>& inputs,
+                const std::string& what) {
+  ASSERT_NE(c.exec, nullptr) << what;
+  auto got = c.exec->Run(inputs);
+  ASSERT_TRUE(got.ok()) << what << ": " << got.status();
+  auto want = RunGraph(g, inputs);
+  ASSERT_TRUE(want.ok()) << what << ": " << want.status();
+  ASSERT_EQ(got->size(), want->size());
+  for (size_t i = 0; i < got->size(); ++i) {
+    const at::Tensor& a = (*got)[i];
+    const at::Tensor& b = (*want)[i];
+    ASSERT_EQ(a.sizes(), b.sizes()) << what << " output " << i;
+    ASSERT_EQ(a.scalar_type(), b.scalar_type()) << what << " output " << i;
+    if (a.is_floating_point()) {
+      const double rtol = a.scalar_type() == at::kDouble ? 1e-10 : 1e-5;
+      EXPECT_TRUE(at::allclose(a, b, rtol, 1e-5, /*equal_nan=*/true))
+          << what << " output " << i << "\n got " << a << "\nwant " << b;
+    } else {
+      EXPECT_TRUE(at::equal(a, b)) << what << " output " << i;
+    }
+  }
+}
+
+void CheckOne(const std::string& what, const std::vector<ir::TensorMeta>& metas,
+              const std::function<void(ir::GraphBuilder&, const std::vector<ir::ValueId>&)>& body,
+              const std::vector<at::Tensor>& inputs, int expect_kernels = -1) {
+  ir::GraphBuilder b(what);
+  std::vector<ir::ValueId> ins;
+  for (size_t i = 0; i < metas.size(); ++i) {
+    ins.push_back(b.AddInput(metas[i], v1::Placeholder::USER_INPUT, "in" + std::to_string(i)));
+  }
+  body(b, ins);
+  ir::Graph g = std::move(b).Build();
+  Compiled c = Compile(g);
+  if (expect_kernels >= 0) {
+    EXPECT_EQ(static_cast<int>(c.lowered.kernels.size()), expect_kernels) << what;
+  }
+  ExpectSame(c, g, inputs, what);
+}
+
+ir::ValueId Op(ir::GraphBuilder& b, const std::string& target, std::vector<ir::Argument> args,
+               std::vector<ir::Argument> kwargs = {}, int output = 0) {
+  auto out = ops::Emit(b, ops::DefaultRegistry(), target, std::move(args), std::move(kwargs));
+  EXPECT_TRUE(out.ok()) << target << ": " << out.status();
+  return out.ok() ? (*out)[output] : ir::kNoValue;
+}
+
+at::Tensor Rand(std::vector<int64_t> sizes, at::ScalarType t = at::kFloat) {
+  return at::randn(sizes, at::TensorOptions().dtype(t));
+}
+
+TEST(KilnBackendTest, UnaryOps) {
+  for (const char* op : {"neg", "abs", "exp", "log", "log1p", "expm1", "sqrt", "rsqrt",
+                         "reciprocal", "sin", "cos", "tanh", "sigmoid", "relu", "erf", "sign",
+                         "floor", "ceil", "silu", "gelu"}) {
+    const std::string target = std::string("aten.") + op + ".default";
+    const bool positive = std::string(op) == "log" || std::string(op) == "sqrt" ||
+                          std::string(op) == "rsqrt" || std::string(op) == "log1p";
+    at::Tensor x = Rand({6, 33});
+    if (positive) x = x.abs().add(0.1);
+    CheckOne(target, {Meta(S({6, 33}))},
+             [&](ir::GraphBuilder& b, const std::vector<ir::ValueId>& in) {
+               b.AddOutput(Op(b, target, {Ref(in[0])}));
+             },
+             {x}, 1);
+  }
+  CheckOne("gelu tanh", {Meta(S({4, 16}))},
+           [](ir::GraphBuilder& b, const std::vector<ir::ValueId>& in) {
+             b.AddOutput(Op(b, "aten.gelu.default", {Ref(in[0])},
+                            {ir::Kwarg("approximate", ir::Argument{"", std::string("tanh")})}));
+           },
+           {Rand({4, 16})}, 1);
+}
+
+TEST(KilnBackendTest, BinaryOpsBroadcastScalarsAndAlpha) {
+  for (const char* op : {"add", "sub", "mul", "div", "maximum", "minimum"}) {
+    const bool tensor = std::string(op) == "maximum" || std::string(op) == "minimum";
+    const std::string target = std::string("aten.") + op + (tensor ? ".default" : ".Tensor");
+    CheckOne(target + " broadcast", {Meta(S({5, 7})), Meta(S({7}))},
+             [&](ir::GraphBuilder& b, const std::vector<ir::ValueId>& in) {
+               b.AddOutput(Op(b, target, {Ref(in[0]), Ref(in[1])}));
+             },
+             {Rand({5, 7}), Rand({7})}, 1);
+  }
+  CheckOne("add alpha", {Meta(S({3, 9})), Meta(S({3, 1}))},
+           [](ir::GraphBuilder& b, const std::vector<ir::ValueId>& in) {
+             b.AddOutput(Op(b, "aten.add.Tensor", {Ref(in[0]), Ref(in[1])},
+                            {ir::Kwarg("alpha", ir::Float(-2.5))}));
+           },
+           {Rand({3, 9}), Rand({3, 1})}, 1);
+  CheckOne("scalar ops and pow", {Meta(S({4, 10}))},
+           [](ir::GraphBuilder& b, const std::vector<ir::ValueId>& in) {
+             ir::ValueId y = Op(b, "aten.mul.Scalar", {Ref(in[0]), ir::Float(3.0)});
+             y = Op(b, "aten.rsub.Scalar", {Ref(y), ir::Float(1.0)});
+             y = Op(b, "aten.pow.Tensor_Scalar", {Ref(y), ir::Float(3.0)});
+             y = Op(b, "aten.div.Scalar", {Ref(y), ir::Float(7.0)});
+             b.AddOutput(y);
+           },
+           {Rand({4, 10})}, 1);
+}
+
+TEST(KilnBackendTest, ComparisonsWhereClampAndDtypes) {
+  CheckOne("compare/where/masked_fill/clamp", {Meta(S({6, 8})), Meta(S({6, 8}))},
+           [](ir::GraphBuilder& b, const std::vector<ir::ValueId>& in) {
+             ir::ValueId gt = Op(b, "aten.gt.Tensor", {Ref(in[0]), Ref(in[1])});
+             b.AddOutput(gt);
+             b.AddOutput(Op(b, "aten.where.self", {Ref(gt), Ref(in[0]), Ref(in[1])}));
+             b.AddOutput(Op(b, "aten.masked_fill.Scalar", {Ref(in[0]), Ref(gt), ir::Float(-1.0)}));
+             b.AddOutput(Op(b, "aten.clamp.default", {Ref(in[1]), ir::Float(-0.5), ir::Float(0.5)}));
+             b.AddOutput(Op(b, "aten.le.Scalar", {Ref(in[1]), ir::Float(0.25)}));
+           },
+           {Rand({6, 8}), Rand({6, 8})}, 1);
+  CheckOne("float64", {Meta(S({3, 5}), v1::FLOAT64)},
+           [](ir::GraphBuilder& b, const std::vector<ir::ValueId>& in) {
+             b.AddOutput(Op(b, "aten.exp.default", {Ref(Op(b, "aten.mul.Scalar", {Ref(in[0]), ir::Float(0.5)}))}));
+           },
+           {Rand({3, 5}, at::kDouble)}, 1);
+  CheckOne("int64", {Meta(S({4, 6}), v1::INT64), Meta(S({4, 6}), v1::INT64)},
+           [](ir::GraphBuilder& b, const std::vector<ir::ValueId>& in) {
+             b.AddOutput(Op(b, "aten.add.Tensor", {Ref(in[0]), Ref(in[1])}));
+             b.AddOutput(Op(b, "aten.mul.Tensor", {Ref(in[0]), Ref(in[1])}));
+           },
+           {at::randint(-50, 50, {4, 6}), at::randint(-50, 50, {4, 6})}, 1);
+  CheckOne("bool logic", {Meta(S({5, 5}), v1::BOOL), Meta(S({5, 5}), v1::BOOL)},
+           [](ir::GraphBuilder& b, const std::vector<ir::ValueId>& in) {
+             b.AddOutput(Op(b, "aten.logical_and.default", {Ref(in[0]), Ref(in[1])}));
+             b.AddOutput(Op(b, "aten.logical_not.default", {Ref(in[0])}));
+           },
+           {at::rand({5, 5}).gt(0.5), at::rand({5, 5}).gt(0.5)}, 1);
+  CheckOne("to float64 and back", {Meta(S({4, 4}))},
+           [](ir::GraphBuilder& b, const std::vector<ir::ValueId>& in) {
+             ir::ValueId d = Op(b, "aten._to_copy.default", {Ref(in[0])},
+                                {ir::Kwarg("dtype", ir::Argument{"", v1::FLOAT64})});
+             b.AddOutput(Op(b, "aten.mul.Tensor", {Ref(d), Ref(d)}));
+           },
+           {Rand({4, 4})}, 1);
+}
+
+TEST(KilnBackendTest, NonContiguousInputsAndViews) {
+  // A transposed input (strides [1, 7]) and a permute inside the graph.
+  at::Tensor base = Rand({7, 5});
+  CheckOne("transposed input", {Meta(S({5, 7}), v1::FLOAT32, S({1, 5}))},
+           [](ir::GraphBuilder& b, const std::vector<ir::ValueId>& in) {
+             b.AddOutput(Op(b, "aten.tanh.default", {Ref(in[0])}));
+           },
+           {base.t()}, 1);
+  CheckOne("permute then add", {Meta(S({6, 4})), Meta(S({4, 6}))},
+           [](ir::GraphBuilder& b, const std::vector<ir::ValueId>& in) {
+             ir::ValueId t = Op(b, "aten.permute.default", {Ref(in[0]), ir::Ints({1, 0})});
+             b.AddOutput(Op(b, "aten.add.Tensor", {Ref(t), Ref(in[1])}));
+           },
+           {Rand({6, 4}), Rand({4, 6})}, 1);
+  CheckOne("view output", {Meta(S({4, 6}))},
+           [](ir::GraphBuilder& b, const std::vector<ir::ValueId>& in) {
+             ir::ValueId y = Op(b, "aten.relu.default", {Ref(in[0])});
+             b.AddOutput(Op(b, "aten.view.default", {Ref(y), ir::Ints({2, 12})}));
+           },
+           {Rand({4, 6})}, 1);
+}
+
+TEST(KilnBackendTest, Reductions) {
+  for (bool keep : {false, true}) {
+    for (std::vector<int64_t> dims : {std::vector<int64_t>{-1}, {0}, {0, 2}, {1}}) {
+      const std::string tag = std::string(keep ? "keepdim " : "") + "dims " + std::to_string(dims[0]) +
+                              (dims.size() > 1 ? "," + std::to_string(dims[1]) : "");
+      for (const char* target : {"aten.sum.dim_IntList", "aten.mean.dim", "aten.amax.default",
+                                 "aten.amin.default"}) {
+        CheckOne(std::string(target) + " " + tag, {Meta(S({3, 5, 9}))},
+                 [&](ir::GraphBuilder& b, const std::vector<ir::ValueId>& in) {
+                   b.AddOutput(Op(b, target, {Ref(in[0]), ir::Ints(dims), ir::Bool(keep)}));
+                 },
+                 {Rand({3, 5, 9})}, 1);
+      }
+      CheckOne("var " + tag, {Meta(S({3, 5, 9}))},
+               [&](ir::GraphBuilder& b, const std::vector<ir::ValueId>& in) {
+                 b.AddOutput(Op(b, "aten.var.correction", {Ref(in[0]), ir::Ints(dims)},
+                                {ir::Kwarg("correction", ir::Int(1)), ir::Kwarg("keepdim", ir::Bool(keep))}));
+               },
+               {Rand({3, 5, 9})}, 1);
+    }
+  }
+  CheckOne("sum all", {Meta(S({4, 11}))},
+           [](ir::GraphBuilder& b, const std::vector<ir::ValueId>& in) {
+             b.AddOutput(Op(b, "aten.sum.default", {Ref(in[0])}));
+           },
+           {Rand({4, 11})}, 1);
+}
+
+TEST(KilnBackendTest, SoftmaxLayerNormAndRmsNormAreOneKernel) {
+  CheckOne("softmax", {Meta(S({6, 50}))},
+           [](ir::GraphBuilder& b, const std::vector<ir::ValueId>& in) {
+             b.AddOutput(Op(b, "aten._softmax.default", {Ref(in[0]), ir::Int(-1), ir::Bool(false)}));
+           },
+           {Rand({6, 50}).mul(4)}, 1);
+  CheckOne("log_softmax dim 0", {Meta(S({7, 3}))},
+           [](ir::GraphBuilder& b, const std::vector<ir::ValueId>& in) {
+             b.AddOutput(Op(b, "aten._log_softmax.default", {Ref(in[0]), ir::Int(0), ir::Bool(false)}));
+           },
+           {Rand({7, 3})}, 1);
+  CheckOne("layer norm", {Meta(S({5, 32})), Meta(S({32})), Meta(S({32}))},
+           [](ir::GraphBuilder& b, const std::vector<ir::ValueId>& in) {
+             for (int k = 0; k < 3; ++k) {
+               b.AddOutput(Op(b, "aten.native_layer_norm.default",
+                              {Ref(in[0]), ir::Ints({32}), Ref(in[1]), Ref(in[2]), ir::Float(1e-5)}, {}, k));
+             }
+           },
+           {Rand({5, 32}).mul(3).add(1), Rand({32}), Rand({32})}, 1);
+  CheckOne("rmsnorm", {Meta(S({8, 64})), Meta(S({64}))},
+           [](ir::GraphBuilder& b, const std::vector<ir::ValueId>& in) {
+             ir::ValueId sq = Op(b, "aten.pow.Tensor_Scalar", {Ref(in[0]), ir::Float(2.0)});
+             ir::ValueId m = Op(b, "aten.mean.dim", {Ref(sq), ir::Ints({-1}), ir::Bool(true)});
+             ir::ValueId r = Op(b, "aten.rsqrt.default", {Ref(Op(b, "aten.add.Scalar", {Ref(m), ir::Float(1e-6)}))});
+             ir::ValueId y = Op(b, "aten.mul.Tensor", {Ref(in[0]), Ref(r)});
+             b.AddOutput(Op(b, "aten.mul.Tensor", {Ref(y), Ref(in[1])}));
+           },
+           {Rand({8, 64}), Rand({64})}, 1);
+}
+
+TEST(KilnBackendTest, BackwardPointwiseOps) {
+  CheckOne("backward ops", {Meta(S({4, 12})), Meta(S({4, 12}))},
+           [](ir::GraphBuilder& b, const std::vector<ir::ValueId>& in) {
+             b.AddOutput(Op(b, "aten.threshold_backward.default", {Ref(in[0]), Ref(in[1]), ir::Float(0.0)}));
+             b.AddOutput(Op(b, "aten.gelu_backward.default", {Ref(in[0]), Ref(in[1])}));
+             b.AddOutput(Op(b, "aten.tanh_backward.default", {Ref(in[0]), Ref(in[1])}));
+             b.AddOutput(Op(b, "aten.sigmoid_backward.default", {Ref(in[0]), Ref(in[1])}));
+           },
+           {Rand({4, 12}), Rand({4, 12})}, 1);
+}
+
+TEST(KilnBackendTest, OneSymbolicCompileServesThreeSizes) {
+  // Rows are the symbol s0: the kernel takes it as an argument.
+  ir::GraphBuilder b("dynamic");
+  ir::TensorMeta m = Meta({ir::SymInt{std::string("s0")}, ir::SymInt{int64_t{24}}}, v1::FLOAT32,
+                          S({24, 1}));
+  ir::ValueId x = b.AddInput(m, v1::Placeholder::USER_INPUT, "x");
+  ir::ValueId y = Op(b, "aten.gelu.default", {Ref(x)});
+  b.AddOutput(Op(b, "aten._softmax.default", {Ref(y), ir::Int(-1), ir::Bool(false)}));
+  b.AddOutput(Op(b, "aten.sum.dim_IntList", {Ref(y), ir::Ints({0}), ir::Bool(false)}));
+  ir::Graph g = std::move(b).Build();
+  Compiled c = Compile(g);
+  for (int64_t rows : {1, 5, 37}) {
+    ExpectSame(c, g, {Rand({rows, 24})}, "rows " + std::to_string(rows));
+  }
+}
+
+}  // namespace
+}  // namespace kiln::runtime

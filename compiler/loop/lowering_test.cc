@@ -1,0 +1,165 @@
+// Lowering and fusion, structurally: how many kernels, what is fused, what
+// stays extern, what the plan allocates and frees. (Numbers are checked
+// against the reference interpreter in client/runtime/kiln_backend_test.cc.)
+#include "compiler/loop/lowering.h"
+
+#include <gtest/gtest.h>
+
+#include "absl/strings/str_join.h"
+#include "compiler/ir/builder.h"
+
+namespace kiln::loop {
+namespace {
+
+using ir::Ref;
+
+ir::TensorMeta Meta(std::vector<int64_t> sizes, v1::DType dtype = v1::FLOAT32) {
+  ir::TensorMeta m;
+  m.dtype = dtype;
+  m.device_type = "cpu";
+  int64_t stride = 1;
+  m.strides.resize(sizes.size());
+  for (int d = static_cast<int>(sizes.size()) - 1; d >= 0; --d) {
+    m.strides[d] = ir::SymInt{stride};
+    stride *= sizes[d];
+  }
+  for (int64_t s : sizes) m.sizes.push_back(ir::SymInt{s});
+  return m;
+}
+
+ir::ValueId Op(ir::GraphBuilder& b, const std::string& target, std::vector<ir::Argument> args,
+               std::vector<ir::Argument> kwargs = {}, int output = 0) {
+  auto out = ops::Emit(b, ops::DefaultRegistry(), target, std::move(args), std::move(kwargs));
+  EXPECT_TRUE(out.ok()) << target << ": " << out.status();
+  return out.ok() ? (*out)[output] : ir::kNoValue;
+}
+
+LoweredGraph Lower(const ir::Graph& g) {
+  auto l = LowerGraph(g);
+  EXPECT_TRUE(l.ok()) << l.status();
+  return l.ok() ? *std::move(l) : LoweredGraph{};
+}
+
+int Count(const v1::ExecutionPlan& plan, v1::PlanStep::KindCase kind) {
+  int n = 0;
+  for (const auto& s : plan.steps()) n += s.kind_case() == kind;
+  return n;
+}
+
+TEST(LoweringTest, LayerNormForwardIsOneKernel) {
+  ir::GraphBuilder b("ln");
+  ir::ValueId x = b.AddInput(Meta({16, 64}), v1::Placeholder::USER_INPUT, "x");
+  ir::ValueId w = b.AddInput(Meta({64}), v1::Placeholder::PARAMETER, "w");
+  ir::ValueId bias = b.AddInput(Meta({64}), v1::Placeholder::PARAMETER, "b");
+  b.AddOutput(Op(b, "aten.native_layer_norm.default",
+                 {Ref(x), ir::Ints({64}), Ref(w), Ref(bias), ir::Float(1e-5)}));
+  LoweredGraph l = Lower(std::move(b).Build());
+  ASSERT_EQ(l.kernels.size(), 1u) << PrintLowered(l);
+  EXPECT_EQ(l.kernels[0].passes, 2);  // Welford, then normalize
+  EXPECT_EQ(Count(l.plan, v1::PlanStep::kExternCall), 0);
+}
+
+TEST(LoweringTest, SoftmaxIsOneKernelInThreePasses) {
+  ir::GraphBuilder b("softmax");
+  ir::ValueId x = b.AddInput(Meta({8, 128}), v1::Placeholder::USER_INPUT, "x");
+  b.AddOutput(Op(b, "aten._softmax.default", {Ref(x), ir::Int(-1), ir::Bool(false)}));
+  LoweredGraph l = Lower(std::move(b).Build());
+  ASSERT_EQ(l.kernels.size(), 1u) << PrintLowered(l);
+  EXPECT_EQ(l.kernels[0].passes, 3);
+}
+
+TEST(LoweringTest, GeluChainAfterMatmulIsOneKernel) {
+  ir::GraphBuilder b("mm_gelu");
+  ir::ValueId x = b.AddInput(Meta({8, 32}), v1::Placeholder::USER_INPUT, "x");
+  ir::ValueId w = b.AddInput(Meta({32, 64}), v1::Placeholder::PARAMETER, "w");
+  ir::ValueId bias = b.AddInput(Meta({64}), v1::Placeholder::PARAMETER, "b");
+  ir::ValueId h = Op(b, "aten.mm.default", {Ref(x), Ref(w)});
+  h = Op(b, "aten.add.Tensor", {Ref(h), Ref(bias)});
+  h = Op(b, "aten.gelu.default", {Ref(h)});
+  h = Op(b, "aten.mul.Scalar", {Ref(h), ir::Float(2.0)});
+  b.AddOutput(h);
+  LoweredGraph l = Lower(std::move(b).Build());
+  EXPECT_EQ(l.kernels.size(), 1u) << PrintLowered(l);
+  EXPECT_EQ(Count(l.plan, v1::PlanStep::kExternCall), 1);  // the matmul
+  // Only the final value is stored: the chain stays in registers.
+  EXPECT_EQ(Count(l.plan, v1::PlanStep::kAlloc), 1);
+}
+
+TEST(LoweringTest, SiblingsShareAKernel) {
+  ir::GraphBuilder b("siblings");
+  ir::ValueId x = b.AddInput(Meta({4, 32}), v1::Placeholder::USER_INPUT, "x");
+  b.AddOutput(Op(b, "aten.exp.default", {Ref(x)}));
+  b.AddOutput(Op(b, "aten.sin.default", {Ref(x)}));
+  LoweredGraph l = Lower(std::move(b).Build());
+  ASSERT_EQ(l.kernels.size(), 1u) << PrintLowered(l);
+  EXPECT_EQ(l.kernels[0].buffers.size(), 3u);  // x read once, two outputs
+}
+
+TEST(LoweringTest, ViewsNeverCopy) {
+  ir::GraphBuilder b("views");
+  ir::ValueId x = b.AddInput(Meta({8, 16}), v1::Placeholder::USER_INPUT, "x");
+  ir::ValueId t = Op(b, "aten.permute.default", {Ref(x), ir::Ints({1, 0})});
+  b.AddOutput(Op(b, "aten.relu.default", {Ref(t)}));
+  LoweredGraph l = Lower(std::move(b).Build());
+  ASSERT_EQ(l.kernels.size(), 1u);
+  // The kernel reads x's storage through the transposed strides.
+  EXPECT_EQ(l.kernels[0].buffers[0].value, "x");
+  EXPECT_EQ(Count(l.plan, v1::PlanStep::kView), 0);
+  bool transposed = false;
+  for (const auto& s : l.kernels[0].stmts) {
+    if (s.kind == StmtKind::kLoad) {
+      transposed = s.index.inner_strides[0] == ir::SymInt{int64_t{16}};
+    }
+  }
+  EXPECT_TRUE(transposed) << PrintKernel(l.kernels[0]);
+}
+
+TEST(LoweringTest, ExternOutputsFeedLaterKernelsAndBuffersAreReused) {
+  // relu(x) -> mm -> relu -> mm -> relu: kernels between externs; the
+  // first activation is dead once the first mm ran, so the third reuses it.
+  ir::GraphBuilder b("stack");
+  ir::ValueId x = b.AddInput(Meta({16, 16}), v1::Placeholder::USER_INPUT, "x");
+  ir::ValueId w = b.AddInput(Meta({16, 16}), v1::Placeholder::PARAMETER, "w");
+  ir::ValueId h = Op(b, "aten.relu.default", {Ref(x)});
+  h = Op(b, "aten.mm.default", {Ref(h), Ref(w)});
+  h = Op(b, "aten.relu.default", {Ref(h)});
+  h = Op(b, "aten.mm.default", {Ref(h), Ref(w)});
+  b.AddOutput(Op(b, "aten.relu.default", {Ref(h)}));
+  LoweredGraph l = Lower(std::move(b).Build());
+  EXPECT_EQ(l.kernels.size(), 3u) << PrintLowered(l);
+  EXPECT_EQ(Count(l.plan, v1::PlanStep::kExternCall), 2);
+  EXPECT_GE(Count(l.plan, v1::PlanStep::kFree), 1);
+  bool reused = false;
+  for (const auto& s : l.plan.steps()) reused |= s.has_alloc() && !s.alloc().reuse().empty();
+  EXPECT_TRUE(reused) << l.plan.DebugString();
+}
+
+TEST(LoweringTest, ReductionWithPrologueAndEpilogue) {
+  // sum((x * 2) ^ 2, -1) * 0.5: prologue, reduction, per-row epilogue.
+  ir::GraphBuilder b("norm");
+  ir::ValueId x = b.AddInput(Meta({8, 64}), v1::Placeholder::USER_INPUT, "x");
+  ir::ValueId y = Op(b, "aten.mul.Scalar", {Ref(x), ir::Float(2.0)});
+  y = Op(b, "aten.pow.Tensor_Scalar", {Ref(y), ir::Float(2.0)});
+  y = Op(b, "aten.sum.dim_IntList", {Ref(y), ir::Ints({-1}), ir::Bool(true)});
+  b.AddOutput(Op(b, "aten.mul.Scalar", {Ref(y), ir::Float(0.5)}));
+  LoweredGraph l = Lower(std::move(b).Build());
+  ASSERT_EQ(l.kernels.size(), 1u) << PrintLowered(l);
+  EXPECT_EQ(l.kernels[0].passes, 1);
+}
+
+TEST(LoweringTest, EveryDecisionIsRecorded) {
+  ir::GraphBuilder b("mixed");
+  ir::ValueId x = b.AddInput(Meta({4, 8}), v1::Placeholder::USER_INPUT, "x");
+  ir::ValueId w = b.AddInput(Meta({8, 4}), v1::Placeholder::USER_INPUT, "w");
+  ir::ValueId h = Op(b, "aten.relu.default", {Ref(x)});
+  ir::ValueId m = Op(b, "aten.mm.default", {Ref(h), Ref(w)});
+  b.AddOutput(Op(b, "aten.sum.dim_IntList", {Ref(m), ir::Ints({0}), ir::Bool(false)}));
+  LoweredGraph l = Lower(std::move(b).Build());
+  const std::string all = absl::StrJoin(l.decisions, "\n");
+  EXPECT_NE(all.find("extern: "), std::string::npos) << all;
+  EXPECT_NE(all.find("new kernel_0"), std::string::npos) << all;
+  EXPECT_NE(all.find("not fused"), std::string::npos) << all;  // the sum's space differs
+}
+
+}  // namespace
+}  // namespace kiln::loop
