@@ -10,12 +10,15 @@
     step(x).sum().backward()                      # forward and backward graphs
     kiln.run_graph(graph, [*kiln.module_tensors(model), x])  # reference runner
 
+    fast = kiln.compile(model, x, client=client, backend="kiln")  # generated code
+    kiln.PlanRunner(fast.artifact.compiled).run([...])  # a CompiledGraph directly
+
 The generated protocol modules live in the subpackage kiln.v1 (graph_pb2,
 guards_pb2, artifact_pb2, service_pb2, service_pb2_grpc), which may sit in
 another directory on sys.path (a build tree): this package's __path__ is
 extended to find it. capture(), signature(), module_tensors(),
-tensor_meta(), compile() and run_graph() import torch on first use; the
-client does not need it.
+tensor_meta(), compile(), run_graph() and PlanRunner import torch on first
+use; the client does not need it.
 """
 
 __path__ = __import__("pkgutil").extend_path(__path__, __name__)
@@ -23,7 +26,7 @@ __path__ = __import__("pkgutil").extend_path(__path__, __name__)
 from kiln.client import Client, KilnError  # noqa: E402
 
 __all__ = ["Client", "KilnError", "capture", "signature", "module_tensors", "tensor_meta",
-           "compile", "CompiledFunction", "run_graph", "Interpreter"]
+           "compile", "CompiledFunction", "run_graph", "Interpreter", "PlanRunner"]
 
 # Names imported from the submodule that defines them on first use.
 _LAZY = {
@@ -35,6 +38,7 @@ _LAZY = {
     "CompiledFunction": "compiled",
     "run_graph": "runtime",
     "Interpreter": "runtime",
+    "PlanRunner": "plan",
 }
 
 

@@ -24,6 +24,18 @@ Artifacts:
 Both run through the reference runner (kiln.runtime), so a graph's random ops
 draw from torch's default generator as eager would: seeding torch the same
 way gives the same dropout masks.
+  - `kiln`: generated kernels and an execution plan, run by the plan runner
+    (kiln.plan.PlanRunner). With artifact.compiled_forward,
+    artifact.compiled_backward and artifact.autograd (kilnd builds them when
+    an input of the captured graph requires grad) it is trained exactly as
+    `aot_eager`, with the compiled plans in place of the forward and
+    backward graphs. With artifact.compiled alone it is an inference
+    function: its outputs carry no grad_fn, so a call in which an input
+    requires grad while gradients are enabled is a ValueError (capture with
+    the inputs' requires_grad set to get a training artifact). Random ops
+    the plan leaves to ATen (Extern steps) draw from torch's default
+    generator, as above. The plans take the strides the graph was captured
+    with: a tensor with other strides is a ValueError, never a silent copy.
 
 The compiled function holds exactly what was compiled: an argument whose
 dtype, sizes or device differ from the example's, a non-tensor argument that
@@ -38,6 +50,7 @@ from torch.utils._pytree import tree_unflatten
 
 from kiln import tracer
 from kiln.client import Client
+from kiln.plan import PlanRunner
 from kiln.runtime import Interpreter, torch_device, torch_dtype
 
 __all__ = ["compile", "CompiledFunction"]
@@ -131,32 +144,55 @@ class CompiledFunction:
         self._inputs = list(self.graph.inputs)
         self._num_primals = len(self._inputs)
         self._input_requires_grad = [ph.value.meta.requires_grad for ph in self._inputs]
+        # Whether the artifact has no backward because kilnd compiled for
+        # inference (a `kiln` artifact with `compiled` alone).
+        self._inference_only = False
 
-        if artifact.HasField("autograd"):
+        if artifact.HasField("compiled_forward") or artifact.HasField("compiled_backward"):
+            if not (artifact.HasField("compiled_forward") and artifact.HasField("compiled_backward")
+                    and artifact.HasField("autograd")):
+                raise ValueError(f"artifact of backend '{artifact.backend}' lacks one of "
+                                 "compiled_forward, compiled_backward and autograd")
+            self._init_training(artifact.autograd, PlanRunner(artifact.compiled_forward),
+                                PlanRunner(artifact.compiled_backward))
+        elif artifact.HasField("compiled"):
+            self._forward = PlanRunner(artifact.compiled)
+            self._backward = None
+            self._num_outputs = len(self._forward.output_names)
+            self._inputs_need_grad = [False] * self._num_primals
+            self._inference_only = True
+        elif artifact.HasField("autograd"):
             graphs = artifact.autograd
-            self._forward = Interpreter(graphs.forward)
-            self._backward = Interpreter(graphs.backward)
-            self._num_outputs = graphs.num_forward_outputs
-            self._outputs_receive_grad = list(graphs.outputs_receive_grad)
-            self._grad_input_index = list(graphs.grad_input_index)
-            self._inputs_need_grad = list(graphs.inputs_need_grad)
-            self._check_autograd(graphs)
+            self._init_training(graphs, Interpreter(graphs.forward), Interpreter(graphs.backward))
         elif artifact.HasField("graph"):
             self._forward = Interpreter(artifact.graph)
             self._backward = None
             self._num_outputs = len(artifact.graph.outputs)
             self._inputs_need_grad = [False] * self._num_primals
         else:
-            raise ValueError(f"artifact of backend '{artifact.backend}' carries neither a graph "
-                             "nor autograd graphs: this runtime cannot run it")
+            raise ValueError(f"artifact of backend '{artifact.backend}' carries neither a graph, "
+                             "autograd graphs nor compiled graphs: this runtime cannot run it")
         if len(self._forward.input_names) != self._num_primals:
             raise ValueError(f"the artifact's graph takes {len(self._forward.input_names)} "
                              f"inputs; the captured graph has {self._num_primals}")
 
+    def _init_training(self, graphs, forward, backward):
+        """Trains with `forward` and `backward` (runners of the forward and
+        backward graphs, or of their compiled plans) by the conventions of
+        artifact.autograd, `graphs`."""
+        self._forward = forward
+        self._backward = backward
+        self._num_outputs = graphs.num_forward_outputs
+        self._outputs_receive_grad = list(graphs.outputs_receive_grad)
+        self._grad_input_index = list(graphs.grad_input_index)
+        self._inputs_need_grad = list(graphs.inputs_need_grad)
+        self._check_autograd(graphs)
+
     def _check_autograd(self, graphs):
         where = "artifact.autograd"
-        if len(graphs.forward.outputs) != self._num_outputs + len(graphs.saved):
-            raise ValueError(f"{where}: the forward graph has {len(graphs.forward.outputs)} "
+        forward_outputs = len(self._forward.output_names)
+        if forward_outputs != self._num_outputs + len(graphs.saved):
+            raise ValueError(f"{where}: the forward graph has {forward_outputs} "
                              f"outputs for {self._num_outputs} outputs and "
                              f"{len(graphs.saved)} saved values")
         if len(self._outputs_receive_grad) != self._num_outputs:
@@ -164,13 +200,14 @@ class CompiledFunction:
                              f"{len(self._outputs_receive_grad)} entries for "
                              f"{self._num_outputs} outputs")
         tangents = sum(self._outputs_receive_grad)
-        if len(graphs.backward.inputs) != len(graphs.saved) + tangents:
-            raise ValueError(f"{where}: the backward graph takes {len(graphs.backward.inputs)} "
+        backward_inputs = len(self._backward.input_names)
+        if backward_inputs != len(graphs.saved) + tangents:
+            raise ValueError(f"{where}: the backward graph takes {backward_inputs} "
                              f"inputs for {len(graphs.saved)} saved values and {tangents} "
                              "tangents")
-        if len(self._grad_input_index) != len(graphs.backward.outputs):
+        if len(self._grad_input_index) != len(self._backward.output_names):
             raise ValueError(f"{where}: grad_input_index has {len(self._grad_input_index)} "
-                             f"entries for {len(graphs.backward.outputs)} gradients")
+                             f"entries for {len(self._backward.output_names)} gradients")
         for i in self._grad_input_index:
             if not 0 <= i < self._num_primals:
                 raise ValueError(f"{where}: grad_input_index names input {i} of "
@@ -214,6 +251,15 @@ class CompiledFunction:
 
     def __call__(self, *args):
         primals = self._primals(args)
+        if self._inference_only and torch.is_grad_enabled():
+            for t, ph in zip(primals, self._inputs):
+                if t.requires_grad:
+                    raise ValueError(
+                        f"input '{ph.value.name}' requires grad, but {self.graph.name} was "
+                        f"compiled by '{self.backend}' for inference only (no input required "
+                        "grad when it was captured), so its outputs cannot carry gradients: "
+                        "compile it with the inputs' requires_grad set as they are now, which "
+                        "builds a training artifact, or call it under torch.no_grad()")
         if self._backward is not None and torch.is_grad_enabled() and any(
                 need and t.requires_grad for need, t in zip(self._inputs_need_grad, primals)):
             outputs = _AutogradGraphs.apply(self, *primals)

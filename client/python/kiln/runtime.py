@@ -10,16 +10,18 @@ torch.ops.aten.add.Tensor ("default" is .default). Its arguments become the
 Python values the overload takes: tensor references are looked up by name
 among the values computed so far, lists of tensors may hold None (an empty
 name), enums become torch.dtype / torch.device / torch.memory_format /
-torch.layout, and a symbolic SymInt ("s0", "2*s0") is evaluated with the
-symbols bound from the input sizes (an input whose metadata has the size "s0"
-binds s0). Positional arguments are passed positionally, keyword arguments by
-name. A node with several outputs (native_layer_norm, split) takes the
-returned tuple or list in order.
+torch.layout, and a symbolic SymInt ("s0", "2*s0", see SymExpr) is evaluated
+with the symbols bound from the input sizes (an input whose metadata has the
+size "s0" binds s0). Positional arguments are passed positionally, keyword
+arguments by name. A node with several outputs (native_layer_norm, split)
+takes the returned tuple or list in order.
 
 Autograd is left as the caller has it: inputs that require grad give outputs
 with a grad_fn, as eager PyTorch would. This is the runtime of the `eager`
 artifact and the reference the tests compare the other backends with; it is
-the Python counterpart of the C++ client/runtime/interpreter.h.
+the Python counterpart of the C++ client/runtime/interpreter.h. BoundNode, one
+node bound to its op, is shared with the plan runner (kiln.plan), which runs
+a `kiln` artifact's Extern steps through it.
 
 An Interpreter is immutable after construction and may be run from several
 threads at once. run_graph() builds a fresh one per call.
@@ -27,13 +29,15 @@ threads at once. run_graph() builds a fresh one per call.
 
 import ast
 import operator
+import re
 
 import torch
 
 from kiln import tracer
 from kiln.v1 import graph_pb2
 
-__all__ = ["Interpreter", "run_graph", "resolve_op", "torch_dtype", "torch_device"]
+__all__ = ["Interpreter", "BoundNode", "SymExpr", "run_graph", "resolve_op", "torch_dtype",
+           "torch_device"]
 
 _DTYPES = {v: k for k, v in tracer._DTYPES.items()}
 _MEMORY_FORMATS = {v: k for k, v in tracer._MEMORY_FORMATS.items()}
@@ -73,7 +77,7 @@ class _Sym:
     __slots__ = ("expr",)
 
     def __init__(self, expr):
-        self.expr = expr
+        self.expr = expr  # a SymExpr
 
 
 class _SymList:
@@ -90,32 +94,91 @@ _BINARY = {
     ast.FloorDiv: operator.floordiv,
     ast.Mod: operator.mod,
 }
+_CALLS = {"Min": min, "Max": max}
+_INT64_MIN, _INT64_MAX = -2 ** 63, 2 ** 63 - 1
+_SYMBOL = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
-def _eval_expr(expr, symbols):
-    """Evaluates a size expression (integers, symbols, + - * // %, unary -,
-    parentheses) with `symbols` bound."""
+class SymExpr:
+    """A symbolic size expression ("s0", "2*s0", "Max(s0 - 1, 0) // 4 + 1"),
+    parsed once and evaluated for given symbol values.
 
-    def ev(n):
-        if isinstance(n, ast.Expression):
-            return ev(n.body)
-        if isinstance(n, ast.Constant) and isinstance(n.value, int):
-            return n.value
+    The syntax is that of cache/guard_expr.h restricted to integers:
+    integer constants, symbols, + - * // %, unary - and +, parentheses, and
+    Min(...) / Max(...) of one or more expressions. // and % are Python's
+    floor division and modulo, as in the C++ runtime. The text is parsed with
+    the ast module and only those nodes are accepted; it is never run
+    through eval. Immutable.
+
+    SymExpr(text) raises ValueError for anything else; evaluate() raises
+    ValueError for an unbound symbol, a division or modulo by zero, and a
+    value outside int64."""
+
+    __slots__ = ("text", "symbols", "_tree")
+
+    def __init__(self, text):
+        self.text = text
+        try:
+            tree = ast.parse(text.strip(), mode="eval").body
+        except SyntaxError:
+            raise ValueError(f"malformed size expression '{text}'") from None
+        symbols = []
+        self._check(tree, symbols)
+        self._tree = tree
+        self.symbols = tuple(symbols)  # distinct, in order of first appearance
+
+    def _check(self, n, symbols):
+        if isinstance(n, ast.Constant) and type(n.value) is int:
+            return
         if isinstance(n, ast.Name):
+            if n.id in _CALLS or not _SYMBOL.fullmatch(n.id):
+                raise ValueError(f"size expression '{self.text}': '{n.id}' is not a symbol")
             if n.id not in symbols:
-                raise ValueError(f"size symbol '{n.id}' of '{expr}' is bound by no input size")
-            return symbols[n.id]
+                symbols.append(n.id)
+            return
         if isinstance(n, ast.BinOp) and type(n.op) in _BINARY:
-            return _BINARY[type(n.op)](ev(n.left), ev(n.right))
-        if isinstance(n, ast.UnaryOp) and isinstance(n.op, ast.USub):
-            return -ev(n.operand)
-        raise ValueError(f"unsupported size expression '{expr}'")
+            self._check(n.left, symbols)
+            self._check(n.right, symbols)
+            return
+        if isinstance(n, ast.UnaryOp) and isinstance(n.op, (ast.USub, ast.UAdd)):
+            self._check(n.operand, symbols)
+            return
+        if (isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in _CALLS
+                and n.args and not n.keywords):
+            for a in n.args:
+                self._check(a, symbols)
+            return
+        raise ValueError(f"unsupported size expression '{self.text}'")
 
-    try:
-        tree = ast.parse(expr, mode="eval")
-    except SyntaxError:
-        raise ValueError(f"unsupported size expression '{expr}'") from None
-    return ev(tree)
+    def evaluate(self, values):
+        """The value with `values` (symbol name -> int) bound."""
+        text = self.text
+
+        def ev(n):
+            if isinstance(n, ast.Constant):
+                return n.value
+            if isinstance(n, ast.Name):
+                if n.id not in values:
+                    raise ValueError(f"cannot evaluate '{text}': symbol '{n.id}' is unbound")
+                return values[n.id]
+            if isinstance(n, ast.BinOp):
+                left, right = ev(n.left), ev(n.right)
+                if right == 0 and isinstance(n.op, (ast.FloorDiv, ast.Mod)):
+                    what = "division" if isinstance(n.op, ast.FloorDiv) else "modulo"
+                    raise ValueError(f"cannot evaluate '{text}': {what} by zero")
+                return _BINARY[type(n.op)](left, right)
+            if isinstance(n, ast.UnaryOp):
+                v = ev(n.operand)
+                return -v if isinstance(n.op, ast.USub) else v
+            return _CALLS[n.func.id](ev(a) for a in n.args)
+
+        value = ev(self._tree)
+        if not _INT64_MIN <= value <= _INT64_MAX:
+            raise ValueError(f"cannot evaluate '{text}': integer overflow")
+        return value
+
+    def __repr__(self):
+        return f"SymExpr({self.text!r})"
 
 
 def torch_dtype(dtype):
@@ -132,8 +195,13 @@ def torch_device(device):
     return torch.device(device.type)
 
 
-def _sym_int(s):
-    return s.int_value if s.WhichOneof("value") == "int_value" else _Sym(s.expr)
+def _sym_int(s, where):
+    if s.WhichOneof("value") != "expr":
+        return s.int_value
+    try:
+        return _Sym(SymExpr(s.expr))
+    except ValueError as e:
+        raise ValueError(f"{where}: {e}") from None
 
 
 def _convert(arg, where):
@@ -159,9 +227,9 @@ def _convert(arg, where):
     if kind == "tensors":
         return _RefList([name or None for name in arg.tensors.names])
     if kind == "sym_int":
-        return _sym_int(arg.sym_int)
+        return _sym_int(arg.sym_int, where)
     if kind == "sym_ints":
-        items = [_sym_int(s) for s in arg.sym_ints.values]
+        items = [_sym_int(s, where) for s in arg.sym_ints.values]
         return _SymList(items) if any(isinstance(i, _Sym) for i in items) else items
     if kind == "dtype":
         try:
@@ -191,17 +259,91 @@ def _names_read(value):
     return []
 
 
-class _Step:
-    __slots__ = ("name", "target", "op", "args", "kwargs", "outputs", "release")
+def _exprs_used(value):
+    if isinstance(value, _Sym):
+        return [value.expr]
+    if isinstance(value, _SymList):
+        return [i.expr for i in value.items if isinstance(i, _Sym)]
+    return []
 
-    def __init__(self, name, target, op, args, kwargs, outputs):
-        self.name = name
-        self.target = target
+
+class BoundNode:
+    """One kiln.v1.Node bound to its operator: the overload is resolved and
+    the constant arguments converted once, at construction (ValueError
+    naming the node for a target torch does not know or an argument it
+    cannot convert). call() runs it on an environment of named tensors.
+
+    This is what the reference runner runs for every node and what the plan
+    runner (kiln.plan) runs for an Extern step. Immutable.
+
+    `ops` is an optional cache (target -> overload) shared by the nodes of
+    one graph."""
+
+    __slots__ = ("name", "target", "op", "args", "kwargs", "outputs")
+
+    def __init__(self, node, ops=None):
+        where = f"node '{node.name}' ({node.target})"
+        op = ops.get(node.target) if ops is not None else None
+        if op is None:
+            try:
+                op = resolve_op(node.target)
+            except ValueError as e:
+                raise ValueError(f"node '{node.name}': {e}") from None
+            if ops is not None:
+                ops[node.target] = op
+        self.name = node.name
+        self.target = node.target
         self.op = op
-        self.args = args
-        self.kwargs = kwargs
-        self.outputs = outputs
-        self.release = ()  # values no later step or output reads
+        self.args = [_convert(a, where) for a in node.args]
+        self.kwargs = {a.name: _convert(a, where) for a in node.kwargs}
+        self.outputs = [o.name for o in node.outputs]
+        if not self.outputs:
+            raise ValueError(f"{where} has no outputs")
+
+    @property
+    def where(self):
+        return f"node '{self.name}' ({self.target})"
+
+    def reads(self):
+        """The names of the values the node reads, in argument order."""
+        return [name for v in self.args + list(self.kwargs.values()) for name in _names_read(v)]
+
+    def exprs(self):
+        """The SymExprs of its symbolic arguments."""
+        return [e for v in self.args + list(self.kwargs.values()) for e in _exprs_used(v)]
+
+    def call(self, env, symbols):
+        """Runs the op on the values named in `env` (name -> tensor) with the
+        size symbols `symbols` (name -> int) and stores its outputs in `env`
+        under the node's output names. An error inside the op is re-raised
+        as RuntimeError naming the node."""
+
+        def value(v):
+            if isinstance(v, _Ref):
+                return env[v.name]
+            if isinstance(v, _RefList):
+                return [None if n is None else env[n] for n in v.names]
+            if isinstance(v, _Sym):
+                return v.expr.evaluate(symbols)
+            if isinstance(v, _SymList):
+                return [i.expr.evaluate(symbols) if isinstance(i, _Sym) else i for i in v.items]
+            return v
+
+        args = [value(a) for a in self.args]
+        kwargs = {k: value(v) for k, v in self.kwargs.items()}
+        try:
+            result = self.op(*args, **kwargs)
+        except Exception as e:
+            raise RuntimeError(f"{self.where}: {e}") from e
+        if len(self.outputs) == 1 and isinstance(result, torch.Tensor):
+            env[self.outputs[0]] = result
+            return
+        if not isinstance(result, (tuple, list)) or len(result) != len(self.outputs):
+            got = len(result) if isinstance(result, (tuple, list)) else 1
+            raise RuntimeError(f"{self.where} returned {got} values for {len(self.outputs)} "
+                               "outputs")
+        for name, r in zip(self.outputs, result):
+            env[name] = r
 
 
 class Interpreter:
@@ -223,40 +365,26 @@ class Interpreter:
         self._steps = []
         defined = set(self.input_names)
         for node in graph.nodes:
-            where = f"node '{node.name}' ({node.target})"
-            if node.target not in ops:
-                try:
-                    ops[node.target] = resolve_op(node.target)
-                except ValueError as e:
-                    raise ValueError(f"node '{node.name}': {e}") from None
-            args = [_convert(a, where) for a in node.args]
-            kwargs = {a.name: _convert(a, where) for a in node.kwargs}
-            for value in args + list(kwargs.values()):
-                for name in _names_read(value):
-                    if name not in defined:
-                        raise ValueError(f"{where} reads '{name}', which is not defined before it")
-            outputs = [o.name for o in node.outputs]
-            if not outputs:
-                raise ValueError(f"{where} has no outputs")
-            defined.update(outputs)
-            self._steps.append(_Step(node.name, node.target, ops[node.target], args, kwargs,
-                                     outputs))
+            step = BoundNode(node, ops)
+            for name in step.reads():
+                if name not in defined:
+                    raise ValueError(f"{step.where} reads '{name}', which is not defined before it")
+            defined.update(step.outputs)
+            self._steps.append(step)
         for name in self.output_names:
             if name not in defined:
                 raise ValueError(f"graph output '{name}' is not defined")
         # Drop each value after its last reader, so memory stays as eager's.
         last_read = {}
         for i, step in enumerate(self._steps):
-            for value in step.args + list(step.kwargs.values()):
-                for name in _names_read(value):
-                    last_read[name] = i
+            for name in step.reads():
+                last_read[name] = i
         kept = set(self.output_names)
         release = [[] for _ in self._steps]
         for name, i in last_read.items():
             if name not in kept:
                 release[i].append(name)
-        for step, names in zip(self._steps, release):
-            step.release = tuple(names)
+        self._release = [tuple(names) for names in release]
 
     def _bind_symbols(self, inputs):
         symbols = {}
@@ -277,36 +405,9 @@ class Interpreter:
                              f"got {len(inputs)}")
         env = dict(zip(self.input_names, inputs))
         symbols = self._bind_symbols(inputs) if self._symbol_dims else {}
-
-        def value(v):
-            if isinstance(v, _Ref):
-                return env[v.name]
-            if isinstance(v, _RefList):
-                return [None if n is None else env[n] for n in v.names]
-            if isinstance(v, _Sym):
-                return _eval_expr(v.expr, symbols)
-            if isinstance(v, _SymList):
-                return [_eval_expr(i.expr, symbols) if isinstance(i, _Sym) else i
-                        for i in v.items]
-            return v
-
-        for step in self._steps:
-            args = [value(a) for a in step.args]
-            kwargs = {k: value(v) for k, v in step.kwargs.items()}
-            try:
-                result = step.op(*args, **kwargs)
-            except Exception as e:
-                raise RuntimeError(f"node '{step.name}' ({step.target}): {e}") from e
-            if len(step.outputs) == 1 and isinstance(result, torch.Tensor):
-                env[step.outputs[0]] = result
-            else:
-                if not isinstance(result, (tuple, list)) or len(result) != len(step.outputs):
-                    got = len(result) if isinstance(result, (tuple, list)) else 1
-                    raise RuntimeError(f"node '{step.name}' ({step.target}) returned {got} "
-                                       f"values for {len(step.outputs)} outputs")
-                for name, r in zip(step.outputs, result):
-                    env[name] = r
-            for name in step.release:
+        for step, release in zip(self._steps, self._release):
+            step.call(env, symbols)
+            for name in release:
                 del env[name]
         return [env[name] for name in self.output_names]
 
