@@ -1079,13 +1079,22 @@ void Lowerer::BuildPlan(LoweredGraph* out) {
     if (last_use.count(view)) last_use[root] = std::max(last_use[root], last_use[view]);
     if (outputs.count(view)) outputs.insert(root);
   }
+  // Every value a step defines (allocations, views, extern results) is
+  // dropped after its last reader, so that nothing keeps a dead buffer's
+  // storage alive and a later allocation can take it over.
   std::map<int, std::vector<std::string>> frees;
+  auto free_after_last_use = [&](const std::string& name, int defined_at) {
+    if (outputs.count(name)) return;
+    auto it = last_use.find(name);
+    frees[it == last_use.end() ? defined_at : it->second].push_back(name);
+  };
   for (int i = 0; i < plan.steps_size(); ++i) {
     const v1::PlanStep& s = plan.steps(i);
-    if (!s.has_alloc()) continue;
-    const std::string& name = s.alloc().value();
-    if (outputs.count(name) || !last_use.count(name)) continue;
-    frees[last_use[name]].push_back(name);
+    if (s.has_alloc()) free_after_last_use(s.alloc().value(), i);
+    if (s.has_view()) free_after_last_use(s.view().value(), i);
+    if (s.has_extern_call()) {
+      for (const auto& o : s.extern_call().node().outputs()) free_after_last_use(o.name(), i);
+    }
   }
   v1::ExecutionPlan planned = plan;
   planned.clear_steps();
@@ -1108,7 +1117,7 @@ void Lowerer::BuildPlan(LoweredGraph* out) {
     *planned.add_steps() = step;
     for (const std::string& name : frees[i]) {
       planned.add_steps()->mutable_free()->set_value(name);
-      dead.emplace_back(name, allocs[name]);
+      if (allocs.count(name)) dead.emplace_back(name, allocs[name]);
     }
   }
   plan = std::move(planned);
