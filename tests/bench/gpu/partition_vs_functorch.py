@@ -7,7 +7,7 @@ docs/benchmarks.md come from the GPU machine's torch 2.11), from the
 repository root, with a bundle of kiln_saved_bytes (deploy/bundle.sh):
 
     PYTHONPATH=client/python:build/python:tests/data python3 \
-        bench/gpu/partition_vs_functorch.py --kiln=bundle/bin/kiln_saved_bytes --out=DIR
+        tests/bench/gpu/partition_vs_functorch.py --kiln=bundle/bin/kiln_saved_bytes --out=DIR
 
 For each function it reports, on CPU tensors:
   functorch_min_cut   the backward graph's non-tangent inputs under
