@@ -82,32 +82,11 @@ absl::StatusOr<JointGraph> BuildJointGraph(const ir::Graph& fwd, const JointOpti
     const ir::Value& v = fwd.value(in.value);
     map[in.value] = b.AddInput(v.meta, in.kind, v.name);
   }
-  auto remap = [&](ir::Argument a) {
-    if (auto* id = std::get_if<ValueId>(&a.kind)) *id = map[*id];
-    if (auto* ids = std::get_if<std::vector<ValueId>>(&a.kind)) {
-      for (ValueId& id : *ids) {
-        if (id != kNoValue) id = map[id];
-      }
-    }
-    return a;
-  };
-  std::vector<std::vector<ir::Argument>> node_args, node_kwargs;
+  // The forward nodes, then the arguments each was copied with (derivative
+  // rules bind them).
   for (const ir::Node& node : fwd.nodes()) {
-    std::vector<ir::Argument> args, kwargs;
-    for (const auto& a : node.args) args.push_back(remap(a));
-    for (const auto& a : node.kwargs) kwargs.push_back(remap(a));
-    std::vector<ir::TensorMeta> metas;
-    std::vector<std::string> names;
-    for (ValueId id : node.outputs) {
-      metas.push_back(fwd.value(id).meta);
-      names.push_back(fwd.value(id).name);
-    }
-    std::vector<ValueId> outs = b.AddNode(node.target, args, kwargs, std::move(metas), node.name,
-                                          std::move(names));
+    b.CopyNode(fwd, node, &map);
     jg.forward_nodes.insert(b.nodes().back().name);
-    for (size_t j = 0; j < outs.size(); ++j) map[node.outputs[j]] = outs[j];
-    node_args.push_back(std::move(args));
-    node_kwargs.push_back(std::move(kwargs));
   }
 
   // Tangents, and the gradient accumulated so far for each forward value.
@@ -158,7 +137,8 @@ absl::StatusOr<JointGraph> BuildJointGraph(const ir::Graph& fwd, const JointOpti
                                                      "must flow through it"));
     }
     auto meta_of = [&b](ValueId v) -> const ir::TensorMeta& { return b.value(v).meta; };
-    auto call = ops::OpCall::Bind(node.target, node_args[i], node_kwargs[i], meta_of);
+    const ir::Node& copy = b.nodes()[i];  // forward node i, copied first and in order
+    auto call = ops::OpCall::Bind(node.target, copy.args, copy.kwargs, meta_of);
     if (!call.ok()) {
       return absl::InvalidArgumentError(absl::StrCat("node '", node.name, "': ", call.status().message()));
     }

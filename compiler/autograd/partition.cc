@@ -176,33 +176,10 @@ absl::StatusOr<ir::Graph> Extract(const ir::Graph& g, const std::string& name,
     if (val.producer < 0) kind = g.inputs()[val.index].kind;
     map[v] = b.AddInput(val.meta, kind, val.name);
   }
-  auto remap = [&](ir::Argument a) {
-    if (auto* id = std::get_if<ValueId>(&a.kind)) *id = map[*id];
-    if (auto* ids = std::get_if<std::vector<ValueId>>(&a.kind)) {
-      for (ValueId& id : *ids) {
-        if (id != kNoValue) id = map[id];
-      }
-    }
-    return a;
-  };
   for (size_t i = 0; i < g.nodes().size(); ++i) {
     if (!include[i]) continue;
     if (included_nodes != nullptr) included_nodes->push_back(static_cast<int>(i));
-    const ir::Node& node = g.nodes()[i];
-    std::vector<ir::Argument> args, kwargs;
-    for (const auto& a : node.args) args.push_back(remap(a));
-    for (const auto& a : node.kwargs) kwargs.push_back(remap(a));
-    std::vector<ir::TensorMeta> metas;
-    std::vector<std::string> names;
-    for (ValueId v : node.outputs) {
-      metas.push_back(g.value(v).meta);
-      names.push_back(g.value(v).name);
-    }
-    auto outs = b.AddNode(node.target, std::move(args), std::move(kwargs), std::move(metas),
-                          node.name, std::move(names));
-    for (size_t j = 0; j < outs.size(); ++j) {
-      if (map[node.outputs[j]] == kNoValue) map[node.outputs[j]] = outs[j];
-    }
+    b.CopyNode(g, g.nodes()[i], &map);
   }
   for (ValueId v : outputs) b.AddOutput(map[v]);
   return std::move(b).Build();

@@ -17,20 +17,8 @@ namespace {
 
 using ir::Ref;
 
-ir::TensorMeta Meta(std::vector<int64_t> sizes, bool requires_grad = false,
-                    v1::DType dtype = v1::FLOAT32) {
-  ir::TensorMeta m;
-  m.dtype = dtype;
-  m.device_type = "cpu";
-  int64_t stride = 1;
-  m.strides.resize(sizes.size());
-  for (int d = static_cast<int>(sizes.size()) - 1; d >= 0; --d) {
-    m.strides[d] = ir::SymInt{stride};
-    stride *= sizes[d];
-  }
-  for (int64_t s : sizes) m.sizes.push_back(ir::SymInt{s});
-  m.requires_grad = requires_grad;
-  return m;
+ir::TensorMeta Meta(std::vector<int64_t> sizes, bool requires_grad = false) {
+  return ir::ContiguousMeta(sizes, v1::FLOAT32, requires_grad);
 }
 
 ir::ValueId Op(ir::GraphBuilder& b, const std::string& target, std::vector<ir::Argument> args,

@@ -49,6 +49,34 @@ std::vector<ValueId> GraphBuilder::AddNode(std::string target, std::vector<Argum
   return nodes_.back().outputs;
 }
 
+std::vector<ValueId> GraphBuilder::CopyNode(const Graph& from, const Node& node,
+                                            std::vector<ValueId>* map) {
+  auto remap = [map](Argument a) {
+    if (auto* id = std::get_if<ValueId>(&a.kind)) *id = (*map)[*id];
+    if (auto* ids = std::get_if<std::vector<ValueId>>(&a.kind)) {
+      for (ValueId& id : *ids) {
+        if (id != kNoValue) id = (*map)[id];
+      }
+    }
+    return a;
+  };
+  std::vector<Argument> args, kwargs;
+  for (const auto& a : node.args) args.push_back(remap(a));
+  for (const auto& a : node.kwargs) kwargs.push_back(remap(a));
+  std::vector<TensorMeta> metas;
+  std::vector<std::string> names;
+  for (ValueId id : node.outputs) {
+    metas.push_back(from.value(id).meta);
+    names.push_back(from.value(id).name);
+  }
+  std::vector<ValueId> outs = AddNode(node.target, std::move(args), std::move(kwargs),
+                                      std::move(metas), node.name, std::move(names));
+  for (size_t j = 0; j < outs.size(); ++j) {
+    if ((*map)[node.outputs[j]] == kNoValue) (*map)[node.outputs[j]] = outs[j];
+  }
+  return outs;
+}
+
 Graph GraphBuilder::Build() && {
   Graph g;
   g.name_ = std::move(name_);
@@ -57,6 +85,21 @@ Graph GraphBuilder::Build() && {
   g.outputs_ = std::move(outputs_);
   g.values_ = std::move(values_);
   return g;
+}
+
+TensorMeta ContiguousMeta(const std::vector<int64_t>& sizes, v1::DType dtype, bool requires_grad) {
+  TensorMeta m;
+  m.dtype = dtype;
+  m.device_type = "cpu";
+  m.requires_grad = requires_grad;
+  m.strides.resize(sizes.size());
+  int64_t stride = 1;
+  for (int d = static_cast<int>(sizes.size()) - 1; d >= 0; --d) {
+    m.strides[d] = SymInt{stride};
+    stride *= sizes[d];
+  }
+  for (int64_t s : sizes) m.sizes.push_back(SymInt{s});
+  return m;
 }
 
 Argument Ref(ValueId v) { return Argument{"", v}; }

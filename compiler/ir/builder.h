@@ -31,6 +31,12 @@ class GraphBuilder {
                                std::vector<std::string> output_names = {});
   void AddOutput(ValueId value) { outputs_.push_back(value); }
 
+  // Adds a copy of `node` of graph `from` (same target, arguments, names and
+  // output metadata), its operands renamed through `map` (a value id of
+  // `from` -> one of this builder). Records the copy's outputs in `map` and
+  // returns them.
+  std::vector<ValueId> CopyNode(const Graph& from, const Node& node, std::vector<ValueId>* map);
+
   const Value& value(ValueId id) const { return values_[id]; }
   const std::vector<Node>& nodes() const { return nodes_; }
   int num_values() const { return static_cast<int>(values_.size()); }
@@ -49,6 +55,10 @@ class GraphBuilder {
   absl::flat_hash_set<std::string> used_names_;
   int next_ = 0;
 };
+
+// Float32 (or `dtype`) CPU metadata of these constant sizes, contiguous.
+TensorMeta ContiguousMeta(const std::vector<int64_t>& sizes, v1::DType dtype = v1::FLOAT32,
+                          bool requires_grad = false);
 
 // Argument shorthands for builders and tests (named by kind: a ValueId is
 // an int too, so an overload set would be a trap).

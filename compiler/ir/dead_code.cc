@@ -27,30 +27,8 @@ bool EliminateDeadCode(Graph* graph) {
     const Value& v = g.value(in.value);
     map[in.value] = b.AddInput(v.meta, in.kind, v.name);
   }
-  auto remap = [&](Argument a) {
-    if (auto* id = std::get_if<ValueId>(&a.kind)) *id = map[*id];
-    if (auto* ids = std::get_if<std::vector<ValueId>>(&a.kind)) {
-      for (ValueId& id : *ids) {
-        if (id != kNoValue) id = map[id];
-      }
-    }
-    return a;
-  };
   for (size_t i = 0; i < g.nodes().size(); ++i) {
-    if (!live_node[i]) continue;
-    const Node& node = g.nodes()[i];
-    std::vector<Argument> args, kwargs;
-    for (const auto& a : node.args) args.push_back(remap(a));
-    for (const auto& a : node.kwargs) kwargs.push_back(remap(a));
-    std::vector<TensorMeta> metas;
-    std::vector<std::string> names;
-    for (ValueId id : node.outputs) {
-      metas.push_back(g.value(id).meta);
-      names.push_back(g.value(id).name);
-    }
-    std::vector<ValueId> outs = b.AddNode(node.target, std::move(args), std::move(kwargs),
-                                          std::move(metas), node.name, std::move(names));
-    for (size_t j = 0; j < outs.size(); ++j) map[node.outputs[j]] = outs[j];
+    if (live_node[i]) b.CopyNode(g, g.nodes()[i], &map);
   }
   for (ValueId id : g.outputs()) b.AddOutput(map[id]);
   *graph = std::move(b).Build();

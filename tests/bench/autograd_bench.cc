@@ -12,18 +12,7 @@ namespace kiln {
 namespace {
 
 ir::TensorMeta Meta(std::vector<int64_t> sizes, bool requires_grad) {
-  ir::TensorMeta m;
-  m.dtype = v1::FLOAT32;
-  m.device_type = "cpu";
-  int64_t stride = 1;
-  m.strides.resize(sizes.size());
-  for (int d = static_cast<int>(sizes.size()) - 1; d >= 0; --d) {
-    m.strides[d] = ir::SymInt{stride};
-    stride *= sizes[d];
-  }
-  for (int64_t s : sizes) m.sizes.push_back(ir::SymInt{s});
-  m.requires_grad = requires_grad;
-  return m;
+  return ir::ContiguousMeta(sizes, v1::FLOAT32, requires_grad);
 }
 
 ir::ValueId Op(ir::GraphBuilder& b, const std::string& target, std::vector<ir::Argument> args,

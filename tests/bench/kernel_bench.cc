@@ -36,19 +36,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using ir::Ref;
 
-ir::TensorMeta Meta(std::vector<int64_t> sizes) {
-  ir::TensorMeta m;
-  m.dtype = v1::FLOAT32;
-  m.device_type = "cpu";
-  int64_t stride = 1;
-  m.strides.resize(sizes.size());
-  for (int d = static_cast<int>(sizes.size()) - 1; d >= 0; --d) {
-    m.strides[d] = ir::SymInt{stride};
-    stride *= sizes[d];
-  }
-  for (int64_t s : sizes) m.sizes.push_back(ir::SymInt{s});
-  return m;
-}
+ir::TensorMeta Meta(std::vector<int64_t> sizes) { return ir::ContiguousMeta(sizes); }
 
 ir::ValueId Op(ir::GraphBuilder& b, const std::string& target, std::vector<ir::Argument> args,
                int output = 0) {
