@@ -57,6 +57,16 @@ struct Group {
   std::set<ValueId> stored;
   std::vector<std::string> nodes;
   bool open = true;
+  // A whole-space value `keep` that the final `out` would recompute in a
+  // later pass (softmax's exponentials): when `value` (out's graph value)
+  // is stored anyway, `keep` is written into its buffer in its own pass and
+  // read back, so it is computed once.
+  struct KeepInOutput {
+    int keep;
+    int out;
+    ValueId value;
+  };
+  std::vector<KeepInOutput> keep_in_output;
 };
 
 bool SameSizes(const SymSizes& a, const SymSizes& b) { return a == b; }
@@ -772,6 +782,7 @@ absl::StatusOr<bool> Lowerer::TryReduction(int node_index) {
     int out;
     if (node.target == "aten._softmax.default") {
       out = full.Op("div", {e, s}, Compute(in.dtype));
+      if (Compute(in.dtype) == out_t) grp.keep_in_output.push_back({e, out, node.outputs[0]});
     } else {
       Builder r = make(Level::kRowKeep);
       out = full.Op("sub", {shifted, r.Op("log", {s}, Compute(in.dtype))}, Compute(in.dtype));
@@ -843,23 +854,41 @@ absl::StatusOr<Kernel> Lowerer::EmitKernel(int gi) {
   // Passes: a whole-space value can be computed once every per-row value it
   // reads exists; a reduction's result exists at the end of its sweep.
   std::vector<GVal>& vals = grp.vals;
-  std::vector<int> pass(vals.size(), 0);
-  for (size_t i = 0; i < vals.size(); ++i) {
+  // Values kept in their output's buffer: written in their pass, reloaded.
+  std::map<int, int> reload_after;                  // reload GVal -> kept GVal
+  std::vector<std::pair<int, ValueId>> keep_stores;  // kept GVal -> buffer of value
+  for (const Group::KeepInOutput& k : grp.keep_in_output) {
+    auto v = grp.value_of.find(k.value);
+    if (!grp.stored.count(k.value) || v == grp.value_of.end() || v->second != k.out) continue;
+    const ir::TensorMeta& m = g_.value(k.value).meta;
+    GVal reload;
+    reload.kind = StmtKind::kLoad;
+    reload.dtype = vals[k.keep].dtype;
+    reload.level = Level::kFull;
+    reload.over = m.strides;
+    reload.buffer = grp.buffer_index[g_.value(k.value).name];
+    vals.push_back(std::move(reload));
+    const int id = static_cast<int>(vals.size()) - 1;
+    reload_after[id] = k.keep;
+    for (int& a : vals[k.out].args) {
+      if (a == k.keep) a = id;
+    }
+    keep_stores.emplace_back(k.keep, k.value);
+  }
+  std::vector<int> pass(vals.size(), -1);
+  std::function<int(int)> pass_of = [&](int i) -> int {
+    if (pass[i] >= 0) return pass[i];
     const GVal& v = vals[i];
     int p = 0;
     for (int a : v.args) {
       const bool a_row = vals[a].level != Level::kFull;
       const bool v_row = v.level != Level::kFull;
-      if (v.kind == StmtKind::kReduce) {
-        p = std::max(p, pass[a]);
-      } else if (a_row && !v_row) {
-        p = std::max(p, pass[a] + 1);
-      } else {
-        p = std::max(p, pass[a]);
-      }
+      p = std::max(p, pass_of(a) + (a_row && !v_row && v.kind != StmtKind::kReduce ? 1 : 0));
     }
-    pass[i] = p;
-  }
+    if (auto r = reload_after.find(i); r != reload_after.end()) p = std::max(p, pass_of(r->second) + 1);
+    return pass[i] = p;
+  };
+  for (size_t i = 0; i < vals.size(); ++i) pass_of(static_cast<int>(i));
   // Stores.
   std::vector<std::pair<ValueId, int>> stores;
   for (ValueId v : grp.stored) stores.emplace_back(v, grp.value_of[v]);
@@ -905,6 +934,21 @@ absl::StatusOr<Kernel> Lowerer::EmitKernel(int gi) {
       s.args = {emit_full(vals[i].args[0])};
       k.stmts.push_back(std::move(s));
       row_stmt[i] = static_cast<int>(k.stmts.size()) - 1;
+    }
+    for (const auto& [keep, v] : keep_stores) {
+      if (pass[keep] != p) continue;
+      Stmt s;
+      s.kind = StmtKind::kStore;
+      s.pass = p;
+      s.inner = true;
+      s.args = {emit_full(keep)};
+      s.buffer = grp.buffer_index[g_.value(v).name];
+      const ir::TensorMeta& m = g_.value(v).meta;
+      s.dtype = m.dtype;
+      for (int d : outer) s.index.outer_strides.push_back(m.strides[d]);
+      for (int d : inner) s.index.inner_strides.push_back(m.strides[d]);
+      if (inner.empty()) s.index.inner_strides.push_back(SymInt{int64_t{0}});
+      k.stmts.push_back(std::move(s));
     }
     for (const auto& [v, id] : stores) {
       if (vals[id].level != Level::kFull || pass[id] != p) continue;
