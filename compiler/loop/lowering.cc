@@ -756,6 +756,14 @@ absl::StatusOr<bool> Lowerer::TryReduction(int node_index) {
 
   ASSIGN_OR_RETURN(int x, load_input());
   Builder full = make(Level::kFull);
+  // The number of elements each row reduces: a constant when the reduced
+  // sizes are, else counted by a reduction (symbolic sizes).
+  auto count = [&](Builder& r, Level level) {
+    ir::SymInt n{int64_t{1}};
+    for (int d : spec.dims) n = ops::SymMul(n, in.sizes[d]);
+    if (n.is_constant()) return r.C(static_cast<double>(n.constant()), ct);
+    return reduce(full.C(1, ct), ReduceOp::kSum, level);
+  };
   x = full.Cast(x, Compute(in.dtype));
   if (node.target == "aten.sum.dim_IntList" || node.target == "aten.sum.default") {
     finish({{node.outputs[0], {reduce(full.Cast(x, ct), ReduceOp::kSum, row), row}}});
@@ -770,7 +778,7 @@ absl::StatusOr<bool> Lowerer::TryReduction(int node_index) {
     }
     int m2 = reduce(x, ReduceOp::kWelfordM2, row);
     Builder r = make(row);
-    int n = reduce(full.C(1, ct), ReduceOp::kSum, row);
+    int n = count(r, row);
     int denom = r.Op("max", {r.Op("sub", {n, r.C(correction, ct)}, ct), r.C(0, ct)}, ct);
     finish({{node.outputs[0], {r.Op("div", {m2, denom}, ct), row}}});
   } else if (node.target == "aten._softmax.default" || node.target == "aten._log_softmax.default") {
@@ -794,7 +802,7 @@ absl::StatusOr<bool> Lowerer::TryReduction(int node_index) {
     int mean = reduce(x, ReduceOp::kWelfordMean, Level::kRowKeep);
     int m2 = reduce(x, ReduceOp::kWelfordM2, Level::kRowKeep);
     Builder r = make(Level::kRowKeep);
-    int n = reduce(full.C(1, ct), ReduceOp::kSum, Level::kRowKeep);
+    int n = count(r, Level::kRowKeep);
     int rstd = r.Op("rsqrt", {r.Op("add", {r.Op("div", {m2, n}, ct), r.C(eps, ct)}, ct)}, ct);
     int y = full.Op("mul", {full.Op("sub", {x, mean}, ct), rstd}, ct);
     if (!call.IsNone("weight")) {
