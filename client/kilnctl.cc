@@ -546,20 +546,28 @@ absl::Status Trace(const Client& client, const Invocation& inv) {
   if (dir.empty()) return absl::InvalidArgumentError("trace: give the output directory with -o DIR");
   ASSIGN_OR_RETURN(std::string key, ResolveKey(client, inv.args[0], inv.ns));
   ASSIGN_OR_RETURN(v1::GetEntryResponse entry, client.GetEntry(key, inv.ns));
+  std::map<std::string, std::string> files;
   if (entry.entry().variants_size() == 0) {
-    return absl::NotFoundError(absl::StrCat("entry ", key, " has no variants"));
-  }
-  ASSIGN_OR_RETURN(v1::GetArtifactResponse got, client.GetArtifact(entry.entry().variants(0).digest()));
-  const v1::Artifact& a = got.artifact();
-  std::map<std::string, std::string> files(a.trace().begin(), a.trace().end());
-  std::string times;
-  for (const auto& p : a.compile_times()) {
-    absl::StrAppend(&times, p.phase(), " ", p.micros(), " us\n");
-  }
-  files["compile_times.txt"] = times;
-  if (a.has_graph()) {
-    auto g = ir::Graph::FromProto(a.graph());
-    if (g.ok()) files.emplace("input_graph.txt", ir::PrintReadable(*g));
+    // Only a failed compile: its error and the trace it got as far as.
+    if (!entry.has_last_failure()) {
+      return absl::NotFoundError(absl::StrCat("entry ", key, " has no variants"));
+    }
+    files.insert(entry.last_failure().trace().begin(), entry.last_failure().trace().end());
+    files["error.txt"] = entry.last_failure().error() + "\n";
+  } else {
+    ASSIGN_OR_RETURN(v1::GetArtifactResponse got,
+                     client.GetArtifact(entry.entry().variants(0).digest()));
+    const v1::Artifact& a = got.artifact();
+    files.insert(a.trace().begin(), a.trace().end());
+    std::string times;
+    for (const auto& p : a.compile_times()) {
+      absl::StrAppend(&times, p.phase(), " ", p.micros(), " us\n");
+    }
+    files["compile_times.txt"] = times;
+    if (a.has_graph()) {
+      auto g = ir::Graph::FromProto(a.graph());
+      if (g.ok()) files.emplace("input_graph.txt", ir::PrintReadable(*g));
+    }
   }
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);

@@ -61,7 +61,7 @@ class KilnBackend final : public Backend {
   absl::StatusOr<v1::Artifact> Compile(const CompileInput& input,
                                        PhaseTimes* times) const override {
     v1::Artifact artifact = NewArtifact(input, name());
-    auto& trace = *artifact.mutable_trace();
+    auto& trace = *input.trace;
     trace["input_graph.txt"] = ir::PrintReadable(input.graph);
     codegen::CppOptions cpp;
     cpp.isa = input.options.target().cpu_isa();
@@ -74,6 +74,7 @@ class KilnBackend final : public Backend {
     if (!training) {
       ASSIGN_OR_RETURN(*artifact.mutable_compiled(),
                        CompileGraph(input.graph, "", *backend, times, &trace));
+      artifact.mutable_trace()->insert(trace.begin(), trace.end());
       return artifact;
     }
     ASSIGN_OR_RETURN(autograd::JointGraph joint, times->Time("joint-graph", [&] {
@@ -90,13 +91,14 @@ class KilnBackend final : public Backend {
                      CompileGraph(split.forward, "forward_", *backend, times, &trace));
     ASSIGN_OR_RETURN(*artifact.mutable_compiled_backward(),
                      CompileGraph(split.backward, "backward_", *backend, times, &trace));
+    artifact.mutable_trace()->insert(trace.begin(), trace.end());
     return artifact;
   }
 
  private:
   static absl::StatusOr<v1::CompiledGraph> CompileGraph(
       const ir::Graph& graph, const std::string& prefix, const codegen::CodegenBackend& backend,
-      PhaseTimes* times, google::protobuf::Map<std::string, std::string>* trace) {
+      PhaseTimes* times, std::map<std::string, std::string>* trace) {
     (*trace)[prefix + "ir_before_fusion.txt"] = ir::PrintReadable(graph);
     ASSIGN_OR_RETURN(loop::LoweredGraph lowered,
                      times->Time(prefix + "lower-fuse-plan", [&] { return loop::LowerGraph(graph); }));
@@ -110,7 +112,10 @@ class KilnBackend final : public Backend {
     (*trace)[prefix + "generated_code.cc"] = source;
     auto module = times->Time(prefix + "native-compile", [&] { return backend.Compile(source); });
     if (!module.ok()) {
-      (*trace)[prefix + "compile_error.txt"] = std::string(module.status().message());
+      // The whole compiler log, when the code generator attached it.
+      auto log = module.status().GetPayload(codegen::kCompilerLogPayload);
+      (*trace)[prefix + "compile_error.txt"] =
+          log.has_value() ? std::string(*log) : std::string(module.status().message());
       return module.status();
     }
     *out.add_modules() = *std::move(module);

@@ -48,6 +48,9 @@ struct CompileInput {
   const v1::GuardSet& guards;
   const v1::CompileOptions& options;  // normalized
   const std::string& key;
+  // Debug trace files, written as the stages run (so a failed compile still
+  // leaves what it got as far as); the backend copies them into the artifact.
+  std::map<std::string, std::string>* trace;
 };
 
 class Backend {

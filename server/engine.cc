@@ -228,10 +228,14 @@ absl::StatusOr<v1::CompileResponse> Engine::CompileMiss(
         return resp;
       }
       ASSIGN_OR_RETURN(const Backend* backend, backends_.Find(options.backend()));
-      CompileInput input{graph, guards, options, key};
+      std::map<std::string, std::string> trace;
+      CompileInput input{graph, guards, options, key, &trace};
       auto artifact = backend->Compile(input, &times);
       cache_->CountCompile(artifact.ok());
-      if (!artifact.ok()) return artifact.status();
+      if (!artifact.ok()) {
+        RecordFailure(ns, key, artifact.status(), trace);
+        return artifact.status();
+      }
       for (const auto& p : times.phases()) *artifact->add_compile_times() = p;
       const std::string bytes = ir::DeterministicBytes(*artifact);
       resp.set_outcome(outcome);
@@ -367,14 +371,47 @@ absl::StatusOr<v1::ListEntriesResponse> Engine::ListEntries(const v1::ListEntrie
   return resp;
 }
 
+void Engine::RecordFailure(const std::string& ns, const std::string& key,
+                           const absl::Status& error,
+                           const std::map<std::string, std::string>& trace) {
+  constexpr size_t kKept = 64;
+  const std::string id = absl::StrCat(ns, "\n", key);
+  absl::MutexLock l(&failures_mu_);
+  if (!failures_.count(id)) failure_order_.push_back(id);
+  v1::FailedCompile& f = failures_[id];
+  f.Clear();
+  f.set_unix_micros(absl::ToUnixMicros(absl::Now()));
+  f.set_error(std::string(error.message()));
+  f.mutable_trace()->insert(trace.begin(), trace.end());
+  while (failure_order_.size() > kKept) {
+    failures_.erase(failure_order_.front());
+    failure_order_.pop_front();
+  }
+}
+
 absl::StatusOr<v1::GetEntryResponse> Engine::GetEntry(const v1::GetEntryRequest& req) {
   RETURN_IF_ERROR(cache::ValidateNamespace(req.namespace_()));
   if (!IsHexDigest(req.key())) {
     return absl::InvalidArgumentError(absl::StrCat("key: '", req.key(), "' is not a hex SHA-256"));
   }
-  ASSIGN_OR_RETURN(v1::StoredEntry e, cache_->GetEntry(req.namespace_(), req.key()));
   v1::GetEntryResponse resp;
-  *resp.mutable_entry() = ToEntryInfo(req.namespace_(), req.key(), e, true);
+  bool failed = false;
+  {
+    absl::MutexLock l(&failures_mu_);
+    auto it = failures_.find(absl::StrCat(req.namespace_(), "\n", req.key()));
+    if (it != failures_.end()) {
+      *resp.mutable_last_failure() = it->second;
+      failed = true;
+    }
+  }
+  auto e = cache_->GetEntry(req.namespace_(), req.key());
+  if (absl::IsNotFound(e.status()) && failed) {
+    resp.mutable_entry()->set_namespace_(req.namespace_());
+    resp.mutable_entry()->set_key(req.key());
+    return resp;
+  }
+  if (!e.ok()) return e.status();
+  *resp.mutable_entry() = ToEntryInfo(req.namespace_(), req.key(), *e, true);
   return resp;
 }
 

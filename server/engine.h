@@ -11,6 +11,8 @@
 #define KILN_SERVER_ENGINE_H_
 
 #include <atomic>
+#include <deque>
+#include <map>
 #include <memory>
 #include <string>
 
@@ -71,6 +73,13 @@ class Engine {
   const BackendRegistry backends_;
   std::atomic<bool> frozen_;
   std::atomic<int> in_flight_{0};
+
+  // The newest failed compile of each key (bounded), for `kilnctl trace`.
+  void RecordFailure(const std::string& ns, const std::string& key, const absl::Status& error,
+                     const std::map<std::string, std::string>& trace);
+  absl::Mutex failures_mu_;
+  std::map<std::string, v1::FailedCompile> failures_ ABSL_GUARDED_BY(failures_mu_);
+  std::deque<std::string> failure_order_ ABSL_GUARDED_BY(failures_mu_);
 
   absl::Mutex flights_mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<Flight>> flights_

@@ -23,6 +23,10 @@
 
 namespace kiln::codegen {
 
+// Type URL of the absl::Status payload that carries a failed native
+// compile's whole log (the message holds its first lines).
+inline constexpr char kCompilerLogPayload[] = "kiln.dev/compiler-log";
+
 class CodegenBackend {
  public:
   virtual ~CodegenBackend() = default;

@@ -76,8 +76,6 @@ using loop::ReduceOp;
 using loop::Stmt;
 using loop::StmtKind;
 
-// Type URL of the payload carrying a failed compile's whole log.
-constexpr char kCompilerLogPayload[] = "kiln.dev/compiler-log";
 
 // Lanes of the vectorized Welford accumulation.
 constexpr int kWelfordLanes = 16;

@@ -528,6 +528,40 @@ TEST(KilndTest, SigtermDrainsACompileInFlight) {
   EXPECT_TRUE(c->GetArtifact(digest).ok());
 }
 
+TEST(KilndTest, KilnCompilesAndAFailedNativeCompileKeepsItsTrace) {
+  TempDir dir;
+  KilndProcess kilnd(dir.path());
+  auto c = ConnectTo(kilnd);
+  const v1::Graph g = ChainGraph(12);
+  auto ok = c->Compile(Request(g, "kiln"));
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  const v1::Artifact& a = ok->artifact();
+  EXPECT_EQ(a.target().cpu_isa(), "x86-64-v3");
+  ASSERT_EQ(a.compiled().modules_size(), 1);
+  EXPECT_FALSE(a.compiled().modules(0).binary().empty());
+  EXPECT_EQ(a.compiled().plan().kernels(), 1);  // relu/neg/add chain: one kernel
+  EXPECT_TRUE(a.trace().count("generated_code.cc"));
+  EXPECT_NE(a.trace().at("ir_after_fusion.txt").find("fusion decisions"), std::string::npos);
+
+  // An ISA g++ does not know: INTERNAL with the compiler's words, and the
+  // trace (with the whole log) kept for the key.
+  v1::CompileRequest bad = Request(g, "kiln");
+  bad.mutable_options()->mutable_target()->set_cpu_isa("no-such-isa");
+  auto failed = c->Compile(bad);
+  ASSERT_EQ(failed.status().code(), absl::StatusCode::kInternal) << failed.status();
+  EXPECT_TRUE(Contains(failed.status().message(), "no-such-isa")) << failed.status();
+  auto key = Client::Key(bad.graph(), bad.options());
+  ASSERT_TRUE(key.ok());
+  auto entry = c->GetEntry(*key);
+  ASSERT_TRUE(entry.ok()) << entry.status();
+  EXPECT_EQ(entry->entry().variants_size(), 0);
+  ASSERT_TRUE(entry->has_last_failure());
+  EXPECT_TRUE(entry->last_failure().trace().count("generated_code.cc"));
+  ASSERT_TRUE(entry->last_failure().trace().count("compile_error.txt"));
+  EXPECT_TRUE(Contains(entry->last_failure().trace().at("compile_error.txt"), "no-such-isa"));
+  EXPECT_TRUE(c->Health().ok());
+}
+
 TEST(KilndTest, KillNineLosesNoAcknowledgedEntry) {
   TempDir dir;
   struct Acked {
