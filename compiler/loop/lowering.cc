@@ -943,35 +943,27 @@ absl::StatusOr<Kernel> Lowerer::EmitKernel(int gi) {
       k.stmts.push_back(std::move(s));
       row_stmt[i] = static_cast<int>(k.stmts.size()) - 1;
     }
-    for (const auto& [keep, v] : keep_stores) {
-      if (pass[keep] != p) continue;
-      Stmt s;
-      s.kind = StmtKind::kStore;
-      s.pass = p;
-      s.inner = true;
-      s.args = {emit_full(keep)};
-      s.buffer = grp.buffer_index[g_.value(v).name];
-      const ir::TensorMeta& m = g_.value(v).meta;
-      s.dtype = m.dtype;
-      for (int d : outer) s.index.outer_strides.push_back(m.strides[d]);
-      for (int d : inner) s.index.inner_strides.push_back(m.strides[d]);
-      if (inner.empty()) s.index.inner_strides.push_back(SymInt{int64_t{0}});
-      k.stmts.push_back(std::move(s));
-    }
-    for (const auto& [v, id] : stores) {
-      if (vals[id].level != Level::kFull || pass[id] != p) continue;
+    // Whole-space stores: a value into its graph value's buffer, in the
+    // value's layout.
+    auto store_full = [&](int id, ValueId into) {
       Stmt s;
       s.kind = StmtKind::kStore;
       s.pass = p;
       s.inner = true;
       s.args = {emit_full(id)};
-      s.buffer = grp.buffer_index[g_.value(v).name];
-      const ir::TensorMeta& m = g_.value(v).meta;
+      s.buffer = grp.buffer_index[g_.value(into).name];
+      const ir::TensorMeta& m = g_.value(into).meta;
       s.dtype = m.dtype;
       for (int d : outer) s.index.outer_strides.push_back(m.strides[d]);
       for (int d : inner) s.index.inner_strides.push_back(m.strides[d]);
       if (inner.empty()) s.index.inner_strides.push_back(SymInt{int64_t{0}});
       k.stmts.push_back(std::move(s));
+    };
+    for (const auto& [keep, v] : keep_stores) {
+      if (pass[keep] == p) store_full(keep, v);
+    }
+    for (const auto& [v, id] : stores) {
+      if (vals[id].level == Level::kFull && pass[id] == p) store_full(id, v);
     }
     // Outer level, after the sweep: per-row values of this pass and their stores.
     for (size_t i = 0; i < vals.size(); ++i) {
