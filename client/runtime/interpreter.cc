@@ -35,6 +35,8 @@ namespace kiln::runtime {
 namespace {
 
 using ir::Argument;
+using ir::IsEmptyList;
+using ir::KindName;
 using ir::ValueId;
 
 // How one schema parameter gets its IValue at Run.
@@ -62,32 +64,7 @@ Slot Constant(c10::IValue v) {
   return s;
 }
 
-const char* KindName(const Argument::Kind& kind) {
-  static constexpr const char* kNames[] = {
-      "None",     "a tensor",          "an int",           "a float",         "a bool",
-      "a string", "a list of ints",    "a list of floats", "a list of bools", "a list of tensors",
-      "a SymInt", "a list of SymInts", "a dtype",          "a device",        "a memory format",
-      "a layout"};
-  static_assert(std::size(kNames) == std::variant_size_v<Argument::Kind>);
-  return kNames[kind.index()];
-}
 
-bool IsEmptyList(const Argument::Kind& kind) {
-  return std::visit(
-      [](const auto& v) {
-        using T = std::decay_t<decltype(v)>;
-        if constexpr (std::is_same_v<T, std::vector<int64_t>> ||
-                      std::is_same_v<T, std::vector<double>> ||
-                      std::is_same_v<T, std::vector<bool>> ||
-                      std::is_same_v<T, std::vector<ValueId>> ||
-                      std::is_same_v<T, std::vector<ir::SymInt>>) {
-          return v.empty();
-        } else {
-          return false;
-        }
-      },
-      kind);
-}
 
 }  // namespace
 

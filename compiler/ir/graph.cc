@@ -232,6 +232,50 @@ absl::StatusOr<std::vector<int>> TopologicalOrder(const v1::Graph& proto) {
 
 }  // namespace
 
+std::string KindName(const Argument::Kind& k) {
+  return std::visit(
+      [](const auto& v) -> std::string {
+        using T = std::decay_t<decltype(v)>;
+        if constexpr (std::is_same_v<T, None>) return "None";
+        if constexpr (std::is_same_v<T, ValueId>) return "a tensor";
+        if constexpr (std::is_same_v<T, int64_t>) return "an int";
+        if constexpr (std::is_same_v<T, double>) return "a float";
+        if constexpr (std::is_same_v<T, bool>) return "a bool";
+        if constexpr (std::is_same_v<T, std::string>) return "a string";
+        if constexpr (std::is_same_v<T, std::vector<int64_t>>) return "an int list";
+        if constexpr (std::is_same_v<T, std::vector<double>>) return "a float list";
+        if constexpr (std::is_same_v<T, std::vector<bool>>) return "a bool list";
+        if constexpr (std::is_same_v<T, std::vector<ValueId>>) {
+          bool has_none = std::find(v.begin(), v.end(), kNoValue) != v.end();
+          return has_none ? "a tensor list with None" : "a tensor list";
+        }
+        if constexpr (std::is_same_v<T, SymInt>) return "a SymInt";
+        if constexpr (std::is_same_v<T, std::vector<SymInt>>) return "a SymInt list";
+        if constexpr (std::is_same_v<T, v1::DType>) return "a dtype";
+        if constexpr (std::is_same_v<T, Device>) return "a device";
+        if constexpr (std::is_same_v<T, v1::MemoryFormat>) return "a memory format";
+        if constexpr (std::is_same_v<T, v1::Layout>) return "a layout";
+      },
+      k);
+}
+
+bool IsEmptyList(const Argument::Kind& k) {
+  return std::visit(
+      [](const auto& v) {
+        using T = std::decay_t<decltype(v)>;
+        if constexpr (std::is_same_v<T, std::vector<int64_t>> ||
+                      std::is_same_v<T, std::vector<double>> ||
+                      std::is_same_v<T, std::vector<bool>> ||
+                      std::is_same_v<T, std::vector<ValueId>> ||
+                      std::is_same_v<T, std::vector<SymInt>>) {
+          return v.empty();
+        } else {
+          return false;
+        }
+      },
+      k);
+}
+
 std::string SymInt::ToString() const {
   return is_constant() ? std::to_string(constant()) : expr();
 }

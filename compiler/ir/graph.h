@@ -116,6 +116,13 @@ class Graph {
   std::vector<Value> values_;
 };
 
+// "a float", "None", "a tensor list with None": what an argument is, for
+// error messages.
+std::string KindName(const Argument::Kind& kind);
+
+// Whether the argument is a list with no elements (of any element type).
+bool IsEmptyList(const Argument::Kind& kind);
+
 SymInt SymIntFromProto(const v1::SymInt& p);
 v1::SymInt SymIntToProto(const SymInt& s);
 

@@ -54,13 +54,6 @@ ir::Argument DefaultArgument(const ir::SchemaParam& p) {
   return a;
 }
 
-const char* KindName(const ir::Argument::Kind& k) {
-  static const char* kNames[] = {"None",   "a tensor",  "an int",      "a float",  "a bool",
-                                 "a str",  "an int list", "a float list", "a bool list",
-                                 "a tensor list", "a SymInt", "a SymInt list", "a dtype",
-                                 "a device", "a memory format", "a layout"};
-  return kNames[k.index()];
-}
 
 }  // namespace
 
@@ -122,7 +115,7 @@ absl::Status Mismatch(const OpCall& c, const std::string& name, const char* want
   const ir::Argument* a = c.Find(name);
   return absl::InvalidArgumentError(absl::StrCat(c.Where(), ": argument '", name, "' should be ",
                                                  want, ", got ",
-                                                 a == nullptr ? "nothing" : KindName(a->kind)));
+                                                 a == nullptr ? "nothing" : ir::KindName(a->kind)));
 }
 
 }  // namespace
