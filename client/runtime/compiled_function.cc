@@ -11,6 +11,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "client/runtime/cpu_features.h"
 #include "common/status_macros.h"
 #include "compiler/ir/graph.h"
 
@@ -84,6 +85,7 @@ absl::StatusOr<std::unique_ptr<CompiledFunction>> CompiledFunction::Create(
   }
 
   if (artifact.backend() == "kiln") {
+    RETURN_IF_ERROR(CheckCpuSupports(artifact.target().cpu_isa()));
     fn->name_ = artifact.graph().name();
     if (!artifact.has_compiled_forward() && !artifact.has_compiled_backward()) {
       if (!artifact.has_compiled()) {

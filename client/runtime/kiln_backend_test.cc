@@ -11,6 +11,7 @@
 
 #include <functional>
 
+#include "client/runtime/cpu_features.h"
 #include "client/runtime/interpreter.h"
 #include "client/runtime/plan_executor.h"
 #include "compiler/codegen/codegen.h"
@@ -333,6 +334,17 @@ TEST(KilnBackendTest, OneSymbolicCompileServesThreeSizes) {
   for (int64_t rows : {1, 5, 37}) {
     ExpectSame(c, g, {Rand({rows, 24})}, "rows " + std::to_string(rows));
   }
+}
+
+TEST(CpuFeaturesTest, RefusesCodeForAnIsaTheCpuLacks) {
+  auto without_avx2 = [](const char* f) { return std::string(f) != "avx2"; };
+  absl::Status s = CheckCpuSupports("x86-64-v3", without_avx2);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("avx2"), std::string::npos) << s;
+  EXPECT_TRUE(CheckCpuSupports("x86-64-v2", without_avx2).ok());
+  EXPECT_TRUE(CheckCpuSupports("native", [](const char*) { return false; }).ok());
+  // The default ISA runs on this machine (every test above ran its code).
+  EXPECT_TRUE(CheckCpuSupports("x86-64-v3").ok());
 }
 
 }  // namespace

@@ -633,3 +633,16 @@ class KilnBackendTest(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class CpuCheckTest(unittest.TestCase):
+    """Generated code for an ISA this CPU lacks is refused before it runs."""
+
+    def test_missing_flag_is_refused_by_name(self):
+        from kiln.compiled import check_cpu_supports
+        flags = {"ssse3", "sse4_2", "popcnt", "fma", "bmi2"}  # no avx2
+        with self.assertRaisesRegex(RuntimeError, "avx2"):
+            check_cpu_supports("x86-64-v3", cpu_flags=flags)
+        check_cpu_supports("x86-64-v2", cpu_flags=flags)
+        check_cpu_supports("native", cpu_flags=set())
+        check_cpu_supports("x86-64-v3")  # this machine ran every kiln test above

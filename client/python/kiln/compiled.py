@@ -70,6 +70,39 @@ def compile(fn, *example_inputs, client, backend="aot_eager", namespace=""):  # 
     return CompiledFunction(captured, response.artifact, response.key)
 
 
+# CPU flags each x86-64 level needs (g++'s -march names), as /proc/cpuinfo
+# spells them.
+_ISA_FLAGS = {
+    "x86-64": [],
+    "x86-64-v2": ["ssse3", "sse4_2", "popcnt"],
+    "x86-64-v3": ["ssse3", "sse4_2", "popcnt", "avx2", "fma", "bmi2"],
+    "x86-64-v4": ["ssse3", "sse4_2", "popcnt", "avx2", "fma", "bmi2", "avx512f", "avx512bw",
+                  "avx512vl", "avx512dq"],
+}
+
+
+def check_cpu_supports(isa, cpu_flags=None):
+    """Raises RuntimeError when generated code for `isa` would not run on this
+    CPU (instead of an illegal instruction). `cpu_flags` defaults to this CPU's
+    /proc/cpuinfo flags; ISA names other than the x86-64 levels are not
+    checked."""
+    needed = _ISA_FLAGS.get(isa)
+    if not needed:
+        return
+    if cpu_flags is None:
+        try:
+            with open("/proc/cpuinfo") as f:
+                line = next((l for l in f if l.startswith("flags")), "")
+        except OSError:
+            return
+        cpu_flags = set(line.split(":", 1)[-1].split())
+    for flag in needed:
+        if flag not in cpu_flags:
+            raise RuntimeError(f"the artifact's code was compiled for {isa}, which needs {flag}; "
+                               "this CPU lacks it: compile with options.target.cpu_isa set to a "
+                               "level it has")
+
+
 class _AutogradGraphs(torch.autograd.Function):
     """The forward and backward graphs of an `aot_eager` artifact as one
     autograd function: apply(compiled, *primals) -> forward outputs."""
@@ -148,6 +181,8 @@ class CompiledFunction:
         # inference (a `kiln` artifact with `compiled` alone).
         self._inference_only = False
 
+        if artifact.HasField("compiled") or artifact.HasField("compiled_forward"):
+            check_cpu_supports(artifact.target.cpu_isa)
         if artifact.HasField("compiled_forward") or artifact.HasField("compiled_backward"):
             if not (artifact.HasField("compiled_forward") and artifact.HasField("compiled_backward")
                     and artifact.HasField("autograd")):
