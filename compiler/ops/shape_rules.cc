@@ -358,7 +358,9 @@ absl::StatusOr<Metas> MaskedFill(const OpCall& c) {
   return Metas{ElementwiseOut(self->dtype, std::move(b), *self)};
 }
 
-absl::StatusOr<Metas> ToCopy(const OpCall& c) {
+// _to_copy and zeros_like, ones_like, empty_like, full_like: self's sizes,
+// with the dtype, device and memory format the arguments ask for.
+absl::StatusOr<Metas> LikeSelf(const OpCall& c) {
   ASSIGN_OR_RETURN(const TensorMeta* self, c.Meta("self"));
   ASSIGN_OR_RETURN(v1::DType dtype, DTypeArg(c, self->dtype));
   ASSIGN_OR_RETURN(ir::Device device, DeviceArg(c, DeviceOf(*self)));
@@ -1089,16 +1091,6 @@ ShapeRule Factory(const char* size_param, const char* fill_param) {
   };
 }
 
-// zeros_like, ones_like, empty_like, full_like.
-absl::StatusOr<Metas> FactoryLike(const OpCall& c) {
-  ASSIGN_OR_RETURN(const TensorMeta* self, c.Meta("self"));
-  ASSIGN_OR_RETURN(v1::DType dtype, DTypeArg(c, self->dtype));
-  ASSIGN_OR_RETURN(ir::Device device, DeviceArg(c, DeviceOf(*self)));
-  ASSIGN_OR_RETURN(SymSizes strides, StridesFor(c, *self));
-  TensorMeta m = NewTensorOn(dtype, self->sizes, device);
-  m.strides = std::move(strides);
-  return Metas{std::move(m)};
-}
 
 absl::StatusOr<Metas> NewZeros(const OpCall& c) {
   ASSIGN_OR_RETURN(const TensorMeta* self, c.Meta("self"));
@@ -1583,7 +1575,7 @@ void RegisterPointwise(Definer& def) {
       {"condition"});
   def("aten.masked_fill.Scalar", kPointwise, MaskedFill, {"mask"});
 
-  def("aten._to_copy.default", kPointwise, ToCopy);
+  def("aten._to_copy.default", kPointwise, LikeSelf);
   def("aten.clone.default", kPointwise, Clone);
   def("aten.lift_fresh_copy.default", kPointwise, Clone);
   def("aten.copy.default", kPointwise, [](const OpCall& c) { return SelfShaped(c, "src"); });
@@ -1668,7 +1660,7 @@ void RegisterCreation(Definer& def) {
   def("aten.empty_strided.default", kCreation, Factory("size", nullptr));
   def("aten.scalar_tensor.default", kCreation, Factory(nullptr, nullptr));
   for (const char* op : {"full_like", "zeros_like", "ones_like", "empty_like"}) {
-    def(absl::StrCat("aten.", op, ".default"), kCreation, FactoryLike);
+    def(absl::StrCat("aten.", op, ".default"), kCreation, LikeSelf);
   }
   def("aten.new_zeros.default", kCreation, NewZeros);
   def("aten.arange.default", kCreation, Arange);
