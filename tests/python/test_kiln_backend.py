@@ -446,66 +446,14 @@ class KilnBackendTest(unittest.TestCase):
     # (b) Training.
 
     def check_training(self, name, fn, examples):
-        """Compiles `fn` with the kiln backend for training and compares, for
-        a plain sum and a randomly weighted sum as the loss, the output and
-        the gradient of every parameter and input with eager PyTorch (and
-        batch norm's running statistics). Returns the compiled function."""
-        rng = Random()
-        msg = f"{name}, seed {rng.seed}"
-        is_module = isinstance(fn, nn.Module)
-        eager_fn = copy.deepcopy(fn) if is_module else fn
-        inputs = [rng.like(x, requires_grad=x.is_floating_point()) for x in examples]
-        compiled = kiln.compile(fn, *inputs, client=self.client, backend="kiln")
-        artifact = compiled.artifact
-        self.assertEqual(artifact.backend, "kiln", msg)
-        for field in ("autograd", "compiled_forward", "compiled_backward"):
-            self.assertTrue(artifact.HasField(field), f"{msg}: {field}")
-        self.assertFalse(artifact.HasField("compiled"), msg)
-        self.assertGreaterEqual(artifact.compiled_forward.plan.kernels, 1, msg)
+        def compiled_for_training(test, artifact, msg):
+            for field in ("autograd", "compiled_forward", "compiled_backward"):
+                test.assertTrue(artifact.HasField(field), f"{msg}: {field}")
+            test.assertFalse(artifact.HasField("compiled"), msg)
+            test.assertGreaterEqual(artifact.compiled_forward.plan.kernels, 1, msg)
 
-        for loss_kind in ("sum", "weighted"):
-            what = f"{msg}, loss {loss_kind}"
-            inputs = [rng.like(x, requires_grad=x.is_floating_point()) for x in examples]
-            eager_inputs = [x.detach().clone().requires_grad_(x.requires_grad) for x in inputs]
-            if is_module:
-                fn.zero_grad(set_to_none=True)
-                eager_fn.zero_grad(set_to_none=True)
-                buffers_before = [b.clone() for b in fn.buffers()]
-            seed = rng.int(2 ** 31)
-
-            torch.manual_seed(seed)
-            expected = eager_fn(*eager_inputs)
-            torch.manual_seed(seed)
-            out = compiled(*inputs)
-            self.assertIsNotNone(out.grad_fn, what)
-            assert_close(self, out, expected, f"{what}: output (dropout masks agree)")
-
-            weight = rng.like(expected) if loss_kind == "weighted" else None
-            for value in (out, expected):
-                loss = value.sum() if weight is None else (value * weight).sum()
-                loss.backward()
-
-            for i, (x, ref) in enumerate(zip(inputs, eager_inputs)):
-                if ref.requires_grad:
-                    assert_close(self, x.grad, ref.grad, f"{what}: grad of input {i}")
-            if is_module:
-                for (pname, p), ref in zip(fn.named_parameters(), eager_fn.parameters()):
-                    if ref.requires_grad:
-                        assert_close(self, p.grad, ref.grad, f"{what}: grad of {pname}")
-                for (bname, b), ref, before in zip(fn.named_buffers(), eager_fn.buffers(),
-                                                   buffers_before):
-                    if bname.endswith("num_batches_tracked"):  # dropped by capture
-                        eager_fn.get_buffer(bname).copy_(before)
-                    else:
-                        assert_close(self, b, ref, f"{what}: buffer {bname}")
-
-            if has_dropout(fn):
-                torch.manual_seed(seed + 1)
-                with torch.no_grad():
-                    other = compiled(*inputs)
-                self.assertFalse(torch.allclose(other, expected),
-                                 f"{what}: another seed gives the same output: is dropout on?")
-        return compiled
+        return test_training.check_training(self, "kiln", compiled_for_training, name, fn,
+                                            examples)
 
     def test_training_mlp(self):
         self.check_training("mlp", *case("mlp.json"))

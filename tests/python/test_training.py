@@ -296,6 +296,72 @@ class ReferenceRunnerTest(unittest.TestCase):
 
 
 @unittest.skipUnless(KILND, "KILND is not set")
+def check_training(test, backend, check_artifact, name, fn, examples):
+    """Compiles `fn` with `backend` on test.client, checks the artifact with
+    `check_artifact(test, artifact, msg)`, and compares, for a plain sum
+    and a randomly weighted sum as the loss, the output and the gradient
+    of every parameter and input (and batch norm's running statistics)
+    with eager PyTorch. Returns the compiled function."""
+    rng = Random()
+    msg = f"{name}, seed {rng.seed}"
+    is_module = isinstance(fn, nn.Module)
+    eager_fn = copy.deepcopy(fn) if is_module else fn
+    inputs = [rng.like(x, requires_grad=x.is_floating_point()) for x in examples]
+    compiled = kiln.compile(fn, *inputs, client=test.client, backend=backend)
+    test.assertEqual(compiled.artifact.backend, backend, msg)
+    test.assertTrue(compiled.key, msg)
+    check_artifact(test, compiled.artifact, msg)
+
+    for loss_kind in ("sum", "weighted"):
+        what = f"{msg}, loss {loss_kind}"
+        inputs = [rng.like(x, requires_grad=x.is_floating_point()) for x in examples]
+        eager_inputs = [x.detach().clone().requires_grad_(x.requires_grad) for x in inputs]
+        if is_module:
+            fn.zero_grad(set_to_none=True)
+            eager_fn.zero_grad(set_to_none=True)
+            buffers_before = [b.clone() for b in fn.buffers()]
+        seed = rng.int(2 ** 31)
+
+        torch.manual_seed(seed)
+        expected = eager_fn(*eager_inputs)
+        torch.manual_seed(seed)
+        out = compiled(*inputs)
+        test.assertIs(type(out), type(expected), what)
+        test.assertIsNotNone(out.grad_fn, what)
+        assert_close(test, out, expected, f"{what}: output (dropout masks agree)")
+
+        weight = rng.like(expected) if loss_kind == "weighted" else None
+        for value in (out, expected):
+            loss = value.sum() if weight is None else (value * weight).sum()
+            loss.backward()
+
+        for i, (x, ref) in enumerate(zip(inputs, eager_inputs)):
+            if ref.requires_grad:
+                assert_close(test, x.grad, ref.grad, f"{what}: grad of input {i}")
+        if is_module:
+            for (pname, p), ref in zip(fn.named_parameters(), eager_fn.parameters()):
+                if ref.requires_grad:
+                    assert_close(test, p.grad, ref.grad, f"{what}: grad of {pname}")
+            # Batch norm's running statistics move as in eager; its
+            # num_batches_tracked += 1 is dropped by capture (documented
+            # in tracer.py: it only matters for momentum=None).
+            for (bname, b), ref, before in zip(fn.named_buffers(), eager_fn.buffers(),
+                                               buffers_before):
+                if bname.endswith("num_batches_tracked"):
+                    test.assertTrue(torch.equal(b, before), f"{what}: {bname}")
+                    eager_fn.get_buffer(bname).copy_(before)
+                else:
+                    assert_close(test, b, ref, f"{what}: buffer {bname}")
+
+        if has_dropout(fn):
+            torch.manual_seed(seed + 1)
+            with torch.no_grad():
+                other = compiled(*inputs)
+            test.assertFalse(torch.allclose(other, expected),
+                             f"{what}: another seed gives the same output: is dropout on?")
+    return compiled
+
+
 class TrainingTest(unittest.TestCase):
     """kiln.compile through a real kilnd against eager PyTorch."""
 
@@ -312,68 +378,10 @@ class TrainingTest(unittest.TestCase):
         self.assertEqual(status, 0, f"kilnd exit status after SIGTERM:\n{self.server.log_tail()}")
 
     def check_training(self, name, fn, examples):
-        """Compiles `fn` with aot_eager and compares, for a plain sum and a
-        randomly weighted sum as the loss, the output and the gradient of
-        every parameter and input with eager PyTorch. Returns the compiled
-        function."""
-        rng = Random()
-        msg = f"{name}, seed {rng.seed}"
-        is_module = isinstance(fn, nn.Module)
-        eager_fn = copy.deepcopy(fn) if is_module else fn
-        inputs = [rng.like(x, requires_grad=x.is_floating_point()) for x in examples]
-        compiled = kiln.compile(fn, *inputs, client=self.client, backend="aot_eager")
-        self.assertEqual(compiled.artifact.backend, "aot_eager", msg)
-        self.assertTrue(compiled.artifact.HasField("autograd"), msg)
-        self.assertTrue(compiled.key, msg)
+        def has_autograd(test, artifact, msg):
+            test.assertTrue(artifact.HasField("autograd"), msg)
 
-        for loss_kind in ("sum", "weighted"):
-            what = f"{msg}, loss {loss_kind}"
-            inputs = [rng.like(x, requires_grad=x.is_floating_point()) for x in examples]
-            eager_inputs = [x.detach().clone().requires_grad_(x.requires_grad) for x in inputs]
-            if is_module:
-                fn.zero_grad(set_to_none=True)
-                eager_fn.zero_grad(set_to_none=True)
-                buffers_before = [b.clone() for b in fn.buffers()]
-            seed = rng.int(2 ** 31)
-
-            torch.manual_seed(seed)
-            expected = eager_fn(*eager_inputs)
-            torch.manual_seed(seed)
-            out = compiled(*inputs)
-            self.assertIs(type(out), type(expected), what)
-            self.assertIsNotNone(out.grad_fn, what)
-            assert_close(self, out, expected, f"{what}: output (dropout masks agree)")
-
-            weight = rng.like(expected) if loss_kind == "weighted" else None
-            for value in (out, expected):
-                loss = value.sum() if weight is None else (value * weight).sum()
-                loss.backward()
-
-            for i, (x, ref) in enumerate(zip(inputs, eager_inputs)):
-                if ref.requires_grad:
-                    assert_close(self, x.grad, ref.grad, f"{what}: grad of input {i}")
-            if is_module:
-                for (pname, p), ref in zip(fn.named_parameters(), eager_fn.parameters()):
-                    if ref.requires_grad:
-                        assert_close(self, p.grad, ref.grad, f"{what}: grad of {pname}")
-                # Batch norm's running statistics move as in eager; its
-                # num_batches_tracked += 1 is dropped by capture (documented
-                # in tracer.py: it only matters for momentum=None).
-                for (bname, b), ref, before in zip(fn.named_buffers(), eager_fn.buffers(),
-                                                   buffers_before):
-                    if bname.endswith("num_batches_tracked"):
-                        self.assertTrue(torch.equal(b, before), f"{what}: {bname}")
-                        eager_fn.get_buffer(bname).copy_(before)
-                    else:
-                        assert_close(self, b, ref, f"{what}: buffer {bname}")
-
-            if has_dropout(fn):
-                torch.manual_seed(seed + 1)
-                with torch.no_grad():
-                    other = compiled(*inputs)
-                self.assertFalse(torch.allclose(other, expected),
-                                 f"{what}: another seed gives the same output: is dropout on?")
-        return compiled
+        return check_training(self, "aot_eager", has_autograd, name, fn, examples)
 
     def test_mlp(self):
         self.check_training("mlp", *case("mlp.json"))
