@@ -404,18 +404,7 @@ INSTANTIATE_TEST_SUITE_P(Graphs, GraphFileTest, ::testing::ValuesIn(GraphCases()
 
 ir::TensorMeta Meta(std::vector<int64_t> sizes, v1::DType dtype = v1::FLOAT32,
                     bool requires_grad = false) {
-  ir::TensorMeta meta;
-  meta.dtype = dtype;
-  int64_t stride = 1;
-  meta.strides.resize(sizes.size());
-  for (size_t i = sizes.size(); i-- > 0;) {
-    meta.strides[i] = ir::SymInt{stride};
-    stride *= sizes[i];
-  }
-  for (int64_t s : sizes) meta.sizes.push_back(ir::SymInt{s});
-  meta.device_type = "cpu";
-  meta.requires_grad = requires_grad;
-  return meta;
+  return ir::ContiguousMeta(sizes, dtype, requires_grad);
 }
 
 // z = native_dropout(x, 0.5, train)[0] * w, x and w requiring grad.

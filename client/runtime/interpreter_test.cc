@@ -42,17 +42,7 @@ using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 ir::TensorMeta Meta(std::vector<int64_t> sizes, v1::DType dtype = v1::FLOAT32) {
-  ir::TensorMeta meta;
-  meta.dtype = dtype;
-  int64_t stride = 1;
-  meta.strides.resize(sizes.size());
-  for (size_t i = sizes.size(); i-- > 0;) {
-    meta.strides[i] = ir::SymInt{stride};
-    stride *= sizes[i];
-  }
-  for (int64_t s : sizes) meta.sizes.push_back(ir::SymInt{s});
-  meta.device_type = "cpu";
-  return meta;
+  return ir::ContiguousMeta(sizes, dtype);
 }
 
 Argument Str(std::string s) { return Argument{"", std::move(s)}; }
