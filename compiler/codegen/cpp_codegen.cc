@@ -30,7 +30,7 @@
 //
 // Sweeps whose accesses all have inner stride 0 or 1 take the fast path
 // above (`omp simd`, pointer arithmetic; reductions as simd reductions, a
-// Welford mean/M2 over 16 lanes merged with Chan's formula); others index
+// Welford mean/M2 over 32 lanes merged with Chan's formula); others index
 // the buffers with their strides in plain (or nested) loops.
 //
 // Compile errors come back as INTERNAL whose message holds the first lines of
@@ -77,8 +77,11 @@ using loop::Stmt;
 using loop::StmtKind;
 
 
-// Lanes of the vectorized Welford accumulation.
-constexpr int kWelfordLanes = 16;
+// Lanes of the vectorized Welford accumulation: 32 float lanes are four
+// AVX2 vectors (two AVX-512 ones), enough independent update chains to
+// hide the latency of the sub/FMA chain of each lane without spilling
+// the 2 x 32 accumulators out of the 16 AVX2 registers.
+constexpr int kWelfordLanes = 32;
 
 // ---------------------------------------------------------------------------
 // The prelude of every translation unit.
@@ -371,7 +374,7 @@ bool IsReservedName(const std::string& name) {
     if (!absl::ascii_isdigit(name[k])) return false;
   }
   static const char* const kPrefixes[] = {"t",   "b",  "p",  "e",  "o",   "i",   "acc", "nan",
-                                          "buf", "wm", "wq", "wn", "wml", "wql", "wc",  "in"};
+                                          "buf", "wm", "wq", "wn", "wml", "wql", "wc",  "in", "rc"};
   const std::string prefix = name.substr(0, letters);
   for (const char* p : kPrefixes) {
     if (prefix == p) return true;
@@ -898,7 +901,10 @@ class KernelEmitter {
       return bin("-");
     }
     if (op == "mul") return boolean ? bin("&&") : bin("*");
-    if (op == "div") return bin("/");
+    if (op == "div") {
+      if (reciprocal_.count(j)) return absl::StrCat("(", x(0), " * rc", j, ")");
+      return bin("/");
+    }
     if (op == "div_floor") {
       if (boolean) return refuse();
       return call2(flt ? "kiln_floordiv_float" : "kiln_floordiv");
@@ -1187,9 +1193,14 @@ class KernelEmitter {
           if (!IsWelford(s) || WelfordId(j) != j) continue;
           const char* T = CName(type_[j]);
           absl::StrAppend(out, Pad(depth), "if (", wc, " > 0) {\n");
-          absl::StrAppend(out, Pad(depth + 1), T, " m = 0;\n", Pad(depth + 1),
-                          "for (int l = 0; l < ", L, "; ++l) m += wml", j, "[l];\n");
-          absl::StrAppend(out, Pad(depth + 1), "m /= ", L, ";\n");
+          // The mean of the lane means, summed as offsets from lane 0: the
+          // means themselves are large next to their spread, and a plain sum
+          // of them rounds at 32x their magnitude.
+          absl::StrAppend(out, Pad(depth + 1), T, " s = 0;\n", Pad(depth + 1),
+                          "for (int l = 1; l < ", L, "; ++l) s += wml", j, "[l] - wml", j,
+                          "[0];\n");
+          absl::StrAppend(out, Pad(depth + 1), "const ", T, " m = wml", j, "[0] + s / ", L,
+                          ";\n");
           absl::StrAppend(out, Pad(depth + 1), T, " q = 0;\n", Pad(depth + 1),
                           "for (int l = 0; l < ", L, "; ++l) {\n", Pad(depth + 2), "const ", T,
                           " d = wml", j, "[l] - m;\n", Pad(depth + 2), "q += wql", j,
@@ -1229,6 +1240,27 @@ class KernelEmitter {
       }
     }
     return absl::OkStatus();
+  }
+
+  // A floating division inside the sweep by a value computed once per row
+  // (softmax's sum, a norm's scale) becomes one division before the sweep
+  // and a multiplication per element, as ATen's own softmax does: a divide
+  // costs about ten multiplies. The result may differ from x / d in the last
+  // bit.
+  void DeclareReciprocals(const Pass& pass, int depth, std::string* out) {
+    for (int j : pass.inner) {
+      const Stmt& s = k_.stmts[j];
+      if (s.kind != StmtKind::kOp || s.op != "div" || !IsFloat(type_[j])) continue;
+      // Row-invariant: an outer-level value, or a reduction finished by an
+      // earlier pass.
+      const Stmt& d = k_.stmts[s.args[1]];
+      const bool invariant = !d.inner || (d.kind == StmtKind::kReduce && d.pass < pass.number);
+      if (!invariant) continue;
+      const char* T = CName(type_[j]);
+      absl::StrAppend(out, Pad(depth), "const ", T, " rc", j, " = ", T, "(1) / ",
+                      Cast(s.args[1], type_[j]), ";\n");
+      reciprocal_.insert(j);
+    }
   }
 
   CType WelfordType(const Pass& pass) const {
@@ -1392,6 +1424,7 @@ class KernelEmitter {
         for (int j : pass.inner) {
           if (k_.stmts[j].kind == StmtKind::kReduce) DeclareAccumulator(j, pass, depth, &loops);
         }
+        DeclareReciprocals(pass, depth, &loops);
         RETURN_IF_ERROR(EmitSweep(pass, depth, &loops));
         for (int j : pass.inner) {
           if (k_.stmts[j].kind == StmtKind::kReduce) Finish(j, depth, &loops);
@@ -1415,6 +1448,7 @@ class KernelEmitter {
   std::vector<std::string> base_;  // per access: the row's base offset ("0", "b3")
   std::vector<Pass> passes_;
   std::set<int> used_symbols_;
+  std::set<int> reciprocal_;  // divisions inside a sweep by a row-invariant value
   std::map<std::string, std::string> hoisted_;  // C++ expression -> local name
   std::vector<std::string> hoisted_decls_;
 };
@@ -1545,6 +1579,9 @@ class CppBackend : public CodegenBackend {
         absl::StrCat("-march=", options_.isa.empty() ? "native" : options_.isa),
         options_.openmp ? "-fopenmp" : "-fopenmp-simd",
         "-fno-math-errno",
+        // Unroll-and-jam of a chunk loop around an `omp simd` lane loop
+        // leaves the lane loop scalar (the Welford sweep gets 2x slower).
+        "-fno-loop-unroll-and-jam",
         "-shared",
         "-fPIC",
         "-o",

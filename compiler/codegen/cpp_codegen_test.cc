@@ -456,7 +456,7 @@ TEST(CppCodegen, LayerNormWithWelford) {
   auto module =
       Build({LayerNorm("layer_norm_1000", 1000), LayerNorm("layer_norm_7", 7)}, {"s0"}, &source);
   ASSERT_NE(module, nullptr);
-  EXPECT_TRUE(absl::StrContains(source, "wml")) << source;  // the 16-lane Welford
+  EXPECT_TRUE(absl::StrContains(source, "wml")) << source;  // the lane-wise Welford
   for (const int64_t N : {1000, 7}) {
     const int64_t R = 50;
     // An offset mean makes a naive sum-of-squares variance visibly wrong.
