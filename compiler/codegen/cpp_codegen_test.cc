@@ -194,6 +194,12 @@ std::vector<float> Random(size_t n, uint32_t seed, float lo = -2, float hi = 2) 
   return v;
 }
 
+int CountOf(absl::string_view text, absl::string_view what) {
+  int n = 0;
+  for (size_t at = text.find(what); at != absl::string_view::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
 // |got - want| <= atol + rtol * |want|, element by element.
 template <typename G, typename W>
 void ExpectClose(const std::vector<G>& got, const std::vector<W>& want, double rtol = 1e-5,
@@ -405,6 +411,37 @@ TEST(CppCodegen, SoftmaxInThreePasses) {
     for (int64_t n = 0; n < N; ++n) want[r * N + n] = std::exp(x[r * N + n] - mx) / sum;
   }
   ExpectClose(out, want, 1e-5, 1e-7);
+}
+
+// out = x / sum(x over the row) / y: the division by the row's sum (a
+// reduction of an earlier pass) is one reciprocal per row; the division by
+// y, which changes along the row, stays a division.
+TEST(CppCodegen, DivisionByARowValueIsOneReciprocalPerRow) {
+  const int64_t R = 16, N = 300;
+  KernelBuilder kb("normalize", {C(R)}, {C(N)}, 2);
+  const int x = kb.Buffer("x", v1::FLOAT32);
+  const int y = kb.Buffer("y", v1::FLOAT32);
+  const int out = kb.Buffer("out", v1::FLOAT32, true);
+  kb.At(0, true);
+  const int sum = kb.Reduce(ReduceOp::kSum, kb.Load(x, Idx({C(N)}, {C(1)})));
+  kb.At(1, true);
+  const int q = kb.Op("div", {kb.Load(x, Idx({C(N)}, {C(1)})), sum});
+  kb.Store(out, Idx({C(N)}, {C(1)}), kb.Op("div", {q, kb.Load(y, Idx({C(N)}, {C(1)}))}));
+  std::string source;
+  auto module = Build({kb.kernel()}, {}, &source);
+  ASSERT_NE(module, nullptr);
+  EXPECT_EQ(CountOf(source, "float(1) / "), 1) << source;
+  EXPECT_TRUE(absl::StrContains(source, " * rc")) << source;
+  EXPECT_TRUE(absl::StrContains(source, " / t")) << source;  // the division by y
+  std::vector<float> xs = Random(R * N, 21, 0.5, 2), ys = Random(R * N, 22, 0.5, 2), got(R * N);
+  Call(module->Fn("normalize"), {xs.data(), ys.data(), got.data()});
+  std::vector<double> want(got.size());
+  for (int64_t r = 0; r < R; ++r) {
+    double total = 0;
+    for (int64_t k = 0; k < N; ++k) total += xs[r * N + k];
+    for (int64_t k = 0; k < N; ++k) want[r * N + k] = xs[r * N + k] / total / ys[r * N + k];
+  }
+  ExpectClose(got, want, 1e-5, 0);
 }
 
 TEST(CppCodegen, MaxReductionPropagatesNan) {
