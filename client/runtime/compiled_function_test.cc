@@ -55,6 +55,13 @@ using ::testing::HasSubstr;
 
 constexpr double kRtol = 1e-4;
 constexpr double kAtol = 1e-5;
+// Gradients of the transformer block reach 5e3 with random weights and sum
+// thousands of products through softmax's and LayerNorm's backward; two
+// float32 evaluations in different orders (ATen's and the generated
+// kernels') then differ by up to ~1e-4 of the largest gradient where one
+// element is near 0. Measured over 120 runs at 1e-5: 4-14 failures per 60,
+// with the largest difference 7.5e-5 of the scale.
+constexpr double kGradAtol = 1e-4;
 
 // ---------------------------------------------------------------------------
 // Inputs.
@@ -149,7 +156,8 @@ uint64_t FreshSeed() {
 // ---------------------------------------------------------------------------
 // Comparisons.
 
-::testing::AssertionResult Close(const at::Tensor& got, const at::Tensor& want) {
+::testing::AssertionResult Close(const at::Tensor& got, const at::Tensor& want,
+                                 double atol = kAtol) {
   if (!got.defined() || !want.defined()) {
     if (got.defined() == want.defined()) return ::testing::AssertionSuccess();
     return ::testing::AssertionFailure()
@@ -169,7 +177,7 @@ uint64_t FreshSeed() {
   // scale (generated reductions sum in another order than ATen's, so a
   // gradient of magnitude 1e3 can differ by 1e-3 where its value is near 0).
   const double scale = std::max(1.0, b.abs().max().item<double>());
-  if (at::allclose(a, b, kRtol, kAtol * scale)) return ::testing::AssertionSuccess();
+  if (at::allclose(a, b, kRtol, atol * scale)) return ::testing::AssertionSuccess();
   const at::Tensor diff = a.sub(b).abs();
   return ::testing::AssertionFailure()
          << "max |got - want| = " << diff.max().item<double>()
@@ -185,7 +193,7 @@ uint64_t FreshSeed() {
   if (!got.defined() && want.defined() && !want.detach().ne(0).any().item<bool>()) {
     return ::testing::AssertionSuccess();
   }
-  return Close(got, want);
+  return Close(got, want, kGradAtol);
 }
 
 // ---------------------------------------------------------------------------

@@ -1063,7 +1063,18 @@ class KernelEmitter {
       return;
     }
     switch (s.reduce) {
-      case ReduceOp::kSum: absl::StrAppend(out, Pad(depth), T, " acc", j, " = 0;\n"); break;
+      case ReduceOp::kSum:
+        // A strided sweep adds its terms one after another: float32 rounding
+        // error would grow with the count (a weight gradient summed over
+        // every row is off by 1e-5 of its size). Those sums run in double;
+        // the vectorized ones keep one partial sum per lane.
+        if (t == CType::kF32 && (pass.mode == SweepMode::kPlain || pass.mode == SweepMode::kNested)) {
+          absl::StrAppend(out, Pad(depth), "double acc", j, " = 0;\n");
+          wide_sums_.insert(j);
+          break;
+        }
+        absl::StrAppend(out, Pad(depth), T, " acc", j, " = 0;\n");
+        break;
       case ReduceOp::kMax:
       case ReduceOp::kMin: {
         const bool max = s.reduce == ReduceOp::kMax;
@@ -1156,6 +1167,8 @@ class KernelEmitter {
       value = absl::StrCat(s.reduce == ReduceOp::kWelfordMean ? "wm" : "wq", w);
     } else if ((s.reduce == ReduceOp::kMax || s.reduce == ReduceOp::kMin) && IsFloat(t)) {
       value = absl::StrCat("nan", j, " ? ", Limit(t, "quiet_NaN"), " : acc", j);
+    } else if (wide_sums_.count(j)) {
+      value = absl::StrCat("static_cast<float>(acc", j, ")");
     } else {
       value = absl::StrCat("acc", j);
     }
@@ -1449,6 +1462,7 @@ class KernelEmitter {
   std::vector<Pass> passes_;
   std::set<int> used_symbols_;
   std::set<int> reciprocal_;  // divisions inside a sweep by a row-invariant value
+  std::set<int> wide_sums_;   // float32 sums accumulated in double
   std::map<std::string, std::string> hoisted_;  // C++ expression -> local name
   std::vector<std::string> hoisted_decls_;
 };
