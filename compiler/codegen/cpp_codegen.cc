@@ -29,9 +29,11 @@
 //   }
 //
 // Sweeps whose accesses all have inner stride 0 or 1 take the fast path
-// above (`omp simd`, pointer arithmetic; reductions as simd reductions, a
-// Welford mean/M2 over 32 lanes merged with Chan's formula); others index
-// the buffers with their strides in plain (or nested) loops.
+// above (`omp simd`, pointer arithmetic); a sweep with reductions runs in
+// chunks of 32 lanes, each lane with its own accumulator (a Welford
+// mean/M2 per lane merged with Chan's formula), then a scalar tail. Others
+// index the buffers with their strides in plain (or nested) loops, where
+// float32 sums accumulate in double.
 //
 // Compile errors come back as INTERNAL whose message holds the first lines of
 // the compiler's log; the whole log is the status payload kCompilerLogPayload.
@@ -77,11 +79,13 @@ using loop::Stmt;
 using loop::StmtKind;
 
 
-// Lanes of the vectorized Welford accumulation: 32 float lanes are four
-// AVX2 vectors (two AVX-512 ones), enough independent update chains to
-// hide the latency of the sub/FMA chain of each lane without spilling
-// the 2 x 32 accumulators out of the 16 AVX2 registers.
-constexpr int kWelfordLanes = 32;
+// Lanes of a vectorized reduction (contiguous sweeps keep one accumulator
+// per lane, merged after the sweep): 32 float lanes are four AVX2 vectors
+// (two AVX-512 ones), enough independent chains to hide the latency of a
+// max or of Welford's sub/FMA chain, without spilling Welford's 2 x 32
+// accumulators out of the 16 AVX2 registers. One accumulator would make
+// a row's max wait 4 cycles per 8 elements.
+constexpr int kLanes = 32;
 
 // ---------------------------------------------------------------------------
 // The prelude of every translation unit.
@@ -374,7 +378,7 @@ bool IsReservedName(const std::string& name) {
     if (!absl::ascii_isdigit(name[k])) return false;
   }
   static const char* const kPrefixes[] = {"t",   "b",  "p",  "e",  "o",   "i",   "acc", "nan",
-                                          "buf", "wm", "wq", "wn", "wml", "wql", "wc",  "in", "rc"};
+                                          "buf", "wm", "wq", "wn", "wml", "wql", "wc",  "in", "rc", "accl", "nanl"};
   const std::string prefix = name.substr(0, letters);
   for (const char* p : kPrefixes) {
     if (prefix == p) return true;
@@ -954,6 +958,7 @@ class KernelEmitter {
     std::vector<int> after;   // outer level, after it
     SweepMode mode = SweepMode::kNested;
     bool has_welford = false;
+    bool has_reduction = false;  // any reduction, Welford or not
     int number = 0;
   };
 
@@ -1046,6 +1051,14 @@ class KernelEmitter {
     return StmtError(j, "internal: a reduction is not a plain statement");
   }
 
+  // The identity of max/min reduction j.
+  std::string ReduceInit(int j) const {
+    const CType t = type_[j];
+    const bool max = k_.stmts[j].reduce == ReduceOp::kMax;
+    return IsFloat(t) ? absl::StrCat(max ? "-" : "", Limit(t, "infinity"))
+                      : Limit(t, max ? "lowest" : "max");
+  }
+
   // Accumulator declarations of reduction j (before its sweep).
   void DeclareAccumulator(int j, const Pass& pass, int depth, std::string* out) {
     const Stmt& s = k_.stmts[j];
@@ -1057,10 +1070,18 @@ class KernelEmitter {
       absl::StrAppend(out, Pad(depth), T, " wm", w, " = 0, wq", w, " = 0;  // mean, M2\n",
                       Pad(depth), "int64_t wn", w, " = 0;\n");
       if (pass.mode == SweepMode::kChunked) {
-        absl::StrAppend(out, Pad(depth), T, " wml", w, "[", kWelfordLanes, "] = {}, wql", w, "[",
-                        kWelfordLanes, "] = {};  // per lane\n");
+        absl::StrAppend(out, Pad(depth), T, " wml", w, "[", kLanes, "] = {}, wql", w, "[",
+                        kLanes, "] = {};  // per lane\n");
       }
       return;
+    }
+    if (pass.mode == SweepMode::kChunked) {
+      const std::string init = s.reduce == ReduceOp::kSum ? std::string("0") : ReduceInit(j);
+      absl::StrAppend(out, Pad(depth), T, " accl", j, "[", kLanes, "];  // per lane\n", Pad(depth),
+                      "std::fill_n(accl", j, ", ", kLanes, ", ", init, ");\n");
+      if (s.reduce != ReduceOp::kSum && IsFloat(t)) {
+        absl::StrAppend(out, Pad(depth), "int nanl", j, "[", kLanes, "] = {};\n");
+      }
     }
     switch (s.reduce) {
       case ReduceOp::kSum:
@@ -1077,10 +1098,7 @@ class KernelEmitter {
         break;
       case ReduceOp::kMax:
       case ReduceOp::kMin: {
-        const bool max = s.reduce == ReduceOp::kMax;
-        std::string init = IsFloat(t) ? absl::StrCat(max ? "-" : "", Limit(t, "infinity"))
-                                      : Limit(t, max ? "lowest" : "max");
-        absl::StrAppend(out, Pad(depth), T, " acc", j, " = ", init, ";\n");
+        absl::StrAppend(out, Pad(depth), T, " acc", j, " = ", ReduceInit(j), ";\n");
         if (IsFloat(t)) absl::StrAppend(out, Pad(depth), "int nan", j, " = 0;\n");
         break;
       }
@@ -1107,14 +1125,15 @@ class KernelEmitter {
                           " += d / static_cast<", T, ">(wn", w, "); wq", w, " += d * (", v, " - wm",
                           w, "); }");
     }
+    const std::string a = chunk_body ? absl::StrCat("accl", j, "[l]") : acc;
+    const std::string nan = chunk_body ? absl::StrCat("nanl", j, "[l]") : absl::StrCat("nan", j);
     switch (s.reduce) {
-      case ReduceOp::kSum: return absl::StrCat(acc, " += ", v, ";");
+      case ReduceOp::kSum: return absl::StrCat(a, " += ", v, ";");
       case ReduceOp::kMax:
       case ReduceOp::kMin: {
         const char* cmp = s.reduce == ReduceOp::kMax ? ">" : "<";
-        std::string line =
-            absl::StrCat(acc, " = ", v, " ", cmp, " ", acc, " ? ", v, " : ", acc, ";");
-        if (IsFloat(t)) absl::StrAppend(&line, " nan", j, " |= (", v, " != ", v, ");");
+        std::string line = absl::StrCat(a, " = ", v, " ", cmp, " ", a, " ? ", v, " : ", a, ";");
+        if (IsFloat(t)) absl::StrAppend(&line, " ", nan, " |= (", v, " != ", v, ");");
         return line;
       }
       default: return "";
@@ -1189,13 +1208,15 @@ class KernelEmitter {
       case SweepMode::kChunked: {
         for (int j : pass.inner) RETURN_IF_ERROR(DeclarePointer(j, depth, out));
         const std::string wc = absl::StrCat("wc", pass.number);
-        const int L = kWelfordLanes;
+        const int L = kLanes;
         absl::StrAppend(out, Pad(depth), "const int64_t ", wc, " = inner_n / ", L,
                         ";  // full chunks of ", L, " lanes\n");
         absl::StrAppend(out, Pad(depth), "for (int64_t c = 0; c < ", wc, "; ++c) {\n");
-        absl::StrAppend(out, Pad(depth + 1), "const ", CName(WelfordType(pass)),
-                        " winv = 1 / static_cast<", CName(WelfordType(pass)), ">(c + 1);\n");
-        absl::StrAppend(out, SimdPragma(pass));
+        if (pass.has_welford) {
+          absl::StrAppend(out, Pad(depth + 1), "const ", CName(WelfordType(pass)),
+                          " winv = 1 / static_cast<", CName(WelfordType(pass)), ">(c + 1);\n");
+        }
+        absl::StrAppend(out, "#pragma omp simd\n");  // lanes are independent
         absl::StrAppend(out, Pad(depth + 1), "for (int64_t l = 0; l < ", L, "; ++l) {\n");
         absl::StrAppend(out, Pad(depth + 2), "const int64_t i = c * ", L, " + l;\n");
         RETURN_IF_ERROR(SweepBody(pass, pass.mode, true, depth + 2, out));
@@ -1226,6 +1247,22 @@ class KernelEmitter {
                         "; i < inner_n; ++i) {  // the tail\n");
         RETURN_IF_ERROR(SweepBody(pass, pass.mode, false, depth + 1, out));
         absl::StrAppend(out, Pad(depth), "}\n");
+        // The other reductions: the tail's accumulator and the lanes'.
+        for (int j : pass.inner) {
+          const Stmt& s = k_.stmts[j];
+          if (s.kind != StmtKind::kReduce || IsWelford(s)) continue;
+          const std::string lane = absl::StrCat("accl", j, "[l]");
+          std::string line;
+          if (s.reduce == ReduceOp::kSum) {
+            line = absl::StrCat("acc", j, " += ", lane, ";");
+          } else {
+            const char* cmp = s.reduce == ReduceOp::kMax ? ">" : "<";
+            line = absl::StrCat("acc", j, " = ", lane, " ", cmp, " acc", j, " ? ", lane, " : acc",
+                                j, ";");
+            if (IsFloat(type_[j])) absl::StrAppend(&line, " nan", j, " |= nanl", j, "[l];");
+          }
+          absl::StrAppend(out, Pad(depth), "for (int l = 0; l < ", L, "; ++l) { ", line, " }\n");
+        }
         return absl::OkStatus();
       }
       case SweepMode::kPlain: {
@@ -1411,6 +1448,7 @@ class KernelEmitter {
       if (s.inner) {
         p.inner.push_back(j);
         if (IsWelford(s)) p.has_welford = true;
+        if (s.kind == StmtKind::kReduce) p.has_reduction = true;
       } else {
         (after_[j] ? p.after : p.before).push_back(j);
       }
@@ -1419,7 +1457,7 @@ class KernelEmitter {
       if (k_.inner.size() != 1) {
         p.mode = SweepMode::kNested;
       } else if (Contiguous(p)) {
-        p.mode = p.has_welford ? SweepMode::kChunked : SweepMode::kSimd;
+        p.mode = p.has_reduction ? SweepMode::kChunked : SweepMode::kSimd;
       } else {
         p.mode = SweepMode::kPlain;
       }
