@@ -416,7 +416,7 @@ bool IsReservedName(const std::string& name) {
     if (!absl::ascii_isdigit(name[k])) return false;
   }
   static const char* const kPrefixes[] = {"t",   "b",  "p",  "e",  "o",   "i",   "acc", "nan",
-                                          "buf", "wm", "wq", "wn", "wml", "wql", "wc",  "in", "rc", "accl", "nanl"};
+                                          "buf", "wm", "wq", "wn", "wml", "wql", "wc",  "in", "rc", "accl", "nanl", "pf"};
   const std::string prefix = name.substr(0, letters);
   for (const char* p : kPrefixes) {
     if (prefix == p) return true;
@@ -1117,7 +1117,7 @@ class KernelEmitter {
     if (pass.mode == SweepMode::kChunked) {
       const std::string init = s.reduce == ReduceOp::kSum ? std::string("0") : ReduceInit(j);
       absl::StrAppend(out, Pad(depth), T, " accl", j, "[", kLanes, "];  // per lane\n", Pad(depth),
-                      "std::fill_n(accl", j, ", ", kLanes, ", ", init, ");\n");
+                      "std::fill_n(accl", j, ", ", kLanes, ", ", T, "(", init, "));\n");
       if (s.reduce != ReduceOp::kSum && IsFloat(t)) {
         absl::StrAppend(out, Pad(depth), "int nanl", j, "[", kLanes, "] = {};\n");
       }
@@ -1250,7 +1250,13 @@ class KernelEmitter {
         const int L = kLanes;
         absl::StrAppend(out, Pad(depth), "const int64_t ", wc, " = inner_n / ", L,
                         ";  // full chunks of ", L, " lanes\n");
+        ASSIGN_OR_RETURN(std::vector<std::string> prefetch, DeclarePrefetches(pass, depth, out));
         absl::StrAppend(out, Pad(depth), "for (int64_t c = 0; c < ", wc, "; ++c) {\n");
+        for (const std::string& pf : prefetch) {
+          absl::StrAppend(out, Pad(depth + 1), "for (int k = 0; k < ", L, " * int(sizeof(*", pf,
+                          ")); k += 64) __builtin_prefetch(reinterpret_cast<const char*>(", pf,
+                          " + c * ", L, ") + k);\n");
+        }
         if (pass.has_welford) {
           absl::StrAppend(out, Pad(depth + 1), "const ", CName(WelfordType(pass)),
                           " winv = 1 / static_cast<", CName(WelfordType(pass)), ">(c + 1);\n");
@@ -1350,6 +1356,42 @@ class KernelEmitter {
                       Cast(s.args[1], type_[j]), ";\n");
       reciprocal_.insert(j);
     }
+  }
+
+  // Rows are read from memory by a kernel's first pass and from cache by the
+  // later ones, and a row of 4 KiB starts a new page, where the hardware
+  // prefetchers stop. A later sweep that computes transcendental functions
+  // is bound by arithmetic, with memory bandwidth to spare: it prefetches the
+  // next row of the first pass's loads (one row on along the last outer
+  // dim), so that the next first pass finds them in cache. Declares the
+  // pointers to the next rows; returns their names.
+  absl::StatusOr<std::vector<std::string>> DeclarePrefetches(const Pass& pass, int depth,
+                                                             std::string* out) {
+    std::vector<std::string> names;
+    if (pass.number == 0 || k_.outer.empty() || k_.inner.size() != 1) return names;
+    static const std::set<std::string> kHeavy = {"exp",     "log",     "log1p", "expm1",
+                                                 "sin",     "cos",     "tanh",  "erf",
+                                                 "sigmoid", "silu",    "gelu",  "gelu_tanh"};
+    bool heavy = false;
+    for (int j : pass.inner) {
+      heavy = heavy || (k_.stmts[j].kind == StmtKind::kOp && kHeavy.count(k_.stmts[j].op) > 0);
+    }
+    if (!heavy) return names;
+    std::set<std::string> seen;
+    for (int j : passes_[0].inner) {
+      const Stmt& s = k_.stmts[j];
+      if (s.kind != StmtKind::kLoad || !IsOne(Stride(s.index.inner_strides, 0))) continue;
+      if (s.index.outer_strides.empty() || IsZero(s.index.outer_strides.back())) continue;
+      ASSIGN_OR_RETURN(std::string step, Int(s.index.outer_strides.back()));
+      const std::string addr = absl::StrCat(
+          "buf", s.buffer, base_[j] == "0" ? "" : absl::StrCat(" + ", base_[j]), " + ", step);
+      if (!seen.insert(addr).second) continue;
+      const std::string name = absl::StrCat("pf", j);
+      absl::StrAppend(out, Pad(depth), "const ", StorageName(k_.buffers[s.buffer].dtype), "* ",
+                      name, " = ", addr, ";  // the next row\n");
+      names.push_back(name);
+    }
+    return names;
   }
 
   CType WelfordType(const Pass& pass) const {

@@ -463,6 +463,9 @@ TEST(CppCodegen, SoftmaxInThreePasses) {
   auto module = Build({Softmax("softmax", C(R), C(N), C(N))}, {}, &source);
   ASSERT_NE(module, nullptr);
   EXPECT_TRUE(absl::StrContains(source, "accl1[l] = t0 > accl1[l]")) << source;  // a max per lane
+  // The exp pass fetches the next row for the max pass.
+  EXPECT_TRUE(absl::StrContains(source, "const float* pf0 = buf0 + b0 + 1000;")) << source;
+  EXPECT_TRUE(absl::StrContains(source, "__builtin_prefetch")) << source;
   std::vector<float> x = Random(R * N, 10, -5, 5), out(R * N);
   x[3] = -std::numeric_limits<float>::infinity();
   Call(module->Fn("softmax"), {x.data(), out.data()});
@@ -560,6 +563,7 @@ TEST(CppCodegen, LayerNormWithWelford) {
       Build({LayerNorm("layer_norm_1000", 1000), LayerNorm("layer_norm_7", 7)}, {"s0"}, &source);
   ASSERT_NE(module, nullptr);
   EXPECT_TRUE(absl::StrContains(source, "wml")) << source;  // the lane-wise Welford
+  EXPECT_FALSE(absl::StrContains(source, "__builtin_prefetch")) << source;  // no transcendental
   for (const int64_t N : {1000, 7}) {
     const int64_t R = 50;
     // An offset mean makes a naive sum-of-squares variance visibly wrong.
