@@ -4,11 +4,12 @@
 // g++.
 //
 //   build/bin/kiln_kernel_bench [--rows=4096] [--cols=1024] [--reps=30] [--threads=N] [--isa=x86-64-v3]
-//                            [--graphs=a,b] [--dump_source=DIR]
+//       [--graphs=a,b] [--dump_source=DIR]
 //
 // Eager is the same graph run op by op through ATen (the reference
 // interpreter: the ops eager PyTorch dispatches to). Both sides get fresh
-// random inputs, a warm-up, and the median of --reps timed runs.
+// random inputs; the median of --reps timed runs, taken in blocks of 10 that
+// alternate between kiln, eager and the copy.
 #include <ATen/core/Tensor.h>
 #include <ATen/Parallel.h>
 #include <ATen/ops/allclose.h>
@@ -61,16 +62,31 @@ ir::ValueId Op(ir::GraphBuilder& b, const std::string& target, std::vector<ir::A
   return (*out)[output];
 }
 
-double MedianMs(const std::function<void()>& fn, int reps) {
-  for (int i = 0; i < 3; ++i) fn();
-  std::vector<double> t;
-  for (int i = 0; i < reps; ++i) {
-    auto s = Clock::now();
-    fn();
-    t.push_back(std::chrono::duration<double, std::milli>(Clock::now() - s).count());
+// Medians of the timed runs of several functions, taken in blocks of 10
+// runs per function in turn (a x 10, b x 10, c x 10, a x 10, ...), each block
+// after one untimed run. Blocks keep each function in its steady state (the
+// allocator recycling its own buffers; interleaving single runs made each
+// pay page faults for the other's frees), and taking turns spreads the drift
+// of a shared machine over all of them.
+std::vector<double> MedianMs(const std::vector<std::function<void()>>& fns, int reps) {
+  constexpr int kBlock = 10;
+  std::vector<std::vector<double>> t(fns.size());
+  for (int done = 0; done < reps; done += kBlock) {
+    for (size_t k = 0; k < fns.size(); ++k) {
+      fns[k]();
+      for (int i = 0; i < std::min(kBlock, reps - done); ++i) {
+        const auto s = Clock::now();
+        fns[k]();
+        t[k].push_back(std::chrono::duration<double, std::milli>(Clock::now() - s).count());
+      }
+    }
   }
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
+  std::vector<double> medians;
+  for (auto& v : t) {
+    std::sort(v.begin(), v.end());
+    medians.push_back(v[v.size() / 2]);
+  }
+  return medians;
 }
 
 struct Case {
@@ -118,15 +134,18 @@ void Run(const Case& c, int reps) {
     std::fprintf(stderr, "%s: compiled result differs from eager\n", c.name.c_str());
     std::exit(1);
   }
-  const double kiln_ms = MedianMs([&] { (void)(*exec)->Run(c.inputs); }, reps);
-  const double eager_ms = MedianMs([&] { (void)(*interp)->Run(c.inputs); }, reps);
+
   // Bytes a fused kernel must move: the inputs once, the outputs once.
   double bytes = 0;
   for (const auto& t : c.inputs) bytes += static_cast<double>(t.nbytes());
   for (const auto& t : *got) bytes += static_cast<double>(t.nbytes());
   at::Tensor src = at::randn({static_cast<int64_t>(bytes / 8)});
   at::Tensor dst = at::empty_like(src);
-  const double copy_ms = MedianMs([&] { dst.copy_(src); }, reps);  // reads and writes `bytes`
+  const std::vector<double> ms = MedianMs({[&] { (void)(*exec)->Run(c.inputs); },
+                                           [&] { (void)(*interp)->Run(c.inputs); },
+                                           [&] { dst.copy_(src); }},  // reads and writes `bytes`
+                                          reps);
+  const double kiln_ms = ms[0], eager_ms = ms[1], copy_ms = ms[2];
   const double gbps = bytes / (kiln_ms * 1e-3) / 1e9;
   const double copy_gbps = bytes / (copy_ms * 1e-3) / 1e9;
   // Bandwidth says nothing about a graph whose time is a matmul.
