@@ -415,8 +415,9 @@ bool IsReservedName(const std::string& name) {
   for (size_t k = letters; k < name.size(); ++k) {
     if (!absl::ascii_isdigit(name[k])) return false;
   }
-  static const char* const kPrefixes[] = {"t",   "b",  "p",  "e",  "o",   "i",   "acc", "nan",
-                                          "buf", "wm", "wq", "wn", "wml", "wql", "wc",  "in", "rc", "accl", "nanl", "pf"};
+  static const char* const kPrefixes[] = {"t",   "b",   "p",  "e",  "o",  "i",   "acc",
+                                          "nan", "buf", "wm", "wq", "wn", "wml", "wql",
+                                          "wc",  "in",  "rc", "pf", "accl", "nanl"};
   const std::string prefix = name.substr(0, letters);
   for (const char* p : kPrefixes) {
     if (prefix == p) return true;
@@ -1128,7 +1129,8 @@ class KernelEmitter {
         // error would grow with the count (a weight gradient summed over
         // every row is off by 1e-5 of its size). Those sums run in double;
         // the vectorized ones keep one partial sum per lane.
-        if (t == CType::kF32 && (pass.mode == SweepMode::kPlain || pass.mode == SweepMode::kNested)) {
+        if (t == CType::kF32 &&
+            (pass.mode == SweepMode::kPlain || pass.mode == SweepMode::kNested)) {
           absl::StrAppend(out, Pad(depth), "double acc", j, " = 0;\n");
           wide_sums_.insert(j);
           break;

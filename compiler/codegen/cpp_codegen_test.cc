@@ -196,7 +196,9 @@ std::vector<float> Random(size_t n, uint32_t seed, float lo = -2, float hi = 2) 
 
 int CountOf(absl::string_view text, absl::string_view what) {
   int n = 0;
-  for (size_t at = text.find(what); at != absl::string_view::npos; at = text.find(what, at + 1)) ++n;
+  for (size_t at = text.find(what); at != absl::string_view::npos; at = text.find(what, at + 1)) {
+    ++n;
+  }
   return n;
 }
 

@@ -3,13 +3,13 @@
 // copy of the same bytes, and the server-side compile time with and without
 // g++.
 //
-//   build/bin/kiln_kernel_bench [--rows=4096] [--cols=1024] [--reps=30] [--threads=N] [--isa=x86-64-v3]
-//       [--graphs=a,b] [--dump_source=DIR]
+//   build/bin/kiln_kernel_bench [--rows=4096] [--cols=1024] [--reps=30] [--threads=N]
+//       [--isa=x86-64-v3] [--graphs=a,b] [--dump_source=DIR]
 //
 // Eager is the same graph run op by op through ATen (the reference
-// interpreter: the ops eager PyTorch dispatches to). Both sides get fresh
-// random inputs; the median of --reps timed runs, taken in blocks of 10 that
-// alternate between kiln, eager and the copy.
+// interpreter: the ops eager PyTorch dispatches to). Both sides get the same
+// fresh random inputs; the median of --reps timed runs, taken in blocks of
+// 10 that alternate between kiln, eager and the copy.
 #include <ATen/core/Tensor.h>
 #include <ATen/Parallel.h>
 #include <ATen/ops/allclose.h>
@@ -41,8 +41,10 @@ ABSL_FLAG(int, threads, static_cast<int>(std::thread::hardware_concurrency()),
           "threads for both sides (ATen's intra-op pool and the kernels' OpenMP)");
 ABSL_FLAG(std::string, isa, "x86-64-v3",
           "-march for the generated code: kilnd's default x86-64-v3, or e.g. native, x86-64-v4");
-ABSL_FLAG(std::vector<std::string>, graphs, {}, "run only these graphs (by graph name, e.g. softmax,layer_norm)");
-ABSL_FLAG(std::string, dump_source, "", "if set, write each graph's generated C++ to DIR/<graph>.cc");
+ABSL_FLAG(std::vector<std::string>, graphs, {},
+          "run only these graphs (by graph name, e.g. softmax,layer_norm)");
+ABSL_FLAG(std::string, dump_source, "",
+          "if set, write each graph's generated C++ to DIR/<graph>.cc");
 
 namespace kiln {
 namespace {
