@@ -177,8 +177,9 @@ absl::StatusOr<v1::CompileResponse> Engine::Compile(const v1::CompileRequest& re
         "cache_size_limit (", options_.cache_size_limit, ") reached for key ", key,
         "; recompile reasons: ", MissReasons(key, variants, misses)));
   }
+  // CompileMiss counts the miss: the variant may be published by an
+  // identical compile before this one gets to run.
   const v1::LookupOutcome outcome = variants == 0 ? v1::FULL_MISS : v1::GUARD_MISS;
-  cache_->Count(outcome);
   return CompileMiss(ns, graph, guards, options, key, outcome, std::move(misses),
                      std::move(times));
 }
@@ -203,6 +204,7 @@ absl::StatusOr<v1::CompileResponse> Engine::CompileMiss(
     flight = slot;
   }
   if (!leader) {
+    if (!bypass) cache_->Count(outcome);
     cache_->CountSingleFlightJoin();
     flight->done.WaitForNotification();
     return flight->result;
@@ -222,11 +224,15 @@ absl::StatusOr<v1::CompileResponse> Engine::CompileMiss(
         if (ir::DeterministicBytes(v.guards()) != guard_bytes) continue;
         auto artifact = LoadArtifact(v.digest());
         if (!artifact.ok()) break;
+        // Served from the cache after all: a hit, not a miss.
+        cache_->Count(v1::HIT);
+        cache_->RecordHit(ns, key, v.digest());
         resp.set_digest(v.digest());
         resp.set_outcome(v1::HIT);
         *resp.mutable_artifact() = *std::move(artifact);
         return resp;
       }
+      if (!bypass) cache_->Count(outcome);
       ASSIGN_OR_RETURN(const Backend* backend, backends_.Find(options.backend()));
       std::map<std::string, std::string> trace;
       CompileInput input{graph, guards, options, key, &trace};
@@ -258,6 +264,7 @@ absl::StatusOr<v1::CompileResponse> Engine::CompileMiss(
   if (submitted.ok()) {
     ran.WaitForNotification();
   } else {
+    if (!bypass) cache_->Count(outcome);
     flight->result = submitted;
   }
   {
