@@ -251,6 +251,48 @@ TEST(KilnBackendTest, NonContiguousInputsAndViews) {
            {Rand({4, 6})}, 1);
 }
 
+// A view that keeps the elements and their order (view, reshape, flatten,
+// unsqueeze of a contiguous value) does not stop fusion: the kernel takes
+// the view's shape. A view that reorders (permute) still does, and so does
+// a load that cannot be re-indexed in the new shape.
+TEST(KilnBackendTest, FusionThroughOrderPreservingViews) {
+  // The bias gradient of a linear layer: a pointwise [2, 8, 16] value,
+  // viewed as [16, 16] and summed over the rows; the value is an output too.
+  CheckOne("gelu, view, column sum", {Meta(S({2, 8, 16})), Meta(S({16}))},
+           [](ir::GraphBuilder& b, const std::vector<ir::ValueId>& in) {
+             ir::ValueId g = Op(b, "aten.gelu.default", {Ref(Op(b, "aten.add.Tensor", {Ref(in[0]), Ref(in[1])}))});
+             ir::ValueId v = Op(b, "aten.view.default", {Ref(g), ir::Ints({16, 16})});
+             b.AddOutput(Op(b, "aten.sum.dim_IntList", {Ref(v), ir::Ints({0}), ir::Bool(false)}));
+             b.AddOutput(g);
+           },
+           {Rand({2, 8, 16}), Rand({16})}, 1);
+  CheckOne("relu, view, mul, unsqueeze, add", {Meta(S({4, 6})), Meta(S({2, 12}))},
+           [](ir::GraphBuilder& b, const std::vector<ir::ValueId>& in) {
+             ir::ValueId r = Op(b, "aten.relu.default", {Ref(in[0])});
+             ir::ValueId v = Op(b, "aten.view.default", {Ref(r), ir::Ints({2, 12})});
+             ir::ValueId m = Op(b, "aten.mul.Tensor", {Ref(v), Ref(in[1])});
+             ir::ValueId u = Op(b, "aten.unsqueeze.default", {Ref(m), ir::Int(0)});
+             b.AddOutput(Op(b, "aten.add.Scalar", {Ref(u), ir::Float(1.0)}));
+           },
+           {Rand({4, 6}), Rand({2, 12})}, 1);
+  CheckOne("relu, permute, exp", {Meta(S({4, 6}))},
+           [](ir::GraphBuilder& b, const std::vector<ir::ValueId>& in) {
+             ir::ValueId r = Op(b, "aten.relu.default", {Ref(in[0])});
+             ir::ValueId t = Op(b, "aten.permute.default", {Ref(r), ir::Ints({1, 0})});
+             b.AddOutput(Op(b, "aten.exp.default", {Ref(t)}));
+           },
+           {Rand({4, 6})}, 2);
+  // x + y with y [2, 1, 16] broadcast over dim 1: its load has strides
+  // (16, 0, 1), which merge into no stride over the 16 rows of [16, 16].
+  CheckOne("broadcast load that cannot be re-indexed", {Meta(S({2, 8, 16})), Meta(S({2, 1, 16}))},
+           [](ir::GraphBuilder& b, const std::vector<ir::ValueId>& in) {
+             ir::ValueId a = Op(b, "aten.add.Tensor", {Ref(in[0]), Ref(in[1])});
+             ir::ValueId v = Op(b, "aten.view.default", {Ref(a), ir::Ints({16, 16})});
+             b.AddOutput(Op(b, "aten.sum.dim_IntList", {Ref(v), ir::Ints({0}), ir::Bool(false)}));
+           },
+           {Rand({2, 8, 16}), Rand({2, 1, 16})}, 2);
+}
+
 TEST(KilnBackendTest, Reductions) {
   for (bool keep : {false, true}) {
     for (std::vector<int64_t> dims : {std::vector<int64_t>{-1}, {0}, {0, 2}, {1}}) {

@@ -67,6 +67,10 @@ struct Group {
     ValueId value;
   };
   std::vector<KeepInOutput> keep_in_output;
+  // Strides over `full` of values computed in a shape other than `full`
+  // (before the kernel took the shape of a view of them, see
+  // Lowerer::ReshapeFor); other values are stored with their graph strides.
+  std::map<ValueId, SymSizes> strides_of;
 };
 
 bool SameSizes(const SymSizes& a, const SymSizes& b) { return a == b; }
@@ -137,6 +141,28 @@ class Lowerer {
   // The GVal reading `v` at a node whose output (level `level`, sizes
   // `out`) lies in `grp`; an error string when `v` may not be read there.
   absl::StatusOr<int> Operand(Group& grp, ValueId v, Level level, const SymSizes& out);
+  // Fusion through order-preserving views (reshape, view, flatten,
+  // unsqueeze of a contiguous value): the group computing the viewed value
+  // takes the view's shape, which enumerates the same elements in the same
+  // order. ReshapeFor does that when `node` reads such a view of a value
+  // `grp` computes and the view's shape is `to`, and returns what undoes
+  // it; nullopt (and `grp` as it was) when the kernel cannot: it reduces,
+  // or an access does not map onto the new dims.
+  struct ReshapeUndo {
+    SymSizes full;
+    std::vector<std::pair<int, SymSizes>> overs;  // load GVal -> its `over`
+    std::map<ValueId, SymSizes> strides_of;
+  };
+  std::optional<ReshapeUndo> ReshapeFor(Group& grp, int node_index, const SymSizes& to);
+  static void Undo(Group& grp, ReshapeUndo undo) {
+    grp.full = std::move(undo.full);
+    for (auto& [i, over] : undo.overs) grp.vals[i].over = std::move(over);
+    grp.strides_of = std::move(undo.strides_of);
+  }
+  const SymSizes& StridesIn(const Group& grp, ValueId v) const {
+    auto it = grp.strides_of.find(v);
+    return it != grp.strides_of.end() ? it->second : g_.value(v).meta.strides;
+  }
   int Add(Group& grp, GVal v) {
     grp.vals.push_back(std::move(v));
     return static_cast<int>(grp.vals.size()) - 1;
@@ -159,6 +185,7 @@ class Lowerer {
   std::map<ValueId, int> producer_item_;  // graph inputs are absent (-1)
   std::map<ValueId, int> group_of_;       // values computed inside a group
   std::map<ValueId, Alias> alias_;        // views of materialized values
+  std::map<ValueId, ValueId> reshape_of_;  // order-preserving view -> the value it views
   std::vector<std::string> decisions_;
 };
 
@@ -243,6 +270,13 @@ absl::StatusOr<int> Lowerer::Operand(Group& grp, ValueId v, Level level, const S
     }
     return in->second;
   }
+  // An order-preserving view of a value of this kernel, in the kernel's
+  // shape: the value itself.
+  if (auto r = reshape_of_.find(v); r != reshape_of_.end() && level == Level::kFull &&
+                                    SameSizes(m.sizes, grp.full)) {
+    auto base = grp.value_of.find(r->second);
+    if (base != grp.value_of.end() && grp.level_of[r->second] == Level::kFull) return base->second;
+  }
   // Read from memory: produced before this kernel, and not written by it.
   ValueId root = v;
   SymInt offset{int64_t{0}};
@@ -280,6 +314,58 @@ absl::StatusOr<int> Lowerer::Operand(Group& grp, ValueId v, Level level, const S
   load.offset = offset;
   load.buffer = BufferOf(grp, root, false);
   return Add(grp, std::move(load));
+}
+
+// The strides over `to` of an access with `strides` over `from` (the same
+// elements in the same order), or nullopt. Constant shapes only.
+std::optional<SymSizes> Restride(const SymSizes& from, const SymSizes& strides, const SymSizes& to) {
+  if (!ops::ConstantSizes(from) || !ops::ConstantSizes(strides) || !ops::ConstantSizes(to)) {
+    return std::nullopt;
+  }
+  return ops::ViewStrides(from, strides, to);
+}
+
+std::optional<Lowerer::ReshapeUndo> Lowerer::ReshapeFor(Group& grp, int node_index,
+                                                         const SymSizes& to) {
+  // The node must read an order-preserving view, of shape `to`, of a value
+  // of this kernel.
+  bool reads_view = false;
+  for (ValueId v : ir::Graph::Operands(g_.nodes()[node_index])) {
+    auto r = reshape_of_.find(v);
+    reads_view = reads_view || (r != reshape_of_.end() && grp.value_of.count(r->second) &&
+                                SameSizes(g_.value(v).meta.sizes, to));
+  }
+  if (!reads_view || !grp.reduced.empty() || !grp.keep_in_output.empty()) return std::nullopt;
+  for (const auto& [v, level] : grp.level_of) {
+    if (level != Level::kFull) return std::nullopt;
+  }
+  // Every load and every value (it may be stored) must map onto `to`.
+  std::vector<std::pair<int, SymSizes>> overs;
+  for (size_t i = 0; i < grp.vals.size(); ++i) {
+    if (grp.vals[i].kind != StmtKind::kLoad) continue;
+    auto over = Restride(grp.full, grp.vals[i].over, to);
+    if (!over) return std::nullopt;
+    overs.emplace_back(static_cast<int>(i), *std::move(over));
+  }
+  std::map<ValueId, SymSizes> strides;
+  for (const auto& [v, id] : grp.value_of) {
+    auto st = Restride(grp.full, StridesIn(grp, v), to);
+    if (!st) return std::nullopt;
+    strides[v] = *std::move(st);
+  }
+  ReshapeUndo undo{grp.full, {}, std::move(grp.strides_of)};
+  for (auto& [i, over] : overs) {
+    undo.overs.emplace_back(i, std::move(grp.vals[i].over));
+    grp.vals[i].over = std::move(over);
+  }
+  grp.strides_of = std::move(strides);
+  grp.full = to;
+  return undo;
+}
+
+std::string ReshapeDecision(int gi, const SymSizes& from, const SymSizes& to) {
+  return absl::StrCat("reshape: kernel_", gi, " from [", ops::SizesToString(from), "] to [",
+                      ops::SizesToString(to), "]: a view keeps its elements and their order");
 }
 
 // ---------------------------------------------------------------------------
@@ -558,6 +644,11 @@ absl::StatusOr<bool> Lowerer::TryPointwise(int node_index) {
     Group& grp = groups_[gi];
     if (!grp.open) continue;
     auto level = Classify(grp, out.sizes);
+    std::optional<ReshapeUndo> reshaped;
+    if (!level.ok()) {
+      reshaped = ReshapeFor(grp, node_index, out.sizes);
+      if (reshaped) level = Level::kFull;
+    }
     if (!level.ok()) {
       if (refusal.empty()) refusal = absl::StrCat("kernel_", gi, ": ", level.status().message());
       continue;
@@ -574,9 +665,11 @@ absl::StatusOr<bool> Lowerer::TryPointwise(int node_index) {
         grp.buffer_index.erase(grp.buffers[k].value);
       }
       grp.buffers.resize(buffers_mark);
+      if (reshaped) Undo(grp, *std::move(reshaped));
       if (!absl::IsFailedPrecondition(result.status())) return result.status();
       continue;
     }
+    if (reshaped) decisions_.push_back(ReshapeDecision(gi, reshaped->full, grp.full));
     const ValueId v = node.outputs[0];
     grp.value_of[v] = *result;
     grp.level_of[v] = *level;
@@ -684,9 +777,13 @@ absl::StatusOr<bool> Lowerer::TryReduction(int node_index) {
   for (int k = static_cast<int>(groups_.size()) - 1; k >= 0; --k) {
     Group& grp = groups_[k];
     if (!grp.open) continue;
+    std::optional<ReshapeUndo> reshaped;
     if (!SameSizes(grp.full, in.sizes)) {
-      if (refusal.empty()) refusal = absl::StrCat("kernel_", k, ": its space [", ops::SizesToString(grp.full), "] differs");
-      continue;
+      reshaped = ReshapeFor(grp, node_index, in.sizes);
+      if (!reshaped) {
+        if (refusal.empty()) refusal = absl::StrCat("kernel_", k, ": its space [", ops::SizesToString(grp.full), "] differs");
+        continue;
+      }
     }
     if (!grp.reduced.empty() && grp.reduced != spec.dims) {
       if (refusal.empty()) refusal = absl::StrCat("kernel_", k, ": it reduces other dimensions");
@@ -705,9 +802,11 @@ absl::StatusOr<bool> Lowerer::TryReduction(int node_index) {
     grp.buffers.resize(bmark);
     if (!probe.ok()) {
       grp.reduced = saved_reduced;
+      if (reshaped) Undo(grp, *std::move(reshaped));
       if (refusal.empty()) refusal = absl::StrCat("kernel_", k, ": ", probe.status().message());
       continue;
     }
+    if (reshaped) decisions_.push_back(ReshapeDecision(k, reshaped->full, grp.full));
     gi = k;
     break;
   }
@@ -873,7 +972,7 @@ absl::StatusOr<Kernel> Lowerer::EmitKernel(int gi) {
     reload.kind = StmtKind::kLoad;
     reload.dtype = vals[k.keep].dtype;
     reload.level = Level::kFull;
-    reload.over = m.strides;
+    reload.over = StridesIn(grp, k.value);
     reload.buffer = grp.buffer_index[g_.value(k.value).name];
     vals.push_back(std::move(reload));
     const int id = static_cast<int>(vals.size()) - 1;
@@ -953,9 +1052,10 @@ absl::StatusOr<Kernel> Lowerer::EmitKernel(int gi) {
       s.args = {emit_full(id)};
       s.buffer = grp.buffer_index[g_.value(into).name];
       const ir::TensorMeta& m = g_.value(into).meta;
+      const SymSizes& strides = StridesIn(grp, into);
       s.dtype = m.dtype;
-      for (int d : outer) s.index.outer_strides.push_back(m.strides[d]);
-      for (int d : inner) s.index.inner_strides.push_back(m.strides[d]);
+      for (int d : outer) s.index.outer_strides.push_back(strides[d]);
+      for (int d : inner) s.index.inner_strides.push_back(strides[d]);
       if (inner.empty()) s.index.inner_strides.push_back(SymInt{int64_t{0}});
       k.stmts.push_back(std::move(s));
     };
@@ -1174,8 +1274,33 @@ absl::StatusOr<LoweredGraph> Lowerer::Run() {
     if (IsView(node) && !node.outputs.empty()) {
       ValueId base = ir::Graph::Operands(node).empty() ? ir::kNoValue : ir::Graph::Operands(node)[0];
       if (base != ir::kNoValue) {
-        // The base must be a tensor in memory: stored if a kernel computes it.
-        MarkStored(base);
+        // An order-preserving view of a value a kernel computes may be read
+        // inside that kernel (see ReshapeFor); a reader elsewhere reads it
+        // from memory and marks the root stored then. Any other view needs
+        // its base in memory.
+        ValueId viewed = base;
+        if (auto r = reshape_of_.find(base); r != reshape_of_.end()) viewed = r->second;
+        const ir::TensorMeta& bm = g_.value(base).meta;
+        bool order_preserving = group_of_.count(viewed) > 0 && ops::IsContiguous(bm);
+        auto numel = [](const SymSizes& sizes) -> std::optional<int64_t> {
+          auto c = ops::ConstantSizes(sizes);
+          if (!c) return std::nullopt;
+          int64_t n = 1;
+          for (int64_t d : *c) n *= d;
+          return n;
+        };
+        for (ValueId v : node.outputs) {
+          const ir::TensorMeta& vm = g_.value(v).meta;
+          order_preserving = order_preserving && ops::IsContiguous(vm) &&
+                             vm.storage_offset == bm.storage_offset && numel(vm.sizes) &&
+                             numel(vm.sizes) == numel(bm.sizes);
+        }
+        if (order_preserving) {
+          for (ValueId v : node.outputs) reshape_of_[v] = viewed;
+        } else {
+          MarkStored(base);
+          if (auto a = alias_.find(base); a != alias_.end()) MarkStored(a->second.root);
+        }
         ValueId root = base;
         if (auto a = alias_.find(base); a != alias_.end()) root = a->second.root;
         for (ValueId v : node.outputs) {

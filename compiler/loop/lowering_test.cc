@@ -137,6 +137,22 @@ TEST(LoweringTest, ReductionWithPrologueAndEpilogue) {
   EXPECT_EQ(l.kernels[0].passes, 1);
 }
 
+TEST(LoweringTest, AReshapeDoesNotStopFusion) {
+  // gelu over [2, 8, 16], viewed as [16, 16], summed over the rows (a bias
+  // gradient): one kernel over [16, 16] in which the gelu is never stored.
+  ir::GraphBuilder b("bias_grad");
+  ir::ValueId x = b.AddInput(Meta({2, 8, 16}), v1::Placeholder::USER_INPUT, "x");
+  ir::ValueId g = Op(b, "aten.gelu.default", {Ref(x)});
+  ir::ValueId v = Op(b, "aten.view.default", {Ref(g), ir::Ints({16, 16})});
+  b.AddOutput(Op(b, "aten.sum.dim_IntList", {Ref(v), ir::Ints({0}), ir::Bool(false)}));
+  LoweredGraph l = Lower(std::move(b).Build());
+  ASSERT_EQ(l.kernels.size(), 1u) << PrintLowered(l);
+  EXPECT_EQ(Count(l.plan, v1::PlanStep::kAlloc), 1);  // the sum only
+  const std::string all = absl::StrJoin(l.decisions, "\n");
+  EXPECT_NE(all.find("reshape: kernel_0 from [[2, 8, 16]] to [[16, 16]]"), std::string::npos)
+      << all;
+}
+
 TEST(LoweringTest, EveryDecisionIsRecorded) {
   ir::GraphBuilder b("mixed");
   ir::ValueId x = b.AddInput(Meta({4, 8}), v1::Placeholder::USER_INPUT, "x");
