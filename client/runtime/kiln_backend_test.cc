@@ -378,6 +378,34 @@ TEST(KilnBackendTest, OneSymbolicCompileServesThreeSizes) {
   }
 }
 
+// The bias gradient again, with the batch a symbol: [s0, 8, 16] viewed as
+// [8*s0, 16] still re-indexes (the sizes match as polynomials), and the one
+// compile runs at three batch sizes. (The reference is the same graph with
+// the batch written out: the interpreter resolves no symbols.)
+TEST(KilnBackendTest, FusionThroughAViewWithSymbolicSizes) {
+  auto build = [](ir::SymInt batch, ir::SymInt rows) {
+    ir::GraphBuilder b("dynamic_view");
+    const ir::SymInt batch_stride{int64_t{128}};
+    ir::ValueId x = b.AddInput(Meta({batch, ir::SymInt{int64_t{8}}, ir::SymInt{int64_t{16}}},
+                                    v1::FLOAT32, {batch_stride, ir::SymInt{int64_t{16}}, ir::SymInt{int64_t{1}}}),
+                               v1::Placeholder::USER_INPUT, "x");
+    ir::ValueId bias = b.AddInput(Meta(S({16})), v1::Placeholder::PARAMETER, "bias");
+    ir::ValueId g = Op(b, "aten.gelu.default", {Ref(Op(b, "aten.add.Tensor", {Ref(x), Ref(bias)}))});
+    const std::vector<ir::SymInt> shape = {rows, ir::SymInt{int64_t{16}}};
+    ir::ValueId v = Op(b, "aten.view.default", {Ref(g), ir::Argument{"", shape}});
+    b.AddOutput(Op(b, "aten.sum.dim_IntList", {Ref(v), ir::Ints({0}), ir::Bool(false)}));
+    b.AddOutput(v);
+    return std::move(b).Build();
+  };
+  ir::Graph dynamic = build(ir::SymInt{std::string("s0")}, ir::SymInt{std::string("8*s0")});
+  Compiled c = Compile(dynamic);
+  EXPECT_EQ(c.lowered.kernels.size(), 1u);
+  for (int64_t batch : {1, 3, 5}) {
+    ExpectSame(c, build(ir::SymInt{batch}, ir::SymInt{8 * batch}), {Rand({batch, 8, 16}), Rand({16})},
+               "batch " + std::to_string(batch));
+  }
+}
+
 TEST(CpuFeaturesTest, RefusesCodeForAnIsaTheCpuLacks) {
   auto without_avx2 = [](const char* f) { return std::string(f) != "avx2"; };
   absl::Status s = CheckCpuSupports("x86-64-v3", without_avx2);

@@ -316,13 +316,58 @@ absl::StatusOr<int> Lowerer::Operand(Group& grp, ValueId v, Level level, const S
   return Add(grp, std::move(load));
 }
 
-// The strides over `to` of an access with `strides` over `from` (the same
-// elements in the same order), or nullopt. Constant shapes only.
+// Whether `q` is `p` times something (as polynomials in the symbols).
+bool Divides(const SymInt& p, const SymInt& q) {
+  if (ops::IsConstant(p, 0)) return false;
+  return ops::SymMul(ops::SymFloorDiv(q, p), p) == q;
+}
+
+// The strides over `to` of an access with `strides` over `from`, where
+// `to` enumerates the same elements in the same (row-major) order; nullopt
+// when no strides do. Constant shapes follow ATen's view rule. Symbolic
+// ones are matched in blocks, innermost first: a run of `from`'s dims and a
+// run of `to`'s with the same product (compared as polynomials; a block
+// grows on the side whose product divides the other's). The `from` run
+// must step as one (each stride the next one times the next size), and the
+// `to` run splits that step. Size-1 dims of `to` get stride 0.
 std::optional<SymSizes> Restride(const SymSizes& from, const SymSizes& strides, const SymSizes& to) {
-  if (!ops::ConstantSizes(from) || !ops::ConstantSizes(strides) || !ops::ConstantSizes(to)) {
-    return std::nullopt;
+  if (ops::ConstantSizes(from) && ops::ConstantSizes(strides) && ops::ConstantSizes(to)) {
+    return ops::ViewStrides(from, strides, to);
   }
-  return ops::ViewStrides(from, strides, to);
+  std::vector<int> f, t;  // the dims of size other than 1
+  for (int d = 0; d < static_cast<int>(from.size()); ++d) {
+    if (!ops::IsConstant(from[d], 1)) f.push_back(d);
+  }
+  for (int d = 0; d < static_cast<int>(to.size()); ++d) {
+    if (!ops::IsConstant(to[d], 1)) t.push_back(d);
+  }
+  SymSizes out(to.size(), SymInt{int64_t{0}});
+  int a = static_cast<int>(f.size()) - 1, b = static_cast<int>(t.size()) - 1;
+  while (a >= 0 && b >= 0) {
+    int a0 = a, b0 = b;
+    SymInt pf = from[f[a]], pt = to[t[b]];
+    while (!(pf == pt)) {
+      if (a0 > 0 && Divides(pf, pt)) {
+        pf = ops::SymMul(pf, from[f[--a0]]);
+      } else if (b0 > 0 && Divides(pt, pf)) {
+        pt = ops::SymMul(pt, to[t[--b0]]);
+      } else {
+        return std::nullopt;
+      }
+    }
+    for (int k = a0; k < a; ++k) {
+      if (!(strides[f[k]] == ops::SymMul(strides[f[k + 1]], from[f[k + 1]]))) return std::nullopt;
+    }
+    SymInt step = strides[f[a]];
+    for (int k = b; k >= b0; --k) {
+      out[t[k]] = step;
+      step = ops::SymMul(step, to[t[k]]);
+    }
+    a = a0 - 1;
+    b = b0 - 1;
+  }
+  if (a >= 0 || b >= 0) return std::nullopt;
+  return out;
 }
 
 std::optional<Lowerer::ReshapeUndo> Lowerer::ReshapeFor(Group& grp, int node_index,
@@ -1282,18 +1327,11 @@ absl::StatusOr<LoweredGraph> Lowerer::Run() {
         if (auto r = reshape_of_.find(base); r != reshape_of_.end()) viewed = r->second;
         const ir::TensorMeta& bm = g_.value(base).meta;
         bool order_preserving = group_of_.count(viewed) > 0 && ops::IsContiguous(bm);
-        auto numel = [](const SymSizes& sizes) -> std::optional<int64_t> {
-          auto c = ops::ConstantSizes(sizes);
-          if (!c) return std::nullopt;
-          int64_t n = 1;
-          for (int64_t d : *c) n *= d;
-          return n;
-        };
         for (ValueId v : node.outputs) {
           const ir::TensorMeta& vm = g_.value(v).meta;
           order_preserving = order_preserving && ops::IsContiguous(vm) &&
-                             vm.storage_offset == bm.storage_offset && numel(vm.sizes) &&
-                             numel(vm.sizes) == numel(bm.sizes);
+                             vm.storage_offset == bm.storage_offset &&
+                             ops::Numel(vm.sizes) == ops::Numel(bm.sizes);
         }
         if (order_preserving) {
           for (ValueId v : node.outputs) reshape_of_[v] = viewed;
