@@ -1148,7 +1148,7 @@ class KernelEmitter {
   }
 
   // The update of reduction j inside the sweep.
-  std::string Accumulate(int j, SweepMode mode, bool chunk_body) const {
+  std::string Accumulate(int j, bool chunk_body) const {
     const Stmt& s = k_.stmts[j];
     const CType t = type_[j];
     const std::string v = Cast(s.args[0], t);
@@ -1166,15 +1166,26 @@ class KernelEmitter {
                           " += d / static_cast<", T, ">(wn", w, "); wq", w, " += d * (", v, " - wm",
                           w, "); }");
     }
-    const std::string a = chunk_body ? absl::StrCat("accl", j, "[l]") : acc;
-    const std::string nan = chunk_body ? absl::StrCat("nanl", j, "[l]") : absl::StrCat("nan", j);
-    switch (s.reduce) {
-      case ReduceOp::kSum: return absl::StrCat(a, " += ", v, ";");
+    if (chunk_body) {
+      return Combine(j, absl::StrCat("accl", j, "[l]"), absl::StrCat("nanl", j, "[l]"), v,
+                     absl::StrCat("(", v, " != ", v, ")"));
+    }
+    return Combine(j, acc, absl::StrCat("nan", j), v, absl::StrCat("(", v, " != ", v, ")"));
+  }
+
+  // The line folding `value` into sum/max/min reduction j's accumulator
+  // `acc`; a float max/min also ors `is_nan` into its NaN flag `nan`. Empty
+  // for other reductions.
+  std::string Combine(int j, const std::string& acc, const std::string& nan,
+                      const std::string& value, const std::string& is_nan) const {
+    switch (k_.stmts[j].reduce) {
+      case ReduceOp::kSum: return absl::StrCat(acc, " += ", value, ";");
       case ReduceOp::kMax:
       case ReduceOp::kMin: {
-        const char* cmp = s.reduce == ReduceOp::kMax ? ">" : "<";
-        std::string line = absl::StrCat(a, " = ", v, " ", cmp, " ", a, " ? ", v, " : ", a, ";");
-        if (IsFloat(t)) absl::StrAppend(&line, " ", nan, " |= (", v, " != ", v, ");");
+        const char* cmp = k_.stmts[j].reduce == ReduceOp::kMax ? ">" : "<";
+        std::string line =
+            absl::StrCat(acc, " = ", value, " ", cmp, " ", acc, " ? ", value, " : ", acc, ";");
+        if (IsFloat(type_[j])) absl::StrAppend(&line, " ", nan, " |= ", is_nan, ";");
         return line;
       }
       default: return "";
@@ -1206,7 +1217,7 @@ class KernelEmitter {
                          std::string* out) {
     for (int j : pass.inner) {
       if (k_.stmts[j].kind == StmtKind::kReduce) {
-        const std::string line = Accumulate(j, mode, chunk_body);
+        const std::string line = Accumulate(j, chunk_body);
         if (!line.empty()) absl::StrAppend(out, Pad(depth), line, "\n");
         continue;
       }
@@ -1298,16 +1309,9 @@ class KernelEmitter {
         for (int j : pass.inner) {
           const Stmt& s = k_.stmts[j];
           if (s.kind != StmtKind::kReduce || IsWelford(s)) continue;
-          const std::string lane = absl::StrCat("accl", j, "[l]");
-          std::string line;
-          if (s.reduce == ReduceOp::kSum) {
-            line = absl::StrCat("acc", j, " += ", lane, ";");
-          } else {
-            const char* cmp = s.reduce == ReduceOp::kMax ? ">" : "<";
-            line = absl::StrCat("acc", j, " = ", lane, " ", cmp, " acc", j, " ? ", lane, " : acc",
-                                j, ";");
-            if (IsFloat(type_[j])) absl::StrAppend(&line, " nan", j, " |= nanl", j, "[l];");
-          }
+          const std::string line =
+              Combine(j, absl::StrCat("acc", j), absl::StrCat("nan", j),
+                      absl::StrCat("accl", j, "[l]"), absl::StrCat("nanl", j, "[l]"));
           absl::StrAppend(out, Pad(depth), "for (int l = 0; l < ", L, "; ++l) { ", line, " }\n");
         }
         return absl::OkStatus();
