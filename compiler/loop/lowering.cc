@@ -992,6 +992,22 @@ Index LoadIndex(const GVal& v, const std::vector<int>& outer, const std::vector<
   return index;
 }
 
+// Statement of GVal `v` in pass `pass`, inside the sweep or after it;
+// without its arguments (they are statements of the caller's choosing).
+Stmt StmtOf(const GVal& v, int pass, bool in_sweep, const std::vector<int>& outer,
+            const std::vector<int>& inner) {
+  Stmt s;
+  s.kind = v.kind;
+  s.pass = pass;
+  s.inner = in_sweep;
+  s.dtype = v.dtype;
+  s.op = v.op;
+  s.constant = v.constant;
+  s.buffer = v.buffer;
+  if (v.kind == StmtKind::kLoad) s.index = LoadIndex(v, outer, inner);
+  return s;
+}
+
 absl::StatusOr<Kernel> Lowerer::EmitKernel(int gi) {
   Group& grp = groups_[gi];
   Kernel k;
@@ -1060,15 +1076,7 @@ absl::StatusOr<Kernel> Lowerer::EmitKernel(int gi) {
       if (vals[i].level != Level::kFull) return row_stmt[i];
       if (memo[i] >= 0) return memo[i];
       const GVal& v = vals[i];
-      Stmt s;
-      s.kind = v.kind;
-      s.pass = p;
-      s.inner = true;
-      s.dtype = v.dtype;
-      s.op = v.op;
-      s.constant = v.constant;
-      s.buffer = v.buffer;
-      if (v.kind == StmtKind::kLoad) s.index = LoadIndex(v, outer, inner);
+      Stmt s = StmtOf(v, p, /*in_sweep=*/true, outer, inner);
       for (int a : v.args) s.args.push_back(emit_full(a));
       k.stmts.push_back(std::move(s));
       return memo[i] = static_cast<int>(k.stmts.size()) - 1;
@@ -1114,15 +1122,7 @@ absl::StatusOr<Kernel> Lowerer::EmitKernel(int gi) {
     for (size_t i = 0; i < vals.size(); ++i) {
       const GVal& v = vals[i];
       if (v.level == Level::kFull || v.kind == StmtKind::kReduce || pass[i] != p) continue;
-      Stmt s;
-      s.kind = v.kind;
-      s.pass = p;
-      s.inner = false;
-      s.dtype = v.dtype;
-      s.op = v.op;
-      s.constant = v.constant;
-      s.buffer = v.buffer;
-      if (v.kind == StmtKind::kLoad) s.index = LoadIndex(v, outer, inner);
+      Stmt s = StmtOf(v, p, /*in_sweep=*/false, outer, inner);
       for (int a : v.args) s.args.push_back(row_stmt[a]);
       k.stmts.push_back(std::move(s));
       row_stmt[i] = static_cast<int>(k.stmts.size()) - 1;
