@@ -253,22 +253,32 @@ absl::string_view ConsumeIdent(absl::string_view* s) {
   return id;
 }
 
+// Bracket depth while reading a schema left to right, with quoted strings
+// skipped: Step returns whether `c` stands outside quotes (and so counts).
+struct Nesting {
+  int depth = 0;
+  char quote = 0;
+  bool Step(char c) {
+    if (quote != 0) {
+      if (c == quote) quote = 0;
+      return false;
+    }
+    if (c == '\'' || c == '"') {
+      quote = c;
+      return false;
+    }
+    if (c == '(' || c == '[') ++depth;
+    if (c == ')' || c == ']') --depth;
+    return true;
+  }
+};
+
 // The index of the bracket closing the one at s[open], skipping quoted
 // strings; npos when it is unbalanced.
 size_t MatchingClose(absl::string_view s, size_t open) {
-  int depth = 0;
-  char quote = 0;
+  Nesting n;
   for (size_t i = open; i < s.size(); ++i) {
-    char c = s[i];
-    if (quote != 0) {
-      if (c == quote) quote = 0;
-    } else if (c == '\'' || c == '"') {
-      quote = c;
-    } else if (c == '(' || c == '[') {
-      ++depth;
-    } else if (c == ')' || c == ']') {
-      if (--depth == 0) return i;
-    }
+    if (n.Step(s[i]) && (s[i] == ')' || s[i] == ']') && n.depth == 0) return i;
   }
   return absl::string_view::npos;
 }
@@ -277,20 +287,10 @@ size_t MatchingClose(absl::string_view s, size_t open) {
 std::vector<absl::string_view> SplitTopLevel(absl::string_view s) {
   std::vector<absl::string_view> out;
   if (absl::StripAsciiWhitespace(s).empty()) return out;
-  int depth = 0;
-  char quote = 0;
+  Nesting n;
   size_t start = 0;
   for (size_t i = 0; i < s.size(); ++i) {
-    char c = s[i];
-    if (quote != 0) {
-      if (c == quote) quote = 0;
-    } else if (c == '\'' || c == '"') {
-      quote = c;
-    } else if (c == '(' || c == '[') {
-      ++depth;
-    } else if (c == ')' || c == ']') {
-      --depth;
-    } else if (c == ',' && depth == 0) {
+    if (n.Step(s[i]) && s[i] == ',' && n.depth == 0) {
       out.push_back(absl::StripAsciiWhitespace(s.substr(start, i - start)));
       start = i + 1;
     }
