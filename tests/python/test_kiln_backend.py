@@ -312,7 +312,7 @@ class PlanRunnerTest(unittest.TestCase):
 
 
 @unittest.skipUnless(KILND, "KILND is not set")
-class KilnBackendTest(unittest.TestCase):
+class KilnBackendTest(test_training.TrainingGraphCases, unittest.TestCase):
     """kiln.compile and PlanRunner through a real kilnd, against eager
     PyTorch and the reference runner."""
 
@@ -454,36 +454,6 @@ class KilnBackendTest(unittest.TestCase):
 
         return test_training.check_training(self, "kiln", compiled_for_training, name, fn,
                                             examples)
-
-    def test_training_mlp(self):
-        self.check_training("mlp", *case("mlp.json"))
-
-    def test_training_rmsnorm(self):
-        model, examples = case("rmsnorm.json")
-        self.assertTrue(model.weight.requires_grad)
-        self.check_training("rmsnorm", model, examples)
-
-    def test_training_attention(self):
-        # attention.json was captured from inputs that do not require grad:
-        # capture again with q, k and v requiring grad.
-        _, examples = case("attention.json")
-        compiled = self.check_training("attention", capture_graphs.attention, examples)
-        self.assertEqual(list(compiled.artifact.autograd.inputs_need_grad), [True] * 3)
-
-    def test_training_conv_block(self):
-        model, examples = case("conv_block.json")
-        self.check_training("conv_block (eval)", model, examples)
-        self.check_training("conv_block (train)", model.train(), examples)
-
-    def test_training_resnet_block(self):
-        model, examples = case("resnet_block.json")
-        self.assertTrue(model.training)
-        self.check_training("resnet_block", model, examples)
-
-    def test_training_transformer_block(self):
-        model, examples = case("transformer_block.json")
-        self.assertTrue(has_dropout(model))
-        self.check_training("transformer_block", model, examples)
 
     def test_training_artifact_without_grad_runs_the_forward_plan(self):
         model, examples = case("mlp.json")

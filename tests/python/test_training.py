@@ -362,26 +362,9 @@ def check_training(test, backend, check_artifact, name, fn, examples):
     return compiled
 
 
-class TrainingTest(unittest.TestCase):
-    """kiln.compile through a real kilnd against eager PyTorch."""
-
-    def setUp(self):
-        self.assertTrue(os.path.isfile(KILND), f"KILND={KILND} does not exist")
-        self.tmp = tempfile.mkdtemp(prefix="kiln_training_test_")
-        self.addCleanup(shutil.rmtree, self.tmp, ignore_errors=True)
-        self.server = test_server.Kilnd(os.path.join(self.tmp, "data"))
-        self.client = kiln.Client(self.server.address, timeout=120)
-
-    def tearDown(self):
-        self.client.close()
-        status = self.server.stop()
-        self.assertEqual(status, 0, f"kilnd exit status after SIGTERM:\n{self.server.log_tail()}")
-
-    def check_training(self, name, fn, examples):
-        def has_autograd(test, artifact, msg):
-            test.assertTrue(artifact.HasField("autograd"), msg)
-
-        return check_training(self, "aot_eager", has_autograd, name, fn, examples)
+class TrainingGraphCases:
+    """The captured graphs trained through kilnd, for a test class of each
+    backend; it supplies check_training(name, fn, examples)."""
 
     def test_mlp(self):
         self.check_training("mlp", *case("mlp.json"))
@@ -412,6 +395,28 @@ class TrainingTest(unittest.TestCase):
         model, examples = case("transformer_block.json")
         self.assertTrue(has_dropout(model))
         self.check_training("transformer_block", model, examples)
+
+
+class TrainingTest(TrainingGraphCases, unittest.TestCase):
+    """kiln.compile through a real kilnd against eager PyTorch."""
+
+    def setUp(self):
+        self.assertTrue(os.path.isfile(KILND), f"KILND={KILND} does not exist")
+        self.tmp = tempfile.mkdtemp(prefix="kiln_training_test_")
+        self.addCleanup(shutil.rmtree, self.tmp, ignore_errors=True)
+        self.server = test_server.Kilnd(os.path.join(self.tmp, "data"))
+        self.client = kiln.Client(self.server.address, timeout=120)
+
+    def tearDown(self):
+        self.client.close()
+        status = self.server.stop()
+        self.assertEqual(status, 0, f"kilnd exit status after SIGTERM:\n{self.server.log_tail()}")
+
+    def check_training(self, name, fn, examples):
+        def has_autograd(test, artifact, msg):
+            test.assertTrue(artifact.HasField("autograd"), msg)
+
+        return check_training(self, "aot_eager", has_autograd, name, fn, examples)
 
     def test_frozen_parameters_get_no_gradient(self):
         model, examples = case("mlp.json")
