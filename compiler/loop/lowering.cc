@@ -85,6 +85,30 @@ std::optional<int64_t> ConstantNumel(
   return n;
 }
 
+// Rows whose mean and variance are computed in two sweeps (a sum, then the
+// squared deviations from its mean) rather than in one Welford sweep: rows
+// of the trailing, contiguous dims whose size is a constant of at most this
+// many elements (a norm layer's hidden size). The second sweep reads the row
+// from L1 or L2, so reading it twice costs little, and a plain sum in the
+// sweep that waits on memory is cheaper than Welford's update (whose mean
+// chain is a subtraction and an FMA long). Two-pass is at least as accurate
+// as Welford. A longer row, or one of a symbolic size, would be read twice
+// from memory: those keep Welford.
+constexpr int64_t kTwoPassMaxRow = 16384;
+
+bool TwoPassMoments(const ir::TensorMeta& in, const std::vector<int>& dims) {
+  const int rank = static_cast<int>(in.sizes.size());
+  if (dims.empty() || in.strides.size() != in.sizes.size()) return false;
+  int64_t n = 1;
+  for (size_t k = 0; k < dims.size(); ++k) {
+    const int d = rank - static_cast<int>(dims.size()) + static_cast<int>(k);
+    if (dims[k] != d || !in.sizes[d].is_constant() || !in.strides[d].is_constant()) return false;
+    if (in.sizes[d].constant() > 1 && in.strides[d].constant() != n) return false;
+    n *= in.sizes[d].constant();
+  }
+  return n <= kTwoPassMaxRow;
+}
+
 v1::DType Compute(v1::DType t) {
   return (t == v1::FLOAT16 || t == v1::BFLOAT16) ? v1::FLOAT32 : t;
 }
@@ -909,6 +933,20 @@ absl::StatusOr<bool> Lowerer::TryReduction(int node_index) {
     return reduce(full.C(1, ct), ReduceOp::kSum, level);
   };
   x = full.Cast(x, Compute(in.dtype));
+  // Each row's mean and sum of squared deviations from it (M2), the second
+  // reduced at `level`.
+  auto moments = [&](Level level) -> std::pair<int, int> {
+    if (!TwoPassMoments(in, spec.dims)) {
+      return {reduce(x, ReduceOp::kWelfordMean, level), reduce(x, ReduceOp::kWelfordM2, level)};
+    }
+    const v1::DType xt = Compute(in.dtype);
+    Builder keep = make(Level::kRowKeep);
+    int64_t n = 1;
+    for (int d : spec.dims) n *= in.sizes[d].constant();
+    const int mean = keep.Op("div", {reduce(x, ReduceOp::kSum, Level::kRowKeep), keep.C(static_cast<double>(n), xt)}, xt);
+    const int dev = full.Op("sub", {x, mean}, xt);
+    return {mean, reduce(full.Op("mul", {dev, dev}, xt), ReduceOp::kSum, level)};
+  };
   if (node.target == "aten.sum.dim_IntList" || node.target == "aten.sum.default") {
     finish({{node.outputs[0], {reduce(full.Cast(x, ct), ReduceOp::kSum, row), row}}});
   } else if (node.target == "aten.amax.default" || node.target == "aten.amin.default") {
@@ -920,7 +958,7 @@ absl::StatusOr<bool> Lowerer::TryReduction(int node_index) {
     if (!call.IsNone("correction")) {
       ASSIGN_OR_RETURN(correction, call.Double("correction"));
     }
-    int m2 = reduce(x, ReduceOp::kWelfordM2, row);
+    int m2 = moments(row).second;
     Builder r = make(row);
     int n = count(r, row);
     int denom = r.Op("max", {r.Op("sub", {n, r.C(correction, ct)}, ct), r.C(0, ct)}, ct);
@@ -943,8 +981,7 @@ absl::StatusOr<bool> Lowerer::TryReduction(int node_index) {
   } else {  // native_layer_norm
     ASSIGN_OR_RETURN(double eps, call.Double("eps"));
     const v1::DType st = Compute(g_.value(node.outputs[1]).meta.dtype);
-    int mean = reduce(x, ReduceOp::kWelfordMean, Level::kRowKeep);
-    int m2 = reduce(x, ReduceOp::kWelfordM2, Level::kRowKeep);
+    const auto [mean, m2] = moments(Level::kRowKeep);
     Builder r = make(Level::kRowKeep);
     int n = count(r, Level::kRowKeep);
     int rstd = r.Op("rsqrt", {r.Op("add", {r.Op("div", {m2, n}, ct), r.C(eps, ct)}, ct)}, ct);

@@ -36,17 +36,56 @@ int Count(const v1::ExecutionPlan& plan, v1::PlanStep::KindCase kind) {
   return n;
 }
 
-TEST(LoweringTest, LayerNormForwardIsOneKernel) {
+LoweredGraph LayerNorm(const ir::TensorMeta& x_meta) {
+  const ir::SymInt d = x_meta.sizes.back();
   ir::GraphBuilder b("ln");
-  ir::ValueId x = b.AddInput(Meta({16, 64}), v1::Placeholder::USER_INPUT, "x");
-  ir::ValueId w = b.AddInput(Meta({64}), v1::Placeholder::PARAMETER, "w");
-  ir::ValueId bias = b.AddInput(Meta({64}), v1::Placeholder::PARAMETER, "b");
+  ir::ValueId x = b.AddInput(x_meta, v1::Placeholder::USER_INPUT, "x");
+  ir::TensorMeta p = Meta({1});
+  p.sizes = {d};
+  ir::ValueId w = b.AddInput(p, v1::Placeholder::PARAMETER, "w");
+  ir::ValueId bias = b.AddInput(p, v1::Placeholder::PARAMETER, "b");
   b.AddOutput(Op(b, "aten.native_layer_norm.default",
-                 {Ref(x), ir::Ints({64}), Ref(w), Ref(bias), ir::Float(1e-5)}));
-  LoweredGraph l = Lower(std::move(b).Build());
+                 {Ref(x), ir::Argument{"", std::vector<ir::SymInt>{d}}, Ref(w), Ref(bias), ir::Float(1e-5)}));
+  return Lower(std::move(b).Build());
+}
+
+// The reductions of a kernel, in order.
+std::vector<ReduceOp> Reductions(const Kernel& k) {
+  std::vector<ReduceOp> ops;
+  for (const Stmt& s : k.stmts) {
+    if (s.kind == StmtKind::kReduce) ops.push_back(s.reduce);
+  }
+  return ops;
+}
+
+TEST(LoweringTest, LayerNormForwardIsOneKernel) {
+  LoweredGraph l = LayerNorm(Meta({16, 64}));
   ASSERT_EQ(l.kernels.size(), 1u) << PrintLowered(l);
-  EXPECT_EQ(l.kernels[0].passes, 2);  // Welford, then normalize
+  // A short contiguous row: its sum, its squared deviations from the mean
+  // (read again from cache), then the normalized store.
+  EXPECT_EQ(l.kernels[0].passes, 3);
+  EXPECT_EQ(Reductions(l.kernels[0]), (std::vector<ReduceOp>{ReduceOp::kSum, ReduceOp::kSum}));
   EXPECT_EQ(Count(l.plan, v1::PlanStep::kExternCall), 0);
+}
+
+TEST(LoweringTest, LongOrStridedOrSymbolicRowsKeepWelford) {
+  const std::vector<ReduceOp> welford = {ReduceOp::kWelfordMean, ReduceOp::kWelfordM2};
+  ir::TensorMeta transposed = Meta({64, 16});
+  transposed.sizes = {ir::SymInt{int64_t{16}}, ir::SymInt{int64_t{64}}};
+  transposed.strides = {ir::SymInt{int64_t{1}}, ir::SymInt{int64_t{16}}};
+  ir::TensorMeta symbolic = Meta({4, 1});
+  symbolic.sizes[1] = ir::SymInt{std::string("s0")};
+  symbolic.strides[0] = ir::SymInt{std::string("s0")};
+  for (const auto& [name, meta] : std::vector<std::pair<std::string, ir::TensorMeta>>{
+           {"long", Meta({2, 16385})}, {"transposed", transposed}, {"symbolic", symbolic}}) {
+    LoweredGraph l = LayerNorm(meta);
+    ASSERT_EQ(l.kernels.size(), 1u) << name << "\n" << PrintLowered(l);
+    EXPECT_EQ(l.kernels[0].passes, 2) << name;  // Welford, then normalize
+    // (A symbolic row also counts its elements with a sum.)
+    std::vector<ReduceOp> got = Reductions(l.kernels[0]);
+    got.resize(2);
+    EXPECT_EQ(got, welford) << name;
+  }
 }
 
 TEST(LoweringTest, SoftmaxIsOneKernelInThreePasses) {
