@@ -1367,10 +1367,14 @@ class KernelEmitter {
   // Rows are read from memory by a kernel's first pass and from cache by the
   // later ones, and a row of 4 KiB starts a new page, where the hardware
   // prefetchers stop. A later sweep that computes transcendental functions
-  // is bound by arithmetic, with memory bandwidth to spare: it prefetches the
-  // next row of the first pass's loads (one row on along the last outer
-  // dim), so that the next first pass finds them in cache. Declares the
-  // pointers to the next rows; returns their names.
+  // (softmax's exponentials) is bound by arithmetic, and one that stores
+  // nothing (layer norm's squared deviations) reads only cache: either has
+  // memory bandwidth to spare. The first such sweep prefetches the next row
+  // of the first pass's loads (one row on along the last outer dim), so that
+  // the next first pass finds them in cache. Other sweeps are not used: their
+  // stores need the same bandwidth (prefetching in layer norm's normalizing
+  // sweep made it slower). Declares the pointers to the next rows; returns
+  // their names.
   absl::StatusOr<std::vector<std::string>> DeclarePrefetches(const Pass& pass, int depth,
                                                              std::string* out) {
     std::vector<std::string> names;
@@ -1378,11 +1382,19 @@ class KernelEmitter {
     static const std::set<std::string> kHeavy = {"exp",     "log",     "log1p", "expm1",
                                                  "sin",     "cos",     "tanh",  "erf",
                                                  "sigmoid", "silu",    "gelu",  "gelu_tanh"};
-    bool heavy = false;
-    for (int j : pass.inner) {
-      heavy = heavy || (k_.stmts[j].kind == StmtKind::kOp && kHeavy.count(k_.stmts[j].op) > 0);
+    auto spare_bandwidth = [&](const Pass& p) {
+      bool heavy = false, stores = false;
+      for (int j : p.inner) {
+        const Stmt& s = k_.stmts[j];
+        heavy = heavy || (s.kind == StmtKind::kOp && kHeavy.count(s.op) > 0);
+        stores = stores || s.kind == StmtKind::kStore;
+      }
+      return heavy || !stores;
+    };
+    for (int q = 1; q < pass.number; ++q) {
+      if (spare_bandwidth(passes_[q])) return names;  // an earlier sweep prefetches
     }
-    if (!heavy) return names;
+    if (!spare_bandwidth(pass)) return names;
     std::set<std::string> seen;
     for (int j : passes_[0].inner) {
       const Stmt& s = k_.stmts[j];

@@ -526,10 +526,12 @@ TEST(CppCodegen, MaxReductionPropagatesNan) {
   for (int n = 80; n < 120; ++n) EXPECT_FALSE(std::isnan(out[n])) << n;
 }
 
-// Layer norm: pass 0 a Welford mean/M2 per row, then rstd at the outer
-// level (also stored), pass 1 (x - mean) * rstd * w + b.
-Kernel LayerNorm(const std::string& name, int64_t N) {
-  KernelBuilder kb(name, {E("s0")}, {C(N)}, 2);
+// Layer norm: its statistics from one Welford sweep (pass 0 a mean and M2
+// per row) or, with `two_pass`, as the lowering makes them for short rows
+// (pass 0 a sum, pass 1 the squared deviations from its mean); then rstd at
+// the outer level (also stored), and a last pass (x - mean) * rstd * w + b.
+Kernel LayerNorm(const std::string& name, int64_t N, bool two_pass = false) {
+  KernelBuilder kb(name, {E("s0")}, {C(N)}, two_pass ? 3 : 2);
   const int x = kb.Buffer("x", v1::FLOAT32);
   const int w = kb.Buffer("w", v1::FLOAT32);
   const int b = kb.Buffer("b", v1::FLOAT32);
@@ -538,9 +540,20 @@ Kernel LayerNorm(const std::string& name, int64_t N) {
   const int rstd_out = kb.Buffer("rstd", v1::FLOAT32, true);
   kb.At(0, true);
   const int l0 = kb.Load(x, Idx({C(N)}, {C(1)}));
-  const int mean = kb.Reduce(ReduceOp::kWelfordMean, l0);
-  const int m2 = kb.Reduce(ReduceOp::kWelfordM2, l0);
-  kb.At(0, false);
+  int mean, m2;
+  if (two_pass) {
+    const int sum = kb.Reduce(ReduceOp::kSum, l0);
+    kb.At(0, false);
+    mean = kb.Op("div", {sum, kb.Const(static_cast<double>(N))});
+    kb.At(1, true);
+    const int d = kb.Op("sub", {kb.Load(x, Idx({C(N)}, {C(1)})), mean});
+    m2 = kb.Reduce(ReduceOp::kSum, kb.Op("mul", {d, d}));
+    kb.At(1, false);
+  } else {
+    mean = kb.Reduce(ReduceOp::kWelfordMean, l0);
+    m2 = kb.Reduce(ReduceOp::kWelfordM2, l0);
+    kb.At(0, false);
+  }
   const int n = kb.Const(static_cast<double>(N));
   const int var = kb.Op("div", {m2, n});
   const int eps = kb.Const(1e-5);
@@ -548,7 +561,7 @@ Kernel LayerNorm(const std::string& name, int64_t N) {
   const int rstd = kb.Op("rsqrt", {ve});
   kb.Store(mean_out, Idx({C(1)}, {}), mean);
   kb.Store(rstd_out, Idx({C(1)}, {}), rstd);
-  kb.At(1, true);
+  kb.At(two_pass ? 2 : 1, true);
   const int l1 = kb.Load(x, Idx({C(N)}, {C(1)}));
   const int d = kb.Op("sub", {l1, mean});
   const int nrm = kb.Op("mul", {d, rstd});
@@ -559,37 +572,59 @@ Kernel LayerNorm(const std::string& name, int64_t N) {
   return kb.kernel();
 }
 
+// Runs layer_norm_<N> of `module` on 50 rows against a double reference.
+void ExpectLayerNorm(const LoadedModule& module, int64_t N) {
+  const int64_t R = 50;
+  // An offset mean makes a naive sum-of-squares variance visibly wrong.
+  std::vector<float> x = Random(R * N, 12, 99, 101), w = Random(N, 13), b = Random(N, 14);
+  std::vector<float> out(R * N), mean(R), rstd(R);
+  Call(module.Fn(absl::StrCat("layer_norm_", N)),
+       {x.data(), w.data(), b.data(), out.data(), mean.data(), rstd.data()}, {R});
+  std::vector<double> want(out.size()), want_mean(R), want_rstd(R);
+  for (int64_t r = 0; r < R; ++r) {
+    double m = 0, q = 0;
+    for (int64_t k = 0; k < N; ++k) m += x[r * N + k];
+    m /= N;
+    for (int64_t k = 0; k < N; ++k) q += (x[r * N + k] - m) * (x[r * N + k] - m);
+    const double rs = 1 / std::sqrt(q / N + 1e-5);
+    want_mean[r] = m;
+    want_rstd[r] = rs;
+    for (int64_t k = 0; k < N; ++k) want[r * N + k] = (x[r * N + k] - m) * rs * w[k] + b[k];
+  }
+  ExpectClose(mean, want_mean);
+  // rstd of values spread over [99, 101] in float32: the mean's rounding
+  // (ulp 7.6e-6 near 100) bounds what any float32 kernel can do.
+  ExpectClose(rstd, want_rstd, 1e-4, 0);
+  ExpectClose(out, want, 1e-4, 1e-4);
+}
+
 TEST(CppCodegen, LayerNormWithWelford) {
   std::string source;
   auto module =
       Build({LayerNorm("layer_norm_1000", 1000), LayerNorm("layer_norm_7", 7)}, {"s0"}, &source);
   ASSERT_NE(module, nullptr);
   EXPECT_TRUE(absl::StrContains(source, "wml")) << source;  // the lane-wise Welford
-  EXPECT_FALSE(absl::StrContains(source, "__builtin_prefetch")) << source;  // no transcendental
-  for (const int64_t N : {1000, 7}) {
-    const int64_t R = 50;
-    // An offset mean makes a naive sum-of-squares variance visibly wrong.
-    std::vector<float> x = Random(R * N, 12, 99, 101), w = Random(N, 13), b = Random(N, 14);
-    std::vector<float> out(R * N), mean(R), rstd(R);
-    Call(module->Fn(absl::StrCat("layer_norm_", N)),
-         {x.data(), w.data(), b.data(), out.data(), mean.data(), rstd.data()}, {R});
-    std::vector<double> want(out.size()), want_mean(R), want_rstd(R);
-    for (int64_t r = 0; r < R; ++r) {
-      double m = 0, q = 0;
-      for (int64_t k = 0; k < N; ++k) m += x[r * N + k];
-      m /= N;
-      for (int64_t k = 0; k < N; ++k) q += (x[r * N + k] - m) * (x[r * N + k] - m);
-      const double rs = 1 / std::sqrt(q / N + 1e-5);
-      want_mean[r] = m;
-      want_rstd[r] = rs;
-      for (int64_t k = 0; k < N; ++k) want[r * N + k] = (x[r * N + k] - m) * rs * w[k] + b[k];
-    }
-    ExpectClose(mean, want_mean);
-    // rstd of values spread over [99, 101] in float32: the mean's rounding
-    // (ulp 7.6e-6 near 100) bounds what any float32 kernel can do.
-    ExpectClose(rstd, want_rstd, 1e-4, 0);
-    ExpectClose(out, want, 1e-4, 1e-4);
-  }
+  // Its only later sweep stores: no prefetch.
+  EXPECT_FALSE(absl::StrContains(source, "__builtin_prefetch")) << source;
+  for (const int64_t N : {1000, 7}) ExpectLayerNorm(*module, N);
+}
+
+TEST(CppCodegen, LayerNormInTwoPassesPrefetchesTheNextRow) {
+  std::string source;
+  auto module = Build({LayerNorm("layer_norm_1000", 1000, /*two_pass=*/true),
+                       LayerNorm("layer_norm_7", 7, /*two_pass=*/true)},
+                      {"s0"}, &source);
+  ASSERT_NE(module, nullptr);
+  EXPECT_FALSE(absl::StrContains(source, "wml")) << source;
+  // The squared-deviations sweep (pass 1) stores nothing: it fetches the
+  // next row for pass 0, once per kernel; the storing pass 2 does not.
+  const std::string first = source.substr(0, source.find("layer_norm_7"));
+  const size_t pass1 = first.find("// pass 1"), pass2 = first.find("// pass 2");
+  ASSERT_NE(pass2, std::string::npos) << source;
+  const size_t prefetch = first.find("__builtin_prefetch");
+  EXPECT_TRUE(prefetch > pass1 && prefetch < pass2) << source;
+  EXPECT_EQ(first.find("__builtin_prefetch", prefetch + 1), std::string::npos) << source;
+  for (const int64_t N : {1000, 7}) ExpectLayerNorm(*module, N);
 }
 
 // Symbolic sizes: relu(x) * 2 over [s0, s1] and a strided slice
