@@ -9,7 +9,7 @@
 // Eager is the same graph run op by op through ATen (the reference
 // interpreter: the ops eager PyTorch dispatches to). Both sides get the same
 // fresh random inputs; the median of --reps timed runs, taken in blocks of
-// 10 that alternate between kiln, eager and the copy.
+// 10 that alternate between kiln, eager and the copy (see MedianMs).
 #include <ATen/core/Tensor.h>
 #include <ATen/Parallel.h>
 #include <ATen/ops/allclose.h>
@@ -66,16 +66,19 @@ ir::ValueId Op(ir::GraphBuilder& b, const std::string& target, std::vector<ir::A
 
 // Medians of the timed runs of several functions, taken in blocks of 10
 // runs per function in turn (a x 10, b x 10, c x 10, a x 10, ...), each block
-// after one untimed run. Blocks keep each function in its steady state (the
+// after 5 untimed runs. Blocks keep each function in its steady state (the
 // allocator recycling its own buffers; interleaving single runs made each
 // pay page faults for the other's frees), and taking turns spreads the drift
-// of a shared machine over all of them.
+// of a shared machine over all of them. The untimed runs let the caches
+// settle on the function's own data: after the other functions' 64 MiB, the
+// first two or three runs of a 32 MiB kernel here take up to 1.7x its
+// steady time (those of the copy 2x), while eager's, slower, hardly change.
 std::vector<double> MedianMs(const std::vector<std::function<void()>>& fns, int reps) {
-  constexpr int kBlock = 10;
+  constexpr int kBlock = 10, kWarm = 5;
   std::vector<std::vector<double>> t(fns.size());
   for (int done = 0; done < reps; done += kBlock) {
     for (size_t k = 0; k < fns.size(); ++k) {
-      fns[k]();
+      for (int i = 0; i < kWarm; ++i) fns[k]();
       for (int i = 0; i < std::min(kBlock, reps - done); ++i) {
         const auto s = Clock::now();
         fns[k]();
