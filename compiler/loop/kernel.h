@@ -17,8 +17,10 @@
 // A pointwise kernel has one pass, an inner space of the last dimension and
 // no reductions. Softmax over the last dimension is one kernel: pass 0
 // reduces max, pass 1 reduces sum(exp(x - max)), pass 2 stores
-// exp(x - max) / sum. Layer norm: pass 0 a Welford mean/variance, pass 1 the
-// normalized, scaled store.
+// exp(x - max) / sum. Layer norm over a short row: pass 0 sums the row,
+// pass 1 sums its squared deviations from the mean, pass 2 stores the
+// normalized, scaled row; over a long row or one of symbolic size, pass 0 is
+// one Welford mean/variance sweep instead of the first two.
 //
 // Loads and stores address buffers through affine index expressions: one
 // stride per outer dimension and per inner dimension, plus an offset, all

@@ -6,7 +6,8 @@
 //
 // Lowering: pointwise ops become scalar expressions; reductions (sum, mean,
 // amax, amin, var, softmax, log_softmax, layer norm) become accumulations
-// with init/combine, Welford for variance and layer norm; views become
+// with init/combine (variance and layer norm: a sum and then the squared
+// deviations over short rows, Welford over long ones); views become
 // index remaps over their base's storage and never copy.
 //
 // Fusion is decided greedily in topological order, legality apart from
