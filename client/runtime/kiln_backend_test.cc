@@ -340,6 +340,15 @@ TEST(KilnBackendTest, SoftmaxLayerNormAndRmsNormAreOneKernel) {
              }
            },
            {Rand({5, 32}).mul(3).add(1), Rand({32}), Rand({32})}, 1);
+  // Rows longer than the lowering's two-pass limit keep one Welford sweep.
+  CheckOne("layer norm over long rows", {Meta(S({3, 20000})), Meta(S({20000})), Meta(S({20000}))},
+           [](ir::GraphBuilder& b, const std::vector<ir::ValueId>& in) {
+             for (int k = 0; k < 3; ++k) {
+               b.AddOutput(Op(b, "aten.native_layer_norm.default",
+                              {Ref(in[0]), ir::Ints({20000}), Ref(in[1]), Ref(in[2]), ir::Float(1e-5)}, {}, k));
+             }
+           },
+           {Rand({3, 20000}).mul(3).add(50), Rand({20000}), Rand({20000})}, 1);
   CheckOne("rmsnorm", {Meta(S({8, 64})), Meta(S({64}))},
            [](ir::GraphBuilder& b, const std::vector<ir::ValueId>& in) {
              ir::ValueId sq = Op(b, "aten.pow.Tensor_Scalar", {Ref(in[0]), ir::Float(2.0)});
