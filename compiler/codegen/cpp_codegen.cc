@@ -31,8 +31,8 @@
 // Sweeps whose accesses all have inner stride 0 or 1 take the fast path
 // above (`omp simd`, pointer arithmetic); a sweep with reductions runs in
 // chunks of 32 lanes, each lane with its own accumulator (a Welford
-// mean/M2 per lane merged with Chan's formula; float32 sums folded into
-// double lanes every 64 chunks), then a scalar tail. Others index the
+// mean/M2 per lane merged with Chan's formula; float32 sums and Welfords
+// folded into double lanes every 64 chunks), then a scalar tail. Others index the
 // buffers with their strides in plain (or nested) loops, where float32 sums
 // accumulate in double.
 //
@@ -403,6 +403,7 @@ bool IsIdentifier(absl::string_view s) {
 bool IsReservedName(const std::string& name) {
   static const char* const kWords[] = {
       "o",           "i",        "l",       "c",       "d",     "winv",    "outer_n", "inner_n",
+      "s",           "m",        "q",       "k",       "f",     "u",       "dl",
       "buffers",     "symbols",  "std",     "int",     "float", "double",  "char",    "bool",
       "auto",        "const",    "for",     "if",      "else",  "do",      "while",   "return",
       "new",         "delete",   "this",    "case",    "class", "struct",  "true",    "false",
@@ -424,7 +425,8 @@ bool IsReservedName(const std::string& name) {
   }
   static const char* const kPrefixes[] = {"t",   "b",   "p",  "e",  "o",  "i",   "acc",
                                           "nan", "buf", "wm", "wq", "wn", "wml", "wql",
-                                          "wc",  "in",  "rc", "pf", "accl", "nanl"};
+                                          "wc",  "in",  "rc", "pf", "accl", "nanl",
+                                          "c",   "accd", "wmd", "wqd", "wkl"};
   const std::string prefix = name.substr(0, letters);
   for (const char* p : kPrefixes) {
     if (prefix == p) return true;
@@ -678,7 +680,7 @@ const std::map<std::string, OpInfo>& Ops() {
 // How an inner sweep is written.
 enum class SweepMode {
   kSimd,     // one inner dim, unit/zero strides: `omp simd`, pointers
-  kChunked,  // kSimd with a Welford: 16-lane chunks, then a sequential tail
+  kChunked,  // kSimd with reductions: 32-lane chunks, then a sequential tail
   kPlain,    // one inner dim, any strides
   kNested,   // zero or several inner dims: nested loops
 };
@@ -1106,6 +1108,12 @@ class KernelEmitter {
                       : Limit(t, max ? "lowest" : "max");
   }
 
+  // The type of a Welford's running mean and M2 (and of a chunked sweep's
+  // merged lanes): double for float32, whose one-by-one updates would
+  // round at the size of the mean (the variance over 100,000 strided values
+  // offset by 3 was off by 1.4e-5).
+  static const char* WelfordState(CType t) { return t == CType::kF32 ? "double" : CName(t); }
+
   // Accumulator declarations of reduction j (before its sweep).
   void DeclareAccumulator(int j, const Pass& pass, int depth, std::string* out) {
     const Stmt& s = k_.stmts[j];
@@ -1114,11 +1122,16 @@ class KernelEmitter {
     if (IsWelford(s)) {
       const int w = WelfordId(j);
       if (w != j) return;
-      absl::StrAppend(out, Pad(depth), T, " wm", w, " = 0, wq", w, " = 0;  // mean, M2\n",
-                      Pad(depth), "int64_t wn", w, " = 0;\n");
+      absl::StrAppend(out, Pad(depth), WelfordState(t), " wm", w, " = 0, wq", w,
+                      " = 0;  // mean, M2\n", Pad(depth), "int64_t wn", w, " = 0;\n");
       if (pass.mode == SweepMode::kChunked) {
         absl::StrAppend(out, Pad(depth), T, " wml", w, "[", kLanes, "] = {}, wql", w, "[",
                         kLanes, "] = {};  // per lane\n");
+      }
+      if (FoldsIntoDouble(j)) {
+        absl::StrAppend(out, Pad(depth), "double wmd", w, "[", kLanes, "] = {}, wqd", w, "[",
+                        kLanes, "] = {};  // per lane, every block of chunks\n", Pad(depth), T,
+                        " wkl", w, "[", kLanes, "] = {};  // per lane, the block's shift\n");
       }
       return;
     }
@@ -1170,11 +1183,15 @@ class KernelEmitter {
       const char* T = CName(t);
       if (chunk_body) {
         const std::string m = absl::StrCat("wml", w, "[l]"), q = absl::StrCat("wql", w, "[l]");
-        return absl::StrCat("{ const ", T, " d = ", v, " - ", m, "; ", m, " += d * winv; ", q,
-                            " += d * (", v, " - ", m, "); }");
+        // Folded lanes accumulate their values less the shift.
+        const std::string u = FoldsIntoDouble(j) ? "u" : v;
+        return absl::StrCat("{ ", FoldsIntoDouble(j) ? absl::StrCat("const ", T, " u = ", v, " - wkl", w, "[l]; ") : "",
+                            "const ", T, " d = ", u, " - ", m, "; ", m, " += d * winv; ", q,
+                            " += d * (", u, " - ", m, "); }");
       }
-      return absl::StrCat("{ wn", w, " += 1; const ", T, " d = ", v, " - wm", w, "; wm", w,
-                          " += d / static_cast<", T, ">(wn", w, "); wq", w, " += d * (", v, " - wm",
+      const char* S = WelfordState(t);
+      return absl::StrCat("{ wn", w, " += 1; const ", S, " d = ", v, " - wm", w, "; wm", w,
+                          " += d / static_cast<", S, ">(wn", w, "); wq", w, " += d * (", v, " - wm",
                           w, "); }");
     }
     if (chunk_body) {
@@ -1246,7 +1263,8 @@ class KernelEmitter {
     std::string value;
     if (IsWelford(s)) {
       const int w = WelfordId(j);
-      value = absl::StrCat(s.reduce == ReduceOp::kWelfordMean ? "wm" : "wq", w);
+      value = absl::StrCat("static_cast<", T, ">(",
+                           s.reduce == ReduceOp::kWelfordMean ? "wm" : "wq", w, ")");
     } else if ((s.reduce == ReduceOp::kMax || s.reduce == ReduceOp::kMin) && IsFloat(t)) {
       value = absl::StrCat("nan", j, " ? ", Limit(t, "quiet_NaN"), " : acc", j);
     } else if (wide_sums_.count(j)) {
@@ -1279,8 +1297,8 @@ class KernelEmitter {
         for (int j : pass.inner) {
           if (FoldsIntoDouble(j)) folds.push_back(j);
         }
-        // With float sums, the chunks run in blocks; each block's lane sums
-        // are folded into the double lanes and restarted.
+        // With float sums or Welfords, the chunks run in blocks; each
+        // block's lanes are folded into the double lanes and restarted.
         const int d = folds.empty() ? depth : depth + 1;
         if (!folds.empty()) {
           absl::StrAppend(out, Pad(depth), "for (int64_t c0 = 0; c0 < ", wc, "; c0 += ",
@@ -1297,7 +1315,8 @@ class KernelEmitter {
         }
         if (pass.has_welford) {
           absl::StrAppend(out, Pad(d + 1), "const ", CName(WelfordType(pass)),
-                          " winv = 1 / static_cast<", CName(WelfordType(pass)), ">(c + 1);\n");
+                          " winv = 1 / static_cast<", CName(WelfordType(pass)), ">(c",
+                          folds.empty() ? "" : " - c0", " + 1);\n");
         }
         absl::StrAppend(out, "#pragma omp simd\n");  // lanes are independent
         absl::StrAppend(out, Pad(d + 1), "for (int64_t l = 0; l < ", L, "; ++l) {\n");
@@ -1306,8 +1325,24 @@ class KernelEmitter {
         absl::StrAppend(out, Pad(d + 1), "}\n", Pad(d), "}\n");
         if (!folds.empty()) {
           for (int j : folds) {
-            absl::StrAppend(out, Pad(d), "for (int l = 0; l < ", L, "; ++l) { accd", j,
-                            "[l] += accl", j, "[l]; accl", j, "[l] = 0; }\n");
+            if (!IsWelford(k_.stmts[j])) {
+              absl::StrAppend(out, Pad(d), "for (int l = 0; l < ", L, "; ++l) { accd", j,
+                              "[l] += accl", j, "[l]; accl", j, "[l] = 0; }\n");
+              continue;
+            }
+            // Chan's merge of the block (c1 - c0 chunks, its mean the
+            // shift plus the lane's) into the lanes' totals (c0 chunks). The
+            // next block restarts from 0, shifted by the mean so far: its
+            // float means then round at the size of the spread, not of the
+            // mean (1e4 + small terms: M2 off by 2.4e-5 unshifted).
+            absl::StrAppend(out, Pad(d), "for (int l = 0; l < ", L, "; ++l) {\n", Pad(d + 1),
+                            "const double f = static_cast<double>(c1 - c0) / static_cast<double>(c1);\n",
+                            Pad(d + 1), "const double dl = (static_cast<double>(wkl", j,
+                            "[l]) + wml", j, "[l]) - wmd", j, "[l];\n", Pad(d + 1), "wmd", j,
+                            "[l] += dl * f;\n", Pad(d + 1), "wqd", j, "[l] += wql", j,
+                            "[l] + dl * dl * static_cast<double>(c0) * f;\n", Pad(d + 1), "wkl",
+                            j, "[l] = static_cast<float>(wmd", j, "[l]);\n", Pad(d + 1), "wml", j,
+                            "[l] = 0;\n", Pad(d + 1), "wql", j, "[l] = 0;\n", Pad(d), "}\n");
           }
           absl::StrAppend(out, Pad(depth), "}\n");
         }
@@ -1315,19 +1350,20 @@ class KernelEmitter {
         for (int j : pass.inner) {
           const Stmt& s = k_.stmts[j];
           if (!IsWelford(s) || WelfordId(j) != j) continue;
-          const char* T = CName(type_[j]);
+          const bool folded = FoldsIntoDouble(j);
+          const char* T = WelfordState(type_[j]);
+          const std::string lm = absl::StrCat(folded ? "wmd" : "wml", j);
+          const std::string lq = absl::StrCat(folded ? "wqd" : "wql", j);
           absl::StrAppend(out, Pad(depth), "if (", wc, " > 0) {\n");
           // The mean of the lane means, summed as offsets from lane 0: the
           // means themselves are large next to their spread, and a plain sum
           // of them rounds at 32x their magnitude.
           absl::StrAppend(out, Pad(depth + 1), T, " s = 0;\n", Pad(depth + 1),
-                          "for (int l = 1; l < ", L, "; ++l) s += wml", j, "[l] - wml", j,
-                          "[0];\n");
-          absl::StrAppend(out, Pad(depth + 1), "const ", T, " m = wml", j, "[0] + s / ", L,
-                          ";\n");
+                          "for (int l = 1; l < ", L, "; ++l) s += ", lm, "[l] - ", lm, "[0];\n");
+          absl::StrAppend(out, Pad(depth + 1), "const ", T, " m = ", lm, "[0] + s / ", L, ";\n");
           absl::StrAppend(out, Pad(depth + 1), T, " q = 0;\n", Pad(depth + 1),
                           "for (int l = 0; l < ", L, "; ++l) {\n", Pad(depth + 2), "const ", T,
-                          " d = wml", j, "[l] - m;\n", Pad(depth + 2), "q += wql", j,
+                          " d = ", lm, "[l] - m;\n", Pad(depth + 2), "q += ", lq,
                           "[l] + d * d * static_cast<", T, ">(", wc, ");\n", Pad(depth + 1), "}\n");
           absl::StrAppend(out, Pad(depth + 1), "wm", j, " = m;\n", Pad(depth + 1), "wq", j,
                           " = q;\n", Pad(depth + 1), "wn", j, " = ", wc, " * ", L, ";\n",
@@ -1445,14 +1481,25 @@ class KernelEmitter {
     return names;
   }
 
-  // Whether reduction j is a float sum in a chunked sweep: its float lanes
-  // are folded into double lanes every kFoldChunks chunks. (A float lane
-  // that took every 32nd of a million terms would round at the size of its
-  // whole partial sum: 1,000,000 x 0.1f came out 2.2e-4 too large.)
+  // Whether reduction j is a float sum, or the accumulator of a float
+  // Welford, in a chunked sweep: its float lanes are folded into double
+  // lanes every kFoldChunks chunks. (A float lane that took every 32nd of a
+  // million terms would round at the size of its whole partial sum:
+  // 1,000,000 x 0.1f came out 2.2e-4 too large, and the variance of a
+  // million values offset by 1e4 6.8e-4 off.)
+  // A sweep of one block (a constant size of at most kFoldChunks chunks)
+  // merges its float lanes in double directly.
   bool FoldsIntoDouble(int j) const {
     const Stmt& s = k_.stmts[j];
-    return s.kind == StmtKind::kReduce && s.reduce == ReduceOp::kSum &&
-           type_[j] == CType::kF32 && passes_[s.pass].mode == SweepMode::kChunked;
+    if (s.kind != StmtKind::kReduce || type_[j] != CType::kF32 ||
+        passes_[s.pass].mode != SweepMode::kChunked) {
+      return false;
+    }
+    const ir::SymInt& n = k_.inner.back();
+    if (k_.inner.size() == 1 && n.is_constant() && n.constant() <= kFoldChunks * kLanes) {
+      return false;
+    }
+    return IsWelford(s) ? WelfordId(j) == j : s.reduce == ReduceOp::kSum;
   }
 
   CType WelfordType(const Pass& pass) const {

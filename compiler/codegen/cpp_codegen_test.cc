@@ -414,6 +414,47 @@ TEST(CppCodegen, ContiguousFloatSumOfALongRow) {
   EXPECT_NEAR(got[0], exact, 1e-6 * exact);
 }
 
+// Welford mean and M2 of N values 1e4 + 0.5 (-1)^k + (k % 3) / 8 (all exact
+// in float), along a strided dim (a plain loop) and along a contiguous row
+// (32 float lanes).
+TEST(CppCodegen, WelfordOverManyTermsKeepsItsStateInDouble) {
+  const int64_t N = 1000000;
+  std::vector<float> xs(2 * N);
+  double mean = 0;
+  for (int64_t k = 0; k < N; ++k) {
+    xs[k] = 1e4f + (k % 2 ? 0.5f : -0.5f) + static_cast<float>(k % 3) / 8;
+    mean += xs[k];
+  }
+  mean /= N;
+  double m2 = 0;
+  for (int64_t k = 0; k < N; ++k) m2 += (xs[k] - mean) * (xs[k] - mean);
+  for (const bool strided : {true, false}) {
+    SCOPED_TRACE(strided ? "strided" : "contiguous");
+    std::vector<float> x(xs.begin(), xs.begin() + N);
+    if (strided) {  // x[2k] = xs[k]
+      x.assign(2 * N, 0.0f);
+      for (int64_t k = 0; k < N; ++k) x[2 * k] = xs[k];
+    }
+    KernelBuilder kb("welford", {C(1)}, {C(N)});
+    const int in = kb.Buffer("x", v1::FLOAT32);
+    const int out = kb.Buffer("out", v1::FLOAT32, true);
+    const int l = kb.Load(in, Idx({C(0)}, {C(strided ? 2 : 1)}));
+    const int m = kb.Reduce(ReduceOp::kWelfordMean, l);
+    const int q = kb.Reduce(ReduceOp::kWelfordM2, l);
+    kb.At(0, false);
+    kb.Store(out, Idx({C(0)}, {}), m);
+    kb.Store(out, Idx({C(0)}, {}, C(1)), q);
+    std::string source;
+    auto module = Build({kb.kernel()}, {}, &source);
+    ASSERT_NE(module, nullptr);
+    EXPECT_TRUE(absl::StrContains(source, "double wm1 = 0, wq1 = 0;")) << source;
+    std::vector<float> got(2);
+    Call(module->Fn("welford"), {x.data(), got.data()});
+    EXPECT_NEAR(got[0], mean, 1e-7 * mean);
+    EXPECT_NEAR(got[1], m2, 1e-6 * m2);
+  }
+}
+
 // The inline float exp against exp in double, vectorized, over a dense
 // sweep of [-90, 90] and the special values: within 1.35 ulp down to
 // results of 2^-125.5, 0 below, inf above 88.72, NaN for NaN.
