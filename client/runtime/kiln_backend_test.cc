@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include <functional>
+#include <limits>
 
 #include "client/runtime/cpu_features.h"
 #include "client/runtime/interpreter.h"
@@ -314,6 +315,16 @@ TEST(KilnBackendTest, Reductions) {
                {Rand({3, 5, 9})}, 1);
     }
   }
+  // A row holding an inf has an inf mean (sum / n, as ATen), not NaN; a
+  // row holding a NaN has a NaN mean.
+  at::Tensor special = Rand({3, 100}).contiguous();
+  special.data_ptr<float>()[7] = std::numeric_limits<float>::infinity();
+  special.data_ptr<float>()[150] = std::numeric_limits<float>::quiet_NaN();
+  CheckOne("mean of rows holding inf and NaN", {Meta(S({3, 100}))},
+           [](ir::GraphBuilder& b, const std::vector<ir::ValueId>& in) {
+             b.AddOutput(Op(b, "aten.mean.dim", {Ref(in[0]), ir::Ints({-1}), ir::Bool(false)}));
+           },
+           {special}, 1);
   CheckOne("sum all", {Meta(S({4, 11}))},
            [](ir::GraphBuilder& b, const std::vector<ir::ValueId>& in) {
              b.AddOutput(Op(b, "aten.sum.default", {Ref(in[0])}));

@@ -952,7 +952,11 @@ absl::StatusOr<bool> Lowerer::TryReduction(int node_index) {
   } else if (node.target == "aten.amax.default" || node.target == "aten.amin.default") {
     finish({{node.outputs[0], {reduce(x, node.target == "aten.amax.default" ? ReduceOp::kMax : ReduceOp::kMin, row), row}}});
   } else if (node.target == "aten.mean.dim" || node.target == "aten.mean.default") {
-    finish({{node.outputs[0], {reduce(full.Cast(x, ct), ReduceOp::kWelfordMean, row), row}}});
+    // sum / n, as ATen computes it (a row with an inf has an inf mean; a
+    // Welford update would make it NaN).
+    Builder r = make(row);
+    const int sum = reduce(full.Cast(x, ct), ReduceOp::kSum, row);
+    finish({{node.outputs[0], {r.Op("div", {sum, count(r, row)}, ct), row}}});
   } else if (node.target == "aten.var.correction") {
     double correction = 1;
     if (!call.IsNone("correction")) {
