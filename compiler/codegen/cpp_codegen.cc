@@ -31,10 +31,10 @@
 // Sweeps whose accesses all have inner stride 0 or 1 take the fast path
 // above (`omp simd`, pointer arithmetic); a sweep with reductions runs in
 // chunks of 32 lanes, each lane with its own accumulator (a Welford
-// mean/M2 per lane merged with Chan's formula; float32 sums and Welfords
-// folded into double lanes every 64 chunks), then a scalar tail. Others index the
-// buffers with their strides in plain (or nested) loops, where float32 sums
-// accumulate in double.
+// mean/M2 per lane merged with Chan's formula; over long rows, float32
+// sums and Welfords folded into double lanes every 64 chunks), then a
+// scalar tail. Others index the buffers with their strides in plain (or
+// nested) loops, where float32 sums accumulate in double.
 //
 // Compile errors come back as INTERNAL whose message holds the first lines of
 // the compiler's log; the whole log is the status payload kCompilerLogPayload.
@@ -1183,10 +1183,12 @@ class KernelEmitter {
       const char* T = CName(t);
       if (chunk_body) {
         const std::string m = absl::StrCat("wml", w, "[l]"), q = absl::StrCat("wql", w, "[l]");
-        // Folded lanes accumulate their values less the shift.
-        const std::string u = FoldsIntoDouble(j) ? "u" : v;
-        return absl::StrCat("{ ", FoldsIntoDouble(j) ? absl::StrCat("const ", T, " u = ", v, " - wkl", w, "[l]; ") : "",
-                            "const ", T, " d = ", u, " - ", m, "; ", m, " += d * winv; ", q,
+        std::string line = "{ ", u = v;
+        if (FoldsIntoDouble(j)) {  // the lane takes its values less the block's shift
+          absl::StrAppend(&line, "const ", T, " u = ", v, " - wkl", w, "[l]; ");
+          u = "u";
+        }
+        return absl::StrCat(line, "const ", T, " d = ", u, " - ", m, "; ", m, " += d * winv; ", q,
                             " += d * (", u, " - ", m, "); }");
       }
       const char* S = WelfordState(t);
@@ -1324,26 +1326,7 @@ class KernelEmitter {
         RETURN_IF_ERROR(SweepBody(pass, pass.mode, true, d + 2, out));
         absl::StrAppend(out, Pad(d + 1), "}\n", Pad(d), "}\n");
         if (!folds.empty()) {
-          for (int j : folds) {
-            if (!IsWelford(k_.stmts[j])) {
-              absl::StrAppend(out, Pad(d), "for (int l = 0; l < ", L, "; ++l) { accd", j,
-                              "[l] += accl", j, "[l]; accl", j, "[l] = 0; }\n");
-              continue;
-            }
-            // Chan's merge of the block (c1 - c0 chunks, its mean the
-            // shift plus the lane's) into the lanes' totals (c0 chunks). The
-            // next block restarts from 0, shifted by the mean so far: its
-            // float means then round at the size of the spread, not of the
-            // mean (1e4 + small terms: M2 off by 2.4e-5 unshifted).
-            absl::StrAppend(out, Pad(d), "for (int l = 0; l < ", L, "; ++l) {\n", Pad(d + 1),
-                            "const double f = static_cast<double>(c1 - c0) / static_cast<double>(c1);\n",
-                            Pad(d + 1), "const double dl = (static_cast<double>(wkl", j,
-                            "[l]) + wml", j, "[l]) - wmd", j, "[l];\n", Pad(d + 1), "wmd", j,
-                            "[l] += dl * f;\n", Pad(d + 1), "wqd", j, "[l] += wql", j,
-                            "[l] + dl * dl * static_cast<double>(c0) * f;\n", Pad(d + 1), "wkl",
-                            j, "[l] = static_cast<float>(wmd", j, "[l]);\n", Pad(d + 1), "wml", j,
-                            "[l] = 0;\n", Pad(d + 1), "wql", j, "[l] = 0;\n", Pad(d), "}\n");
-          }
+          for (int j : folds) FoldBlock(j, d, out);
           absl::StrAppend(out, Pad(depth), "}\n");
         }
         // Merge the lanes (equal counts) with Chan's formula.
@@ -1482,13 +1465,13 @@ class KernelEmitter {
   }
 
   // Whether reduction j is a float sum, or the accumulator of a float
-  // Welford, in a chunked sweep: its float lanes are folded into double
-  // lanes every kFoldChunks chunks. (A float lane that took every 32nd of a
-  // million terms would round at the size of its whole partial sum:
-  // 1,000,000 x 0.1f came out 2.2e-4 too large, and the variance of a
-  // million values offset by 1e4 6.8e-4 off.)
-  // A sweep of one block (a constant size of at most kFoldChunks chunks)
-  // merges its float lanes in double directly.
+  // Welford, in a chunked sweep of more than one block: its float lanes are
+  // folded into double lanes every kFoldChunks chunks. (A float lane that
+  // took every 32nd of a million terms would round at the size of its whole
+  // partial sum: 1,000,000 x 0.1f came out 2.2e-4 too large, and the
+  // variance of a million values offset by 1e4 6.8e-4 off.) A sweep of one
+  // block (a constant size of at most kFoldChunks chunks) merges its float
+  // lanes in double directly.
   bool FoldsIntoDouble(int j) const {
     const Stmt& s = k_.stmts[j];
     if (s.kind != StmtKind::kReduce || type_[j] != CType::kF32 ||
@@ -1500,6 +1483,33 @@ class KernelEmitter {
       return false;
     }
     return IsWelford(s) ? WelfordId(j) == j : s.reduce == ReduceOp::kSum;
+  }
+
+  // Folds the lanes of folded reduction j into its double lanes at the end
+  // of a block of chunks [c0, c1), and restarts them.
+  void FoldBlock(int j, int depth, std::string* out) const {
+    const int L = kLanes;
+    if (!IsWelford(k_.stmts[j])) {
+      absl::StrAppend(out, Pad(depth), "for (int l = 0; l < ", L, "; ++l) { accd", j,
+                      "[l] += accl", j, "[l]; accl", j, "[l] = 0; }\n");
+      return;
+    }
+    // Chan's merge of the block (c1 - c0 chunks; its mean is the shift plus
+    // the lane's) into the lanes' totals (c0 chunks). The next block starts
+    // from 0, shifted by the mean so far: its float means then round at the
+    // size of the spread, not of the mean (values 1e4 + small terms: M2 was
+    // 2.4e-5 off unshifted).
+    const std::string m = absl::StrCat("wml", j, "[l]"), q = absl::StrCat("wql", j, "[l]");
+    const std::string dm = absl::StrCat("wmd", j, "[l]"), dq = absl::StrCat("wqd", j, "[l]");
+    const std::string shift = absl::StrCat("wkl", j, "[l]");
+    const std::string in = Pad(depth + 1);
+    absl::StrAppend(out, Pad(depth), "for (int l = 0; l < ", L, "; ++l) {\n", in,
+                    "const double f = static_cast<double>(c1 - c0) / static_cast<double>(c1);\n",
+                    in, "const double dl = (static_cast<double>(", shift, ") + ", m, ") - ", dm,
+                    ";\n", in, dm, " += dl * f;\n", in, dq, " += ", q,
+                    " + dl * dl * static_cast<double>(c0) * f;\n", in, shift,
+                    " = static_cast<float>(", dm, ");\n", in, m, " = 0;\n", in, q, " = 0;\n",
+                    Pad(depth), "}\n");
   }
 
   CType WelfordType(const Pass& pass) const {
