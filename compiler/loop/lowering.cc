@@ -941,9 +941,8 @@ absl::StatusOr<bool> Lowerer::TryReduction(int node_index) {
     }
     const v1::DType xt = Compute(in.dtype);
     Builder keep = make(Level::kRowKeep);
-    int64_t n = 1;
-    for (int d : spec.dims) n *= in.sizes[d].constant();
-    const int mean = keep.Op("div", {reduce(x, ReduceOp::kSum, Level::kRowKeep), keep.C(static_cast<double>(n), xt)}, xt);
+    const int sum = reduce(x, ReduceOp::kSum, Level::kRowKeep);
+    const int mean = keep.Op("div", {sum, count(keep, Level::kRowKeep)}, xt);
     const int dev = full.Op("sub", {x, mean}, xt);
     return {mean, reduce(full.Op("mul", {dev, dev}, xt), ReduceOp::kSum, level)};
   };
