@@ -367,6 +367,31 @@ TEST(KilnBackendTest, SoftmaxLayerNormAndRmsNormAreOneKernel) {
            {Rand({8, 64}), Rand({64})}, 1);
 }
 
+// Reductions over dims of size 1, where a row's value has the shape of the
+// whole space: a softmax over the kept dim of a mean or max reads the row
+// value in a later pass, and layer norm's statistics are per-row values.
+TEST(KilnBackendTest, ReductionsOverSizeOneDims) {
+  for (const char* target : {"aten.mean.dim", "aten.amax.default"}) {
+    CheckOne(std::string("softmax of a kept ") + target, {Meta(S({6, 1}))},
+             [target](ir::GraphBuilder& b, const std::vector<ir::ValueId>& in) {
+               ir::ValueId t = Op(b, "aten.tanh.default", {Ref(in[0])});
+               ir::ValueId r = Op(b, target, {Ref(t), ir::Ints({-1}), ir::Bool(true)});
+               b.AddOutput(Op(b, "aten._softmax.default", {Ref(r), ir::Int(-1), ir::Bool(false)}));
+             },
+             {Rand({6, 1})}, 1);
+  }
+  // Every output is x - mean = 0 times 1 / sqrt(eps); ATen's mean of one
+  // element is off by an ulp, so a small eps would scale that up to 1e-5.
+  CheckOne("layer norm over a dim of size 1", {Meta(S({4, 3, 1}))},
+           [](ir::GraphBuilder& b, const std::vector<ir::ValueId>& in) {
+             for (int k = 0; k < 3; ++k) {
+               b.AddOutput(Op(b, "aten.native_layer_norm.default",
+                              {Ref(in[0]), ir::Ints({1}), ir::NoneArg(), ir::NoneArg(), ir::Float(1.0)}, {}, k));
+             }
+           },
+           {Rand({4, 3, 1})}, 1);
+}
+
 TEST(KilnBackendTest, BackwardPointwiseOps) {
   CheckOne("backward ops", {Meta(S({4, 12})), Meta(S({4, 12}))},
            [](ir::GraphBuilder& b, const std::vector<ir::ValueId>& in) {

@@ -997,11 +997,11 @@ absl::StatusOr<bool> Lowerer::TryReduction(int node_index) {
       ASSIGN_OR_RETURN(int b, full.T("bias"));
       y = full.Ar("add", {y, b}, out_t);
     }
-    // mean and rstd: one value per row, [.., 1] in the graph.
-    const SymSizes& mean_sizes = g_.value(node.outputs[1]).meta.sizes;
-    auto level_of = [&](const SymSizes& s) { return Classify(grp, s); };
-    ASSIGN_OR_RETURN(Level ml, level_of(mean_sizes));
-    if (ml == Level::kFull) return absl::InternalError("layer norm statistics classified as full");
+    // mean and rstd: one value per row, [.., 1] in the graph. (Shaped like
+    // the whole space when the normalized dims have size 1: rows all the
+    // same, kept as size-1 dims.)
+    ASSIGN_OR_RETURN(Level ml, Classify(grp, g_.value(node.outputs[1]).meta.sizes));
+    if (ml == Level::kFull) ml = Level::kRowKeep;
     finish({{node.outputs[0], {y, Level::kFull}},
             {node.outputs[1], {r.Cast(mean, st), ml}},
             {node.outputs[2], {r.Cast(rstd, st), ml}}});
@@ -1088,10 +1088,13 @@ absl::StatusOr<Kernel> Lowerer::EmitKernel(int gi) {
     if (pass[i] >= 0) return pass[i];
     const GVal& v = vals[i];
     int p = 0;
+    // A per-row value exists after its pass's sweep: a whole-space value or
+    // a reduction (whose sweep broadcasts it over the row, e.g. a softmax
+    // over the size-1 dim of a mean kept as [n, 1]) reads it in a later pass.
+    const bool v_row = v.level != Level::kFull && v.kind != StmtKind::kReduce;
     for (int a : v.args) {
       const bool a_row = vals[a].level != Level::kFull;
-      const bool v_row = v.level != Level::kFull;
-      p = std::max(p, pass_of(a) + (a_row && !v_row && v.kind != StmtKind::kReduce ? 1 : 0));
+      p = std::max(p, pass_of(a) + (a_row && !v_row ? 1 : 0));
     }
     if (auto r = reload_after.find(i); r != reload_after.end()) p = std::max(p, pass_of(r->second) + 1);
     return pass[i] = p;
