@@ -396,6 +396,14 @@ class TrainingGraphCases:
         self.assertTrue(has_dropout(model))
         self.check_training("transformer_block", model, examples)
 
+    def test_outputs_that_are_views(self):
+        # Their gradients come in whatever layout autograd makes (expanded
+        # for a sum, contiguous for a weighted sum, not the output's own);
+        # the backward graph was traced with contiguous tangents.
+        x = torch.randn(4, 6, 8)
+        self.check_training("transposed output", lambda x: torch.relu(x).transpose(-1, -2), (x,))
+        self.check_training("strided slice output", lambda x: (x * 2)[..., ::2], (x,))
+
 
 class TrainingTest(TrainingGraphCases, unittest.TestCase):
     """kiln.compile through a real kilnd against eager PyTorch."""

@@ -114,7 +114,7 @@ class _AutogradGraphs(torch.autograd.Function):
         outputs, saved = results[:n], results[n:]
         ctx.compiled = compiled
         ctx.save_for_backward(*saved)
-        ctx.output_layouts = [(o.shape, o.stride(), o.dtype, o.device) if receives else None
+        ctx.output_layouts = [(o.shape, o.dtype, o.device) if receives else None
                               for o, receives in zip(outputs, compiled._outputs_receive_grad)]
         ctx.mark_non_differentiable(
             *[o for o, receives in zip(outputs, compiled._outputs_receive_grad) if not receives])
@@ -138,16 +138,15 @@ class _AutogradGraphs(torch.autograd.Function):
 
 def _tangent(grad, layout):
     """The gradient of one output as the backward graph expects it: zeros for
-    None, and the output's own strides (out.sum() gives an expanded gradient
-    whose zero strides a view in the backward graph could not take)."""
-    sizes, strides, dtype, device = layout
+    None, else contiguous in the output's dtype, as the joint graph traced
+    the tangents (and as AOTAutograd does). Autograd hands over whatever
+    layout it made: out.sum() gives an expanded gradient, whose zero strides
+    a view in the backward graph could not take, and a transposed output
+    may get a contiguous one or a transposed one."""
+    sizes, dtype, device = layout
     if grad is None:
         return torch.zeros(sizes, dtype=dtype, device=device)
-    if tuple(grad.stride()) != strides or grad.dtype != dtype:
-        out = torch.empty_strided(sizes, strides, dtype=dtype, device=device)
-        out.copy_(grad)
-        return out
-    return grad
+    return grad.to(dtype).contiguous()
 
 
 def _static(sym_ints):
