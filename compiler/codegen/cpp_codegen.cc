@@ -1833,6 +1833,11 @@ class CppBackend : public CodegenBackend {
         // Floating-point operations never trap (kernels do not enable FP
         // exceptions): lets gcc turn kiln_exp's range selects into blends.
         "-fno-trapping-math",
+        // Every op rounds its result, as ATen's ops do one by one: gcc would
+        // otherwise fuse a * b - c into one FMA, and x * y less the mean of
+        // x * y over one element would not be 0. (kiln_exp's FMAs are
+        // explicit.) No measurable cost in the benchmarked kernels.
+        "-ffp-contract=off",
         // Unroll-and-jam of a chunk loop around an `omp simd` lane loop
         // leaves the lane loop scalar (the Welford sweep gets 2x slower).
         "-fno-loop-unroll-and-jam",

@@ -455,6 +455,30 @@ TEST(CppCodegen, WelfordOverManyTermsKeepsItsStateInDouble) {
   }
 }
 
+// out = x * y - c with c the rounded product x * y: every op rounds, so out
+// is exactly 0; a fused multiply-add would leave the product's rounding
+// error (nonzero for most of these inputs).
+TEST(CppCodegen, ProductsAreRoundedBeforeTheyAreSubtracted) {
+  const int64_t N = 1000;
+  KernelBuilder kb("residual", {}, {C(N)});
+  const int x = kb.Buffer("x", v1::FLOAT32);
+  const int y = kb.Buffer("y", v1::FLOAT32);
+  const int c = kb.Buffer("c", v1::FLOAT32);
+  const int out = kb.Buffer("out", v1::FLOAT32, true);
+  const int p = kb.Op("mul", {kb.Load(x, Idx({}, {C(1)})), kb.Load(y, Idx({}, {C(1)}))});
+  kb.Store(out, Idx({}, {C(1)}), kb.Op("sub", {p, kb.Load(c, Idx({}, {C(1)}))}));
+  std::string source;
+  auto module = Build({kb.kernel()}, {}, &source);
+  ASSERT_NE(module, nullptr);
+  std::vector<float> xs = Random(N, 21), ys = Random(N, 22), cs(N), got(N, 1.0f);
+  for (int64_t k = 0; k < N; ++k) {
+    volatile float product = xs[k] * ys[k];  // rounded to float here
+    cs[k] = product;
+  }
+  Call(module->Fn("residual"), {xs.data(), ys.data(), cs.data(), got.data()});
+  for (int64_t k = 0; k < N; ++k) ASSERT_EQ(got[k], 0.0f) << k;
+}
+
 // The inline float exp against exp in double, vectorized, over a dense
 // sweep of [-90, 90] and the special values: within 1.35 ulp down to
 // results of 2^-125.5, 0 below, inf above 88.72, NaN for NaN.
