@@ -338,6 +338,15 @@ TEST(KilnBackendTest, SoftmaxLayerNormAndRmsNormAreOneKernel) {
              b.AddOutput(Op(b, "aten._softmax.default", {Ref(in[0]), ir::Int(-1), ir::Bool(false)}));
            },
            {Rand({6, 50}).mul(4)}, 1);
+  // The first softmax is an output: its exponentials are kept in its
+  // buffer, then overwritten by it; the second reads it from there.
+  CheckOne("softmax of a stored softmax", {Meta(S({3, 40}))},
+           [](ir::GraphBuilder& b, const std::vector<ir::ValueId>& in) {
+             ir::ValueId s1 = Op(b, "aten._softmax.default", {Ref(in[0]), ir::Int(-1), ir::Bool(false)});
+             b.AddOutput(s1);
+             b.AddOutput(Op(b, "aten._log_softmax.default", {Ref(s1), ir::Int(-1), ir::Bool(false)}));
+           },
+           {Rand({3, 40}).mul(4)}, 1);
   CheckOne("log_softmax dim 0", {Meta(S({7, 3}))},
            [](ir::GraphBuilder& b, const std::vector<ir::ValueId>& in) {
              b.AddOutput(Op(b, "aten._log_softmax.default", {Ref(in[0]), ir::Int(0), ir::Bool(false)}));

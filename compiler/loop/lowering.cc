@@ -1063,25 +1063,32 @@ absl::StatusOr<Kernel> Lowerer::EmitKernel(int gi) {
   // reads exists; a reduction's result exists at the end of its sweep.
   std::vector<GVal>& vals = grp.vals;
   // Values kept in their output's buffer: written in their pass, reloaded.
+  // Once `out` is stored over it, the buffer holds `out`: passes after
+  // that read `out` from it rather than recompute it from the buffer (a
+  // second softmax over a stored first one would divide twice).
   std::map<int, int> reload_after;                  // reload GVal -> kept GVal
   std::vector<std::pair<int, ValueId>> keep_stores;  // kept GVal -> buffer of value
+  std::map<int, int> final_reload;                  // out GVal -> its reload
   for (const Group::KeepInOutput& k : grp.keep_in_output) {
     auto v = grp.value_of.find(k.value);
     if (!grp.stored.count(k.value) || v == grp.value_of.end() || v->second != k.out) continue;
-    const ir::TensorMeta& m = g_.value(k.value).meta;
-    GVal reload;
-    reload.kind = StmtKind::kLoad;
-    reload.dtype = vals[k.keep].dtype;
-    reload.level = Level::kFull;
-    reload.over = StridesIn(grp, k.value);
-    reload.buffer = grp.buffer_index[g_.value(k.value).name];
-    vals.push_back(std::move(reload));
-    const int id = static_cast<int>(vals.size()) - 1;
+    auto reload = [&](v1::DType dtype) {
+      GVal load;
+      load.kind = StmtKind::kLoad;
+      load.dtype = dtype;
+      load.level = Level::kFull;
+      load.over = StridesIn(grp, k.value);
+      load.buffer = grp.buffer_index[g_.value(k.value).name];
+      vals.push_back(std::move(load));
+      return static_cast<int>(vals.size()) - 1;
+    };
+    const int id = reload(vals[k.keep].dtype);
     reload_after[id] = k.keep;
     for (int& a : vals[k.out].args) {
       if (a == k.keep) a = id;
     }
     keep_stores.emplace_back(k.keep, k.value);
+    final_reload[k.out] = reload(vals[k.out].dtype);
   }
   std::vector<int> pass(vals.size(), -1);
   std::function<int(int)> pass_of = [&](int i) -> int {
@@ -1118,6 +1125,9 @@ absl::StatusOr<Kernel> Lowerer::EmitKernel(int gi) {
     std::function<int(int)> emit_full = [&](int i) -> int {
       if (vals[i].level != Level::kFull) return row_stmt[i];
       if (memo[i] >= 0) return memo[i];
+      if (auto f = final_reload.find(i); f != final_reload.end() && p > pass[i]) {
+        return memo[i] = emit_full(f->second);
+      }
       const GVal& v = vals[i];
       Stmt s = StmtOf(v, p, /*in_sweep=*/true, outer, inner);
       for (int a : v.args) s.args.push_back(emit_full(a));
