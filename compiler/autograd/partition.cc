@@ -229,6 +229,15 @@ absl::StatusOr<Partition> PartitionJointGraph(const JointGraph& joint,
     ValueId v = g.outputs()[i];
     if (!backward[v]) bw_read[v] = true;
   }
+  // Values compared for equality (amax's gradient goes where self equals
+  // the max) are never recomputed: a recomputed one could differ in the
+  // last bit from what the forward reduced (one kernel's vectorized tanh
+  // against another's scalar one), and the gradient would be lost or NaN.
+  std::vector<bool> compared(nv, false);
+  for (const ir::Node& node : g.nodes()) {
+    if (node.target != "aten.eq.Tensor" && node.target != "aten.ne.Tensor") continue;
+    for (ValueId u : ir::Graph::Operands(node)) compared[u] = true;
+  }
 
   std::vector<bool> saved(nv, false);
   if (!options.min_cut) {
@@ -245,7 +254,7 @@ absl::StatusOr<Partition> PartitionJointGraph(const JointGraph& joint,
         const ir::Node& node = g.nodes()[val.producer];
         const ops::OpDef* def = registry.Find(node.target);
         recomputable = def != nullptr && (def->traits.pointwise || def->traits.view) &&
-                       !def->traits.random && !def->traits.expensive;
+                       !def->traits.random && !def->traits.expensive && !compared[v];
         for (ValueId u : ir::Graph::Operands(node)) net.AddEdge(2 * u + 1, 2 * v, kInf);
       }
       // Primals exist before the forward runs; a value the forward computes

@@ -8,6 +8,7 @@
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "compiler/autograd/joint_graph.h"
 #include "compiler/ir/builder.h"
 #include "compiler/ir/verify.h"
@@ -99,6 +100,19 @@ TEST(PartitionTest, NeverRecomputesMatmulsOrReductions) {
   // tangent), never the forward's mm again.
   EXPECT_FALSE(HasTarget(p.backward, "aten._softmax.default"));
   EXPECT_NE(std::find(p.saved.begin(), p.saved.end(), softmax), p.saved.end());
+}
+
+// amax's gradient goes where tanh(x) equals the max: the backward compares
+// the forward's own tanh(x), saved, never a recomputed one.
+TEST(PartitionTest, SavesWhatTheBackwardComparesForEquality) {
+  ir::GraphBuilder b("amax");
+  ir::ValueId x = b.AddInput(Meta({16, 32}, true), v1::Placeholder::USER_INPUT, "x");
+  ir::ValueId t = Op(b, "aten.tanh.default", {Ref(x)});
+  const std::string tanh = b.value(t).name;
+  b.AddOutput(Op(b, "aten.amax.default", {Ref(t), ir::Ints({-1}), ir::Bool(false)}));
+  Partition p = Split(std::move(b).Build());
+  EXPECT_NE(std::find(p.saved.begin(), p.saved.end(), tanh), p.saved.end()) << absl::StrJoin(p.saved, ",") << " / " << absl::StrJoin(p.recomputed, ",");
+  EXPECT_FALSE(HasTarget(p.backward, "aten.tanh.default"));
 }
 
 TEST(PartitionTest, SavesTheDropoutMaskAndNeverRedrawsIt) {
