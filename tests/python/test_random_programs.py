@@ -123,6 +123,8 @@ class Program:
         for _ in range(rng.randrange(2, 8)):
             a = rng.randrange(len(values))
             kind = rng.choice(["unary", "unary", "binary", "reduction", "view"])
+            if values[a].dim() == 0 and kind in ("reduction", "view"):
+                kind = "unary"
             if kind == "binary":
                 partners = [b for b, v in enumerate(values) if _broadcasts(values[a], v)]
                 b = rng.choice(partners)
