@@ -11,6 +11,7 @@
 
 #include <functional>
 #include <limits>
+#include <random>
 
 #include "client/runtime/cpu_features.h"
 #include "client/runtime/interpreter.h"
@@ -18,6 +19,7 @@
 #include "compiler/codegen/codegen.h"
 #include "compiler/ir/builder.h"
 #include "compiler/loop/lowering.h"
+#include "compiler/ops/shape_util.h"
 
 namespace kiln::runtime {
 namespace {
@@ -453,6 +455,151 @@ TEST(KilnBackendTest, FusionThroughAViewWithSymbolicSizes) {
   for (int64_t batch : {1, 3, 5}) {
     ExpectSame(c, build(ir::SymInt{batch}, ir::SymInt{8 * batch}), {Rand({batch, 8, 16}), Rand({16})},
                "batch " + std::to_string(batch));
+  }
+}
+
+// Random graphs over a batch of symbolic size s0: pointwise ops, binary
+// ops with broadcasting partners, reductions over any dim (kept or not),
+// and views (a transpose, the batch merged into the next dim, a strided
+// slice, an unsqueeze). Each is compiled once and run at three batch sizes
+// against the interpreter on the same graph built with the batch as a
+// constant. Fixed seeds (a failure names one); fresh random inputs.
+struct RandomStep {
+  int kind;  // 0 unary, 1 binary, 2 reduction, 3 view
+  int op;
+  int a, b;  // operands: indices into the values so far
+  int dim;
+  bool keep;
+};
+
+// Emits `step` into `b` over `vals`; false when it does not apply.
+bool EmitRandomStep(ir::GraphBuilder& b, std::vector<ir::ValueId>& vals, const RandomStep& step) {
+  static const char* const kUnary[] = {"aten.tanh.default", "aten.sigmoid.default",
+                                       "aten.relu.default", "aten.neg.default",
+                                       "aten.sin.default",  "aten.gelu.default",
+                                       "aten.abs.default"};
+  static const char* const kBinary[] = {"aten.add.Tensor", "aten.mul.Tensor", "aten.sub.Tensor",
+                                        "aten.maximum.default"};
+  static const char* const kReduce[] = {"aten.sum.dim_IntList", "aten.mean.dim",
+                                        "aten.amax.default",    "aten.var.correction",
+                                        "aten._softmax.default", "aten._log_softmax.default"};
+  const ir::ValueId a = vals[step.a];
+  const std::vector<ir::SymInt> sizes = b.value(a).meta.sizes;
+  const int rank = static_cast<int>(sizes.size());
+  const ops::Registry& r = ops::DefaultRegistry();
+  absl::StatusOr<std::vector<ir::ValueId>> out = absl::InvalidArgumentError("no step");
+  switch (step.kind) {
+    case 0:
+      out = ops::Emit(b, r, kUnary[step.op % 7], {Ref(a)});
+      break;
+    case 1: {
+      // Only partners whose dims equal a's or are 1: broadcasting s0
+      // against 6 would assume s0 == 6, which the batch sizes break.
+      const std::vector<ir::SymInt>& other = b.value(vals[step.b]).meta.sizes;
+      if (other.size() > sizes.size()) return false;
+      for (size_t k = 0; k < other.size(); ++k) {
+        const ir::SymInt& d = other[other.size() - 1 - k];
+        if (!(d == sizes[sizes.size() - 1 - k]) && !(d.is_constant() && d.constant() == 1)) return false;
+      }
+      out = ops::Emit(b, r, kBinary[step.op % 4], {Ref(a), Ref(vals[step.b])});
+      break;
+    }
+    case 2: {
+      if (rank == 0) return false;
+      const std::string target = kReduce[step.op % 6];
+      const int64_t dim = step.dim % rank - rank;
+      if (target == "aten._softmax.default" || target == "aten._log_softmax.default") {
+        out = ops::Emit(b, r, target, {Ref(a), ir::Int(dim), ir::Bool(false)});
+      } else if (target == "aten.var.correction") {
+        out = ops::Emit(b, r, target, {Ref(a), ir::Ints({dim})},
+                        {ir::Kwarg("correction", ir::Int(0)), ir::Kwarg("keepdim", ir::Bool(step.keep))});
+      } else {
+        out = ops::Emit(b, r, target, {Ref(a), ir::Ints({dim}), ir::Bool(step.keep)});
+      }
+      break;
+    }
+    default:
+      switch (step.op % 4) {
+        case 0: {
+          if (rank < 2) return false;
+          std::vector<int64_t> perm(rank);
+          for (int d = 0; d < rank; ++d) perm[d] = d;
+          std::swap(perm[rank - 1], perm[rank - 2]);
+          out = ops::Emit(b, r, "aten.permute.default", {Ref(a), ir::Ints(perm)});
+          break;
+        }
+        case 1: {
+          if (rank < 2) return false;
+          std::vector<ir::SymInt> shape = {ops::SymMul(sizes[0], sizes[1])};
+          shape.insert(shape.end(), sizes.begin() + 2, sizes.end());
+          out = ops::Emit(b, r, "aten.reshape.default", {Ref(a), ir::Argument{"", shape}});
+          break;
+        }
+        case 2:
+          if (rank == 0) return false;
+          out = ops::Emit(b, r, "aten.slice.Tensor",
+                          {Ref(a), ir::Int(-1), ir::Int(0), ir::Int(std::numeric_limits<int64_t>::max()),
+                           ir::Int(2)});
+          break;
+        default:
+          out = ops::Emit(b, r, "aten.unsqueeze.default", {Ref(a), ir::Int(0)});
+      }
+  }
+  if (!out.ok()) return false;
+  vals.push_back((*out)[0]);
+  return true;
+}
+
+// The inputs x [batch, 6, 8] and y (a [6, 1], [8] or [batch, 6, 1]
+// partner, by `partner`).
+std::vector<ir::ValueId> RandomInputs(ir::GraphBuilder& b, int partner, ir::SymInt batch) {
+  const ir::SymInt six{int64_t{6}}, eight{int64_t{8}}, one{int64_t{1}};
+  const std::vector<ir::TensorMeta> partners = {Meta(S({6, 1})), Meta(S({8})),
+                                                Meta({batch, six, one}, v1::FLOAT32, S({6, 1, 1}))};
+  return {b.AddInput(Meta({batch, six, eight}, v1::FLOAT32, S({48, 8, 1})),
+                     v1::Placeholder::USER_INPUT, "x"),
+          b.AddInput(partners[partner], v1::Placeholder::USER_INPUT, "y")};
+}
+
+// Draws up to 3-8 steps that apply one after another over the inputs.
+std::vector<RandomStep> RandomSteps(std::mt19937& rng, int partner) {
+  const ir::SymInt s0{std::string("s0")};
+  std::vector<RandomStep> steps;
+  const size_t want = 3 + rng() % 6;
+  for (int attempt = 0; attempt < 40 && steps.size() < want; ++attempt) {
+    const int n = 2 + static_cast<int>(steps.size());
+    const RandomStep step{static_cast<int>(rng() % 4), static_cast<int>(rng() % 84),
+                          static_cast<int>(rng() % n), static_cast<int>(rng() % n),
+                          static_cast<int>(rng() % 4), rng() % 2 == 0};
+    ir::GraphBuilder b("probe");
+    std::vector<ir::ValueId> vals = RandomInputs(b, partner, s0);
+    for (const RandomStep& s : steps) EmitRandomStep(b, vals, s);
+    if (EmitRandomStep(b, vals, step)) steps.push_back(step);
+  }
+  return steps;
+}
+
+ir::Graph RandomGraph(const std::vector<RandomStep>& steps, int partner, ir::SymInt batch) {
+  ir::GraphBuilder b("random");
+  std::vector<ir::ValueId> vals = RandomInputs(b, partner, batch);
+  for (const RandomStep& step : steps) EXPECT_TRUE(EmitRandomStep(b, vals, step));
+  b.AddOutput(vals.back());
+  return std::move(b).Build();
+}
+
+TEST(KilnBackendTest, RandomGraphsOverASymbolicBatch) {
+  for (uint32_t seed = 1; seed <= 30; ++seed) {
+    std::mt19937 rng(seed);
+    const int partner = static_cast<int>(rng() % 3);
+    const std::vector<RandomStep> steps = RandomSteps(rng, partner);
+    const std::string what = "seed " + std::to_string(seed);
+    Compiled c = Compile(RandomGraph(steps, partner, ir::SymInt{std::string("s0")}));
+    for (int64_t batch : {1, 2, 5}) {
+      const std::vector<std::vector<int64_t>> y_sizes = {{6, 1}, {8}, {batch, 6, 1}};
+      ExpectSame(c, RandomGraph(steps, partner, ir::SymInt{batch}),
+                 {Rand({batch, 6, 8}), Rand(y_sizes[partner])},
+                 what + ", batch " + std::to_string(batch));
+    }
   }
 }
 
