@@ -312,24 +312,10 @@ class PlanRunnerTest(unittest.TestCase):
 
 
 @unittest.skipUnless(KILND, "KILND is not set")
-class KilnBackendTest(test_training.TrainingGraphCases, unittest.TestCase):
+class KilnBackendTest(test_server.SharedKilnd, test_training.TrainingGraphCases,
+                      unittest.TestCase):
     """kiln.compile and PlanRunner through a real kilnd, against eager
     PyTorch and the reference runner."""
-
-    @classmethod
-    def setUpClass(cls):
-        assert os.path.isfile(KILND), f"KILND={KILND} does not exist"
-        cls.tmp = tempfile.mkdtemp(prefix="kiln_backend_test_")
-        cls.server = test_server.Kilnd(os.path.join(cls.tmp, "data"))
-        cls.client = kiln.Client(cls.server.address, timeout=300)
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.client.close()
-        status = cls.server.stop()
-        log = cls.server.log_tail()
-        shutil.rmtree(cls.tmp, ignore_errors=True)
-        assert status == 0, f"kilnd exit status after SIGTERM: {status}\n{log}"
 
     def compile_graph(self, graph):
         artifact = self.client.compile(graph, backend="kiln").artifact

@@ -19,9 +19,7 @@ strided and its input is not, as for gelu(x).transpose(-1, -2).)
 
 import os
 import random
-import shutil
 import sys
-import tempfile
 import unittest
 
 import torch
@@ -162,22 +160,7 @@ def _broadcasts(a, b):
 
 
 @unittest.skipUnless(KILND, "KILND is not set")
-class RandomProgramsTest(unittest.TestCase):
-
-    @classmethod
-    def setUpClass(cls):
-        assert os.path.isfile(KILND), f"KILND={KILND} does not exist"
-        cls.tmp = tempfile.mkdtemp(prefix="kiln_random_programs_")
-        cls.server = test_server.Kilnd(os.path.join(cls.tmp, "data"))
-        cls.client = kiln.Client(cls.server.address, timeout=300)
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.client.close()
-        status = cls.server.stop()
-        log = cls.server.log_tail()
-        shutil.rmtree(cls.tmp, ignore_errors=True)
-        assert status == 0, f"kilnd exit status after SIGTERM: {status}\n{log}"
+class RandomProgramsTest(test_server.SharedKilnd, unittest.TestCase):
 
     def check(self, actual, expected, what):
         torch.testing.assert_close(actual.double(), expected, rtol=RTOL, atol=ATOL,

@@ -100,6 +100,27 @@ class Kilnd:
             self.reader.join(timeout=10)
 
 
+class SharedKilnd:
+    """A test class mixin: one kilnd (in a temporary directory) and a client
+    of it for all of the class's tests, stopped with SIGTERM at the end,
+    which must exit cleanly."""
+
+    @classmethod
+    def setUpClass(cls):
+        assert os.path.isfile(KILND), f"KILND={KILND} does not exist"
+        cls.tmp = tempfile.mkdtemp(prefix=f"kiln_{cls.__name__}_")
+        cls.server = Kilnd(os.path.join(cls.tmp, "data"))
+        cls.client = kiln.Client(cls.server.address, timeout=300)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.client.close()
+        status = cls.server.stop()
+        log = cls.server.log_tail()
+        shutil.rmtree(cls.tmp, ignore_errors=True)
+        assert status == 0, f"kilnd exit status after SIGTERM: {status}\n{log}"
+
+
 @unittest.skipUnless(KILND, "KILND is not set")
 class ServerTest(unittest.TestCase):
 
