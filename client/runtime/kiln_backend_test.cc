@@ -568,6 +568,7 @@ std::vector<RandomStep> RandomSteps(std::mt19937& rng, int partner) {
   const size_t want = 3 + rng() % 6;
   for (int attempt = 0; attempt < 40 && steps.size() < want; ++attempt) {
     const int n = 2 + static_cast<int>(steps.size());
+    // op: 84 is a multiple of every table's size (7, 4, 6, 4).
     const RandomStep step{static_cast<int>(rng() % 4), static_cast<int>(rng() % 84),
                           static_cast<int>(rng() % n), static_cast<int>(rng() % n),
                           static_cast<int>(rng() % 4), rng() % 2 == 0};
