@@ -604,6 +604,31 @@ TEST(KilnBackendTest, RandomGraphsOverASymbolicBatch) {
   }
 }
 
+// [s0, 8] * [s0, 6, 8] broadcasts s0 against 6: the graph assumes s0 == 6
+// (a tracer would have guarded it). No kernel indexes the [s0, 8] value as
+// [6, 8]: the mul runs through ATen, right at s0 = 6 and a clear error at
+// s0 = 2 (a kernel would have read past the value).
+TEST(KilnBackendTest, AssumedBroadcastEqualitiesAreCheckedNotIndexedPast) {
+  auto build = [](ir::SymInt batch) {
+    ir::GraphBuilder b("assumed");
+    const ir::SymInt six{int64_t{6}}, eight{int64_t{8}};
+    ir::ValueId x = b.AddInput(Meta({batch, six, eight}, v1::FLOAT32, S({48, 8, 1})),
+                               v1::Placeholder::USER_INPUT, "x");
+    ir::ValueId r = Op(b, "aten.sum.dim_IntList", {Ref(x), ir::Ints({1}), ir::Bool(false)});
+    b.AddOutput(Op(b, "aten.mul.Tensor", {Ref(Op(b, "aten.tanh.default", {Ref(x)})), Ref(r)}));
+    return std::move(b).Build();
+  };
+  Compiled c = Compile(build(ir::SymInt{std::string("s0")}));
+  ASSERT_NE(c.exec, nullptr);
+  bool refused = false;
+  for (const std::string& d : c.lowered.decisions) refused = refused || d.find("equal only by assumption") != std::string::npos;
+  EXPECT_TRUE(refused) << loop::PrintLowered(c.lowered);
+  ExpectSame(c, build(ir::SymInt{int64_t{6}}), {Rand({6, 6, 8})}, "s0 = 6");
+  auto bad = c.exec->Run({Rand({2, 6, 8})});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("mul"), std::string::npos) << bad.status();
+}
+
 TEST(CpuFeaturesTest, RefusesCodeForAnIsaTheCpuLacks) {
   auto without_avx2 = [](const char* f) { return std::string(f) != "avx2"; };
   absl::Status s = CheckCpuSupports("x86-64-v3", without_avx2);

@@ -325,7 +325,16 @@ absl::StatusOr<int> Lowerer::Operand(Group& grp, ValueId v, Level level, const S
   const size_t lead = out.size() - m.sizes.size();
   for (size_t j = 0; j < m.sizes.size(); ++j) {
     const bool broadcast = ops::IsConstant(m.sizes[j], 1) && !ops::IsConstant(out[lead + j], 1);
-    if (!broadcast) over[lead + j] = m.strides[j];
+    if (broadcast) continue;
+    // A size the graph only assumed equal to the kernel's (a symbol
+    // broadcast against a constant): the kernel would index past the value
+    // when they differ. Such a node runs through ATen, which checks.
+    if (!(m.sizes[j] == out[lead + j])) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "'", g_.value(v).name, "' has size ", m.sizes[j].ToString(), " at dim ", j,
+          " where the kernel has ", out[lead + j].ToString(), " (equal only by assumption)"));
+    }
+    over[lead + j] = m.strides[j];
   }
   // Whatever kernel computes it stores it.
   MarkStored(v);
