@@ -230,6 +230,19 @@ TEST(KilnBackendTest, ComparisonsWhereClampAndDtypes) {
              b.AddOutput(Op(b, "aten.mul.Tensor", {Ref(d), Ref(d)}));
            },
            {Rand({4, 4})}, 1);
+  // An explicit conversion to a half type rounds, inside a kernel too:
+  // x.to(half).to(float32) * 2 is off by up to 1e-2 without it.
+  for (v1::DType half : {v1::FLOAT16, v1::BFLOAT16}) {
+    CheckOne(std::string("float32 through ") + v1::DType_Name(half), {Meta(S({6, 40}))},
+             [half](ir::GraphBuilder& b, const std::vector<ir::ValueId>& in) {
+               ir::ValueId h = Op(b, "aten._to_copy.default", {Ref(in[0])},
+                                  {ir::Kwarg("dtype", ir::Argument{"", half})});
+               ir::ValueId f = Op(b, "aten._to_copy.default", {Ref(h)},
+                                  {ir::Kwarg("dtype", ir::Argument{"", v1::FLOAT32})});
+               b.AddOutput(Op(b, "aten.mul.Scalar", {Ref(f), ir::Float(2.0)}));
+             },
+             {Rand({6, 40})}, 1);
+  }
 }
 
 TEST(KilnBackendTest, NonContiguousInputsAndViews) {

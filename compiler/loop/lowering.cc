@@ -539,7 +539,14 @@ const std::map<std::string, PointwiseRule>& PointwiseRules() {
         return b.Cast(x, Compute(t));
       };
     }
-    (*m)["aten._to_copy.default"] = (*m)["aten.clone.default"];
+    // An explicit conversion rounds to its dtype even when the value stays
+    // in the kernel (x.bfloat16().float() is x rounded to bfloat16), though
+    // half-type arithmetic is carried in float32 and rounded at its store.
+    (*m)["aten._to_copy.default"] = [](Builder& b, const ops::OpCall&,
+                                       v1::DType t) -> absl::StatusOr<int> {
+      ASSIGN_OR_RETURN(int x, b.T("self"));
+      return b.Cast(x, t);
+    };
     // Binary ops over two tensors or a tensor and a Scalar, with `alpha`.
     auto binary = [m](const std::string& name, const std::string& op, bool alpha, bool reverse) {
       for (const char* overload : {"Tensor", "Scalar"}) {
