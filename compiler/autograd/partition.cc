@@ -230,9 +230,10 @@ absl::StatusOr<Partition> PartitionJointGraph(const JointGraph& joint,
     if (!backward[v]) bw_read[v] = true;
   }
   // Values compared for equality (amax's gradient goes where self equals
-  // the max) are never recomputed: a recomputed one could differ in the
-  // last bit from what the forward reduced (one kernel's vectorized tanh
-  // against another's scalar one), and the gradient would be lost or NaN.
+  // the max) are never recomputed: recomputed by other code (another
+  // kernel, another backend, another vector width), one could differ in the
+  // last bit from what the forward reduced, and the gradient would be lost
+  // or NaN.
   std::vector<bool> compared(nv, false);
   for (const ir::Node& node : g.nodes()) {
     if (node.target != "aten.eq.Tensor" && node.target != "aten.ne.Tensor") continue;
