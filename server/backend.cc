@@ -74,7 +74,6 @@ class KilnBackend final : public Backend {
     if (!training) {
       ASSIGN_OR_RETURN(*artifact.mutable_compiled(),
                        CompileGraph(input.graph, "", *backend, times, &trace));
-      artifact.mutable_trace()->insert(trace.begin(), trace.end());
       return artifact;
     }
     ASSIGN_OR_RETURN(autograd::JointGraph joint, times->Time("joint-graph", [&] {
@@ -91,7 +90,6 @@ class KilnBackend final : public Backend {
                      CompileGraph(split.forward, "forward_", *backend, times, &trace));
     ASSIGN_OR_RETURN(*artifact.mutable_compiled_backward(),
                      CompileGraph(split.backward, "backward_", *backend, times, &trace));
-    artifact.mutable_trace()->insert(trace.begin(), trace.end());
     return artifact;
   }
 

@@ -49,7 +49,7 @@ struct CompileInput {
   const v1::CompileOptions& options;  // normalized
   const std::string& key;
   // Debug trace files, written as the stages run (so a failed compile still
-  // leaves what it got as far as); the backend copies them into the artifact.
+  // leaves what it got as far as); the engine puts them in the artifact.
   std::map<std::string, std::string>* trace;
 };
 

@@ -63,6 +63,11 @@ v1::EntryInfo ToEntryInfo(const std::string& ns, const std::string& key,
   return info;
 }
 
+// The key of failures_ for a cache key in a namespace.
+std::string FailureId(const std::string& ns, const std::string& key) {
+  return absl::StrCat(ns, "\n", key);
+}
+
 }  // namespace
 
 Engine::Engine(const EngineOptions& options, cache::Cache* cache, BackendRegistry backends)
@@ -242,6 +247,7 @@ absl::StatusOr<v1::CompileResponse> Engine::CompileMiss(
         RecordFailure(ns, key, artifact.status(), trace);
         return artifact.status();
       }
+      artifact->mutable_trace()->insert(trace.begin(), trace.end());
       for (const auto& p : times.phases()) *artifact->add_compile_times() = p;
       const std::string bytes = ir::DeterministicBytes(*artifact);
       resp.set_outcome(outcome);
@@ -382,7 +388,7 @@ void Engine::RecordFailure(const std::string& ns, const std::string& key,
                            const absl::Status& error,
                            const std::map<std::string, std::string>& trace) {
   constexpr size_t kKept = 64;
-  const std::string id = absl::StrCat(ns, "\n", key);
+  const std::string id = FailureId(ns, key);
   absl::MutexLock l(&failures_mu_);
   if (!failures_.count(id)) failure_order_.push_back(id);
   v1::FailedCompile& f = failures_[id];
@@ -405,7 +411,7 @@ absl::StatusOr<v1::GetEntryResponse> Engine::GetEntry(const v1::GetEntryRequest&
   bool failed = false;
   {
     absl::MutexLock l(&failures_mu_);
-    auto it = failures_.find(absl::StrCat(req.namespace_(), "\n", req.key()));
+    auto it = failures_.find(FailureId(req.namespace_(), req.key()));
     if (it != failures_.end()) {
       *resp.mutable_last_failure() = it->second;
       failed = true;
