@@ -79,7 +79,6 @@ using loop::ReduceOp;
 using loop::Stmt;
 using loop::StmtKind;
 
-
 // Lanes of a vectorized reduction (contiguous sweeps keep one accumulator
 // per lane, merged after the sweep): 32 float lanes are four AVX2 vectors
 // (two AVX-512 ones), enough independent chains to hide the latency of a
@@ -1208,7 +1207,6 @@ class KernelEmitter {
         // double lanes every kFoldChunks chunks.
         if (t == CType::kF32) {
           absl::StrAppend(out, Pad(depth), "double acc", j, " = 0;\n");
-          wide_sums_.insert(j);
           break;
         }
         absl::StrAppend(out, Pad(depth), T, " acc", j, " = 0;\n");
@@ -1321,7 +1319,7 @@ class KernelEmitter {
                            s.reduce == ReduceOp::kWelfordMean ? "wm" : "wq", w, ")");
     } else if ((s.reduce == ReduceOp::kMax || s.reduce == ReduceOp::kMin) && IsFloat(t)) {
       value = absl::StrCat("nan", j, " ? ", Limit(t, "quiet_NaN"), " : acc", j);
-    } else if (wide_sums_.count(j)) {
+    } else if (s.reduce == ReduceOp::kSum && t == CType::kF32) {  // accumulated in double
       value = absl::StrCat("static_cast<float>(acc", j, ")");
     } else {
       value = absl::StrCat("acc", j);
@@ -1751,7 +1749,6 @@ class KernelEmitter {
   std::vector<Pass> passes_;
   std::set<int> used_symbols_;
   std::set<int> reciprocal_;  // divisions inside a sweep by a row-invariant value
-  std::set<int> wide_sums_;   // float32 sums accumulated in double
   std::map<std::string, std::string> hoisted_;  // C++ expression -> local name
   std::vector<std::string> hoisted_decls_;
 };
