@@ -64,8 +64,6 @@ Slot Constant(c10::IValue v) {
   return s;
 }
 
-
-
 }  // namespace
 
 absl::StatusOr<at::ScalarType> ScalarTypeFromProto(v1::DType dtype) {

@@ -54,7 +54,6 @@ ir::Argument DefaultArgument(const ir::SchemaParam& p) {
   return a;
 }
 
-
 }  // namespace
 
 absl::StatusOr<OpCall> OpCall::Bind(const std::string& target,

@@ -1091,7 +1091,6 @@ ShapeRule Factory(const char* size_param, const char* fill_param) {
   };
 }
 
-
 absl::StatusOr<Metas> NewZeros(const OpCall& c) {
   ASSIGN_OR_RETURN(const TensorMeta* self, c.Meta("self"));
   ASSIGN_OR_RETURN(SymSizes sizes, c.SymInts("size"));

@@ -25,9 +25,9 @@
 #include <thread>
 
 #include "absl/flags/flag.h"
+#include "absl/flags/marshalling.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/str_format.h"
-#include "absl/flags/marshalling.h"
 #include "client/runtime/interpreter.h"
 #include "client/runtime/plan_executor.h"
 #include "compiler/codegen/codegen.h"
