@@ -5,6 +5,10 @@
 #                                    data in ~/.local/share/kiln)
 #   ./setup.sh test                  runs every C++ and Python test
 #   ./setup.sh build                 only builds
+# serve builds kilnd and kilnctl only and installs no torch. build and test
+# also make the Python environment .venv/ (requirements.txt: torch 2.11 from
+# PyPI, grpcio, ...), build the runtime and its tests against its torch and
+# install the client package (client/python) into it.
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -17,9 +21,9 @@ esac
 packages=(
   cmake ninja-build g++ ccache mold pkg-config
   libssl-dev libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
-  libabsl-dev librocksdb-dev libtorch-dev prometheus-cpp-dev
+  libabsl-dev librocksdb-dev prometheus-cpp-dev
   libgtest-dev libgmock-dev libbenchmark-dev
-  python3 python3-torch python3-grpcio python3-protobuf python3-numpy
+  python3 python3-venv python3-dev
 )
 missing=()
 for p in "${packages[@]}"; do
@@ -34,8 +38,29 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 jobs="${KILN_BUILD_JOBS:-2}"
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
-cmake --build build -j "$jobs"
+venv=.venv
+cmake_args=(-DCMAKE_BUILD_TYPE=RelWithDebInfo)
+if [ "$mode" != serve ]; then
+  # The venv is kept between runs; pip runs again only when
+  # requirements.txt changed since it last succeeded.
+  [ -x "$venv/bin/python" ] || /usr/bin/python3 -m venv "$venv"
+  stamp="$venv/.requirements.sha256"
+  if ! sha256sum --status -c "$stamp" 2>/dev/null; then
+    echo "setup: installing requirements.txt into $venv"
+    "$venv/bin/pip" install --quiet --disable-pip-version-check -r requirements.txt
+    sha256sum requirements.txt > "$stamp"
+  fi
+  torch_prefix="$("$venv/bin/python" -c 'import torch.utils; print(torch.utils.cmake_prefix_path)')"
+  cmake_args+=(-DCMAKE_PREFIX_PATH="$torch_prefix" -DKILN_PYTHON="$PWD/$venv/bin/python")
+fi
+cmake -S . -B build -G Ninja "${cmake_args[@]}" >/dev/null
+if [ "$mode" = serve ]; then
+  cmake --build build -j "$jobs" --target kilnd kilnctl
+else
+  cmake --build build -j "$jobs"
+  "$venv/bin/pip" install --quiet --disable-pip-version-check --no-build-isolation \
+    --no-deps --force-reinstall ./client/python
+fi
 
 case "$mode" in
   serve) exec build/bin/kilnd "$@" ;;

@@ -1,7 +1,7 @@
 """Captures a few small models and writes them to tests/data/graphs/ as the
 protobuf JSON mapping of kiln.v1.GraphFile (the format kilnctl reads).
 
-    PYTHONPATH=client/python:<build>/python /usr/bin/python3 tests/data/capture_graphs.py
+    .venv/bin/python tests/data/capture_graphs.py   (after ./setup.sh build)
 
 The weights and inputs come from fixed seeds; only metadata is stored, so the
 files change only when the capture (or torch) does. resnet_block.json and

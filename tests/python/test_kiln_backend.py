@@ -277,7 +277,7 @@ class PlanRunnerTest(unittest.TestCase):
         p.steps.extend([alloc("a", [8], [1]), free("a"), alloc("b", [4], [1], reuse="a")])
         p.outputs.append("b")
         b = PlanRunner(g).run([torch.ones(4)])[0]
-        self.assertEqual(b.storage().nbytes(), 32, "the storage of 'a' was not reused")
+        self.assertEqual(b.untyped_storage().nbytes(), 32, "the storage of 'a' was not reused")
 
         # A view of it is alive: a fresh allocation, never an alias.
         g = artifact_pb2.CompiledGraph()

@@ -335,7 +335,7 @@ def capture_with_structure(fn, *example_inputs, name=None):
         if module is None:
             return fn(*args)
         values = {n: t for (n, _, _), t in zip(state, tensors[:n_state])}
-        return torch.nn.utils.stateless.functional_call(module, values, tuple(args))
+        return torch.func.functional_call(module, values, tuple(args))
 
     with torch.enable_grad(), _DropoutAsNativeDropout():
         gm = make_fx(flat_fn, decomposition_table=_DECOMPOSITIONS)(*flat)
