@@ -1,11 +1,13 @@
 #include "compiler/ir/graph.h"
 
+#include <optional>
 #include <queue>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
+#include "compiler/ir/torch_conventions.h"
 
 namespace kiln::ir {
 namespace {
@@ -296,6 +298,13 @@ v1::SymInt SymIntToProto(const SymInt& s) {
 }
 
 absl::StatusOr<Graph> Graph::FromProto(const v1::Graph& proto) {
+  ASSIGN_OR_RETURN(Graph g, FromProtoExact(proto));
+  ASSIGN_OR_RETURN(std::optional<v1::Graph> rewritten, RewriteTorchConventions(g));
+  if (!rewritten) return g;
+  return FromProtoExact(*rewritten);
+}
+
+absl::StatusOr<Graph> Graph::FromProtoExact(const v1::Graph& proto) {
   Graph g;
   g.name_ = proto.name();
   NameTable names;

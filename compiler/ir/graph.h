@@ -86,12 +86,15 @@ struct Input {
 class Graph {
  public:
   // Builds the IR from its wire form, resolving names and sorting nodes into
-  // a topological order. Fails with INVALID_ARGUMENT, naming the node and the
-  // argument, on duplicate or dangling names, cycles, outputs that name
-  // nothing, or arguments with no kind.
+  // a topological order, then rewrites what torch 2 spells differently from
+  // the schemas (compiler/ir/torch_conventions.h). Fails with
+  // INVALID_ARGUMENT, naming the node and the argument, on duplicate or
+  // dangling names, cycles, outputs that name nothing, or arguments with no
+  // kind.
   static absl::StatusOr<Graph> FromProto(const v1::Graph& proto);
   // The wire form. FromProto(g.ToProto()) == g, and for a graph whose nodes
-  // were already in topological order, ToProto(FromProto(p)) == p.
+  // were already in topological order and follow the schemas,
+  // ToProto(FromProto(p)) == p.
   v1::Graph ToProto() const;
   // The same, written into `out` (which may live on an arena).
   void ToProto(v1::Graph* out) const;
@@ -108,6 +111,9 @@ class Graph {
 
  private:
   friend class GraphBuilder;
+
+  // FromProto without the torch 2 rewrite.
+  static absl::StatusOr<Graph> FromProtoExact(const v1::Graph& proto);
 
   std::string name_;
   std::vector<Input> inputs_;

@@ -319,7 +319,7 @@ TEST(KilndTest, BadInputIsRefusedByNameAndTheServerKeepsServing) {
       {"output names nothing", [](v1::CompileRequest* r) { r->mutable_graph()->set_outputs(0, "t99"); },
        "graph output 0 refers to 't99'"},
       {"argument kind",
-       [](v1::CompileRequest* r) { r->mutable_graph()->mutable_nodes(2)->mutable_args(1)->set_float_value(2.0); },
+       [](v1::CompileRequest* r) { r->mutable_graph()->mutable_nodes(2)->mutable_args(1)->set_string_value("two"); },
        "node 'op2' argument 1"},
       {"nonsense guard",
        [](v1::CompileRequest* r) {
