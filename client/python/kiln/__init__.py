@@ -11,6 +11,7 @@
     kiln.run_graph(graph, [*kiln.module_tensors(model), x])  # reference runner
 
     fast = kiln.compile(model, x, client=client, backend="kiln")  # generated code
+    opt = torch.compile(model, backend="kiln")      # Dynamo; kilnd at $KILN_SERVER
     kiln.PlanRunner(fast.artifact.compiled).run([...])  # a CompiledGraph directly
 
 The generated protocol modules live in the subpackage kiln.v1 (graph_pb2,
@@ -25,7 +26,7 @@ __path__ = __import__("pkgutil").extend_path(__path__, __name__)
 
 from kiln.client import Client, KilnError  # noqa: E402
 
-__all__ = ["Client", "KilnError", "capture", "signature", "module_tensors", "tensor_meta",
+__all__ = ["Client", "KilnError", "backend", "KilnBackend", "capture", "signature", "module_tensors", "tensor_meta",
            "compile", "CompiledFunction", "run_graph", "Interpreter", "PlanRunner"]
 
 # Names imported from the submodule that defines them on first use.
@@ -39,6 +40,8 @@ _LAZY = {
     "run_graph": "runtime",
     "Interpreter": "runtime",
     "PlanRunner": "plan",
+    "backend": "dynamo",
+    "KilnBackend": "dynamo",
 }
 
 
@@ -47,3 +50,17 @@ def __getattr__(name):
         import importlib
         return getattr(importlib.import_module(f"kiln.{_LAZY[name]}"), name)
     raise AttributeError(f"module 'kiln' has no attribute {name!r}")
+
+
+def _register_dynamo_backends():
+    """`import kiln` makes torch.compile(backend="kiln") work (when torch is
+    installed): registers kiln, kiln_aot_eager and kiln_eager with Dynamo."""
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        return
+    from kiln.dynamo import register_backends
+    register_backends()
+
+
+_register_dynamo_backends()

@@ -53,7 +53,7 @@ from kiln.client import Client
 from kiln.plan import PlanRunner
 from kiln.runtime import Interpreter, torch_device, torch_dtype
 
-__all__ = ["compile", "CompiledFunction"]
+__all__ = ["compile", "CompiledFunction", "ArtifactFunction"]
 
 
 def compile(fn, *example_inputs, client, backend="aot_eager", namespace=""):  # noqa: A001
@@ -104,33 +104,33 @@ def check_cpu_supports(isa, cpu_flags=None):
 
 
 class _AutogradGraphs(torch.autograd.Function):
-    """The forward and backward graphs of an `aot_eager` artifact as one
-    autograd function: apply(compiled, *primals) -> forward outputs."""
+    """The forward and backward graphs of a training artifact as one autograd
+    function: apply(fn, *primals) -> forward outputs, `fn` an ArtifactFunction."""
 
     @staticmethod
-    def forward(ctx, compiled, *primals):
-        results = compiled._forward.run(primals)
-        n = compiled._num_outputs
+    def forward(ctx, fn, *primals):
+        results = fn._forward.run(primals)
+        n = fn._num_outputs
         outputs, saved = results[:n], results[n:]
-        ctx.compiled = compiled
+        ctx.fn = fn
         ctx.save_for_backward(*saved)
         ctx.output_layouts = [(o.shape, o.dtype, o.device) if receives else None
-                              for o, receives in zip(outputs, compiled._outputs_receive_grad)]
+                              for o, receives in zip(outputs, fn._outputs_receive_grad)]
         ctx.mark_non_differentiable(
-            *[o for o, receives in zip(outputs, compiled._outputs_receive_grad) if not receives])
+            *[o for o, receives in zip(outputs, fn._outputs_receive_grad) if not receives])
         return tuple(outputs)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, *grad_outputs):
-        compiled = ctx.compiled
+        fn = ctx.fn
         tangents = []
         for grad, layout in zip(grad_outputs, ctx.output_layouts):
             if layout is not None:
                 tangents.append(_tangent(grad, layout))
-        grads = compiled._backward.run(list(ctx.saved_tensors) + tangents)
-        by_primal = [None] * compiled._num_primals
-        for grad, primal in zip(grads, compiled._grad_input_index):
+        grads = fn._backward.run(list(ctx.saved_tensors) + tangents)
+        by_primal = [None] * fn._num_primals
+        for grad, primal in zip(grads, fn._grad_input_index):
             if ctx.needs_input_grad[1 + primal]:
                 by_primal[primal] = grad
         return (None, *by_primal)
@@ -155,30 +155,23 @@ def _static(sym_ints):
     return tuple(s.int_value for s in sym_ints)
 
 
-class CompiledFunction:
-    """A captured function compiled by kilnd; call it like the function.
+class ArtifactFunction:
+    """Runs a kiln.v1.Artifact on the graph's inputs (primals, in graph order)
+    and returns the graph's outputs as a tuple: through an autograd function
+    when the artifact has a backward and a primal that needs a gradient
+    requires one, else its forward alone.
 
-    Attributes: `key` (hex cache key), `artifact` (kiln.v1.Artifact),
-    `graph` (the captured kiln.v1.Graph), `backend` (the artifact's)."""
+    `graph` is the kiln.v1.Graph the artifact was compiled from."""
 
-    def __init__(self, captured, artifact, key):
-        self.graph = captured.graph
+    def __init__(self, artifact, graph):
         self.artifact = artifact
-        self.key = key
         self.backend = artifact.backend
-        self._module = captured.module
-        self._positions = list(captured.tensor_positions)
-        # Per argument: None for a tensor, else the constant baked into the
-        # graph (the example tensors themselves are not kept alive).
-        self._constants = [None if isinstance(x, torch.Tensor) else (x,)
-                           for x in captured.example_inputs]
-        self._out_spec = captured.out_spec
-        self._inputs = list(self.graph.inputs)
+        self.graph = graph
+        self._inputs = list(graph.inputs)
         self._num_primals = len(self._inputs)
-        self._input_requires_grad = [ph.value.meta.requires_grad for ph in self._inputs]
         # Whether the artifact has no backward because kilnd compiled for
         # inference (a `kiln` artifact with `compiled` alone).
-        self._inference_only = False
+        self.inference_only = False
 
         if artifact.HasField("compiled") or artifact.HasField("compiled_forward"):
             check_cpu_supports(artifact.target.cpu_isa)
@@ -194,7 +187,7 @@ class CompiledFunction:
             self._backward = None
             self._num_outputs = len(self._forward.output_names)
             self._inputs_need_grad = [False] * self._num_primals
-            self._inference_only = True
+            self.inference_only = True
         elif artifact.HasField("autograd"):
             graphs = artifact.autograd
             self._init_training(graphs, Interpreter(graphs.forward), Interpreter(graphs.backward))
@@ -209,6 +202,10 @@ class CompiledFunction:
         if len(self._forward.input_names) != self._num_primals:
             raise ValueError(f"the artifact's graph takes {len(self._forward.input_names)} "
                              f"inputs; the captured graph has {self._num_primals}")
+
+    @property
+    def has_backward(self):
+        return self._backward is not None
 
     def _init_training(self, graphs, forward, backward):
         """Trains with `forward` and `backward` (runners of the forward and
@@ -247,6 +244,45 @@ class CompiledFunction:
                 raise ValueError(f"{where}: grad_input_index names input {i} of "
                                  f"{self._num_primals}")
 
+    def __call__(self, primals):
+        if self.inference_only and torch.is_grad_enabled():
+            for t, ph in zip(primals, self._inputs):
+                if t.requires_grad:
+                    raise ValueError(
+                        f"input '{ph.value.name}' requires grad, but {self.graph.name} was "
+                        f"compiled by '{self.backend}' for inference only (no input required "
+                        "grad when it was captured), so its outputs cannot carry gradients: "
+                        "compile it with the inputs' requires_grad set as they are now, which "
+                        "builds a training artifact, or call it under torch.no_grad()")
+        if self._backward is not None and torch.is_grad_enabled() and any(
+                need and t.requires_grad for need, t in zip(self._inputs_need_grad, primals)):
+            return _AutogradGraphs.apply(self, *primals)
+        return tuple(self._forward.run(primals)[:self._num_outputs])
+
+
+class CompiledFunction:
+    """A captured function compiled by kilnd; call it like the function.
+
+    Attributes: `key` (hex cache key), `artifact` (kiln.v1.Artifact),
+    `graph` (the captured kiln.v1.Graph), `backend` (the artifact's)."""
+
+    def __init__(self, captured, artifact, key):
+        self.graph = captured.graph
+        self.artifact = artifact
+        self.key = key
+        self.backend = artifact.backend
+        self._module = captured.module
+        self._positions = list(captured.tensor_positions)
+        # Per argument: None for a tensor, else the constant baked into the
+        # graph (the example tensors themselves are not kept alive).
+        self._constants = [None if isinstance(x, torch.Tensor) else (x,)
+                           for x in captured.example_inputs]
+        self._out_spec = captured.out_spec
+        self._inputs = list(self.graph.inputs)
+        self._num_primals = len(self._inputs)
+        self._input_requires_grad = [ph.value.meta.requires_grad for ph in self._inputs]
+        self._fn = ArtifactFunction(artifact, self.graph)
+
     def _primals(self, args):
         """The graph's inputs for a call with `args`, checked against the
         example inputs the graph was compiled for."""
@@ -276,7 +312,7 @@ class CompiledFunction:
                                  f"{self.graph.name} was compiled for "
                                  f"{torch_dtype(meta.dtype)} {list(sizes or [])} on "
                                  f"{torch_device(meta.device)}")
-            if (t.requires_grad and not compiled_with_grad and self._backward is not None
+            if (t.requires_grad and not compiled_with_grad and self._fn.has_backward
                     and t.is_floating_point() and torch.is_grad_enabled()):
                 raise ValueError(f"input '{name}' requires grad, but {self.graph.name} was "
                                  "compiled for an input that does not: its gradient was not "
@@ -284,21 +320,7 @@ class CompiledFunction:
         return primals
 
     def __call__(self, *args):
-        primals = self._primals(args)
-        if self._inference_only and torch.is_grad_enabled():
-            for t, ph in zip(primals, self._inputs):
-                if t.requires_grad:
-                    raise ValueError(
-                        f"input '{ph.value.name}' requires grad, but {self.graph.name} was "
-                        f"compiled by '{self.backend}' for inference only (no input required "
-                        "grad when it was captured), so its outputs cannot carry gradients: "
-                        "compile it with the inputs' requires_grad set as they are now, which "
-                        "builds a training artifact, or call it under torch.no_grad()")
-        if self._backward is not None and torch.is_grad_enabled() and any(
-                need and t.requires_grad for need, t in zip(self._inputs_need_grad, primals)):
-            outputs = _AutogradGraphs.apply(self, *primals)
-        else:
-            outputs = self._forward.run(primals)[:self._num_outputs]
+        outputs = self._fn(self._primals(args))
         return tree_unflatten(list(outputs), self._out_spec)
 
     def __repr__(self):

@@ -1,0 +1,231 @@
+"""torch.compile backends served by kilnd.
+
+    import torch, kiln
+    fast = torch.compile(model, backend="kiln")             # KILN_SERVER or 127.0.0.1:50051
+    fast = torch.compile(model, backend=kiln.backend("10.0.0.5:50051", on_frozen="eager"))
+
+Three backends are registered with Dynamo (on `import kiln`, and through the
+package's `torch_dynamo_backends` entry point): `kiln` (generated code),
+`kiln_aot_eager` (kilnd's joint graph and min-cut partition, run op by op) and
+`kiln_eager` (the verified graph, op by op): the bisecting procedure, each on
+the server backend of the same name.
+
+For every graph Dynamo hands over, the backend lowers it to a functional
+core-ATen graph (kiln.lower), looks its key up on kilnd with the signature of
+the inputs, compiles it on a miss, and returns a callable that runs the
+artifact (an autograd function when it has a backward). Dynamo keeps its own
+guards and calls the backend again when they fail (a new shape, a new dtype);
+after the second size, its automatic dynamic marks the dimension symbolic,
+and kilnd compiles one symbolic variant that serves every later size.
+
+Failure policies (kiln.backend(..., on_frozen=, on_unavailable=)):
+  - a frozen server refuses a miss: "raise" (as
+    torch.compiler.set_stance("fail_on_recompile")) or "eager" (one warning,
+    then the graph runs eagerly, as "eager_on_recompile");
+  - the server is unreachable or past the deadline: "eager" (default, one
+    warning) or "raise";
+  - a graph with no kiln.v1.Graph form (kiln.lower.Unsupported) runs eagerly,
+    with one warning.
+A compile error (INVALID_ARGUMENT, INTERNAL...) always raises.
+"""
+
+import os
+import threading
+import warnings
+
+import torch
+
+from kiln import lower as lowering
+from kiln.client import Client, KilnError
+from kiln.compiled import ArtifactFunction
+
+__all__ = ["backend", "KilnBackend", "register_backends", "DEFAULT_SERVER"]
+
+DEFAULT_SERVER = "127.0.0.1:50051"
+
+# Registered Dynamo backend name -> kilnd backend.
+BACKENDS = {"kiln": "kiln", "kiln_aot_eager": "aot_eager", "kiln_eager": "eager"}
+
+_POLICIES = ("raise", "eager")
+
+
+class KilnBackend:
+    """A Dynamo backend: backend(gm, example_inputs) -> callable.
+
+    `server` is "host:port" (default: $KILN_SERVER, else DEFAULT_SERVER);
+    `compiler` the kilnd backend (kiln, aot_eager, eager); `namespace` the
+    cache namespace; `timeout` the deadline of each call in seconds;
+    `frozen` asks kilnd never to compile for this client.
+
+    Counters (`stats`): graphs, hits, compiles, eager (graphs run eagerly by
+    a policy or because they have no kiln form)."""
+
+    def __init__(self, server=None, *, compiler="kiln", namespace="", on_frozen="raise",
+                 on_unavailable="eager", timeout=30.0, frozen=False):
+        if on_frozen not in _POLICIES or on_unavailable not in _POLICIES:
+            raise ValueError(f"on_frozen and on_unavailable take one of {_POLICIES}")
+        self.server = server or os.environ.get("KILN_SERVER") or DEFAULT_SERVER
+        self.compiler = compiler
+        self.namespace = namespace
+        self.on_frozen = on_frozen
+        self.on_unavailable = on_unavailable
+        self.timeout = timeout
+        self.frozen = frozen
+        self.stats = {"graphs": 0, "hits": 0, "compiles": 0, "eager": 0}
+        self.last_lowered = None  # the kiln.lower.Lowered of the latest graph
+        self._client = None
+        self._lock = threading.Lock()
+        self._warned = set()
+
+    def _get_client(self):
+        with self._lock:
+            if self._client is None:
+                self._client = Client(self.server, timeout=self.timeout)
+            return self._client
+
+    def _warn_once(self, kind, message):
+        if kind not in self._warned:
+            self._warned.add(kind)
+            warnings.warn(message, RuntimeWarning, stacklevel=3)
+
+    def __call__(self, gm, example_inputs):
+        self.stats["graphs"] += 1
+        name = _graph_name(gm)
+        try:
+            lowered = lowering.lower(gm, example_inputs, name=name)
+        except lowering.Unsupported as e:
+            self.stats["eager"] += 1
+            self._warn_once(("unsupported", str(e)), f"kiln: graph '{name}' runs eagerly: {e}")
+            return gm.forward
+        self.last_lowered = lowered
+        try:
+            artifact = self._artifact(lowered, example_inputs)
+        except KilnError as e:
+            if e.code == "FAILED_PRECONDITION" and "frozen" in e.message:
+                if self.on_frozen == "raise":
+                    raise
+                self._warn_once("frozen", f"kiln: the server is frozen and '{name}' is not "
+                                          f"cached: it runs eagerly ({e.message})")
+            elif e.code in ("UNAVAILABLE", "DEADLINE_EXCEEDED"):
+                if self.on_unavailable == "raise":
+                    raise
+                self._warn_once("unavailable", f"kiln: the server at {self.server} did not "
+                                               f"answer ({e.code}); graphs run eagerly")
+            else:
+                raise
+            self.stats["eager"] += 1
+            return gm.forward
+        return _Compiled(lowered, ArtifactFunction(artifact, lowered.graph))
+
+    def _artifact(self, lowered, example_inputs):
+        client = self._get_client()
+        signature = _signature(lowered, example_inputs)
+        found = client.lookup(graph=lowered.graph, signature=signature, backend=self.compiler,
+                              namespace=self.namespace, include_artifact=True)
+        if found.HasField("artifact") and found.artifact.backend:
+            self.stats["hits"] += 1
+            return found.artifact
+        response = client.compile(lowered.graph, guards=lowered.guards, backend=self.compiler,
+                                  namespace=self.namespace, frozen=self.frozen)
+        self.stats["compiles"] += 1
+        return response.artifact
+
+
+class _Compiled:
+    """What the backend returns to Dynamo: takes Dynamo's flat arguments,
+    returns its outputs, and writes back the inputs the graph updates."""
+
+    def __init__(self, lowered, fn):
+        self.lowered = lowered
+        self.fn = fn
+        self._tensor_args = lowered.tensor_args
+        self._num_outputs = lowered.num_outputs
+        self._mutations = lowered.mutations
+
+    def __call__(self, *args):
+        primals = [args[i] for i in self._tensor_args]
+        if self._mutations:
+            # The graph reads a copy of each input it writes: autograd may
+            # save what the graph reads (batch norm's backward saves the
+            # running statistics), and the copy-back below must not change
+            # a saved tensor.
+            position = {arg: k for k, arg in enumerate(self._tensor_args)}
+            for arg, _ in self._mutations:
+                t = args[arg]
+                if not t.requires_grad:
+                    primals[position[arg]] = t.detach().clone()
+        outputs = self.fn(primals)
+        if self._mutations:
+            with torch.no_grad():
+                for arg, out in self._mutations:
+                    args[arg].copy_(outputs[out])
+        return list(outputs[:self._num_outputs])
+
+
+def _graph_name(gm):
+    """The function the graph came from and Dynamo's compile id: "forward_0_1"."""
+    name = "graph"
+    trace = next((n.meta["stack_trace"] for n in gm.graph.nodes if n.meta.get("stack_trace")), "")
+    frames = [line.strip() for line in trace.splitlines() if line.strip().startswith("File ")]
+    if frames and ", in " in frames[-1]:
+        name = frames[-1].rsplit(", in ", 1)[1]
+    compile_id = torch._guards.CompileContext.current_compile_id()
+    if compile_id is not None:
+        name = f"{name}_{compile_id.frame_id}_{compile_id.frame_compile_id}"
+    return name
+
+
+def _signature(lowered, example_inputs):
+    """The kiln.v1.InputSignature of the graph's inputs among `example_inputs`."""
+    from kiln.v1 import guards_pb2
+
+    sig = guards_pb2.InputSignature(client_guard_digest=lowered.guards.client_guard_digest)
+    for pos, ph in zip(lowered.tensor_args, lowered.graph.inputs):
+        t = example_inputs[pos]
+        entry = sig.inputs.add(dtype=ph.value.meta.dtype,
+                               sizes=[_hint(s, lowered.shape_env) for s in t.shape],
+                               strides=[_hint(s, lowered.shape_env) for s in t.stride()],
+                               requires_grad=ph.value.meta.requires_grad,
+                               storage_offset=_hint(t.storage_offset(), lowered.shape_env))
+        entry.device.CopyFrom(ph.value.meta.device)
+    return sig
+
+
+def _hint(value, shape_env):
+    if isinstance(value, torch.SymInt):
+        return int(shape_env.size_hint(value.node.expr)) if shape_env else int(value)
+    return int(value)
+
+
+def backend(server=None, **options):
+    """A configured Dynamo backend: torch.compile(model, backend=kiln.backend(...)).
+    `options` are KilnBackend's (compiler="kiln" by default)."""
+    return KilnBackend(server, **options)
+
+
+_shared = {}  # kilnd backend -> the KilnBackend its registered name uses
+
+
+def _registered(compiler):
+    def compile_graph(gm, example_inputs):
+        if compiler not in _shared:
+            _shared[compiler] = KilnBackend(compiler=compiler)
+        return _shared[compiler](gm, example_inputs)
+
+    compile_graph.__name__ = f"kiln_{compiler}"
+    return compile_graph
+
+
+def register_backends():
+    """Registers kiln, kiln_aot_eager and kiln_eager with Dynamo (idempotent)."""
+    from torch._dynamo.backends.registry import _BACKENDS, register_backend
+
+    for name, compiler in BACKENDS.items():
+        if name not in _BACKENDS or _BACKENDS[name] is None:
+            register_backend(name=name)(_registered(compiler))
+
+
+# Entry points named in pyproject.toml (group torch_dynamo_backends).
+kiln = _registered("kiln")
+kiln_aot_eager = _registered("aot_eager")
+kiln_eager = _registered("eager")

@@ -1,0 +1,344 @@
+"""Lowers a graph from torch 2's Dynamo to a kiln.v1.Graph of core ATen ops.
+
+lower(gm) traces Dynamo's FX graph again with the fake tensors Dynamo made
+for its inputs (no real computation, no copy of weights), functionalized and
+decomposed into core ATen by torch's own tables. The fake tensors carry
+Dynamo's shape environment, so a dimension Dynamo made dynamic stays a symbol
+("s77") in the graph's metadata; sym_size nodes and SymInt arithmetic are
+folded into the arguments that use them, as expressions ("8*s77").
+
+What the graph keeps of Dynamo's graph:
+  - Inputs: Dynamo's tensor placeholders, in its order (parameters are inputs
+    read at every call, never constants of the graph); SymInt placeholders
+    are not graph inputs: their values are sizes of the tensor inputs.
+  - Outputs: Dynamo's outputs, then one per input that the graph writes in
+    place (batch norm's running statistics, num_batches_tracked): the new
+    value, which the caller copies back into the input (Lowered.mutations).
+An in-place op whose functional form exists (`_native_batch_norm_legit` ->
+`_native_batch_norm_legit_functional`) is replaced by it.
+
+Anything that has no kiln.v1.Graph form (an output that is not a tensor, a
+size expression beyond + and *, a tensor constant) raises Unsupported, and the
+backend runs that graph eagerly.
+"""
+
+import collections
+import operator
+
+import torch
+import torch.fx
+from torch._decomp import core_aten_decompositions
+from torch._dispatch.python import enable_python_dispatcher
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from kiln import tracer
+from kiln.v1 import graph_pb2, guards_pb2
+
+__all__ = ["Unsupported", "Lowered", "lower", "size_expr"]
+
+
+class Unsupported(Exception):
+    """The graph has no kiln.v1.Graph form; the message says why."""
+
+
+Lowered = collections.namedtuple("Lowered", [
+    "graph",           # kiln.v1.Graph
+    "guards",          # kiln.v1.GuardSet
+    "tensor_args",     # positions of Dynamo's arguments that are graph inputs
+    "num_outputs",     # Dynamo's outputs (the first outputs of the graph)
+    "mutations",       # [(argument position, graph output index)]: copy back
+    "shape_env",       # Dynamo's ShapeEnv, or None
+])
+
+
+def size_expr(value):
+    """An int, or the expression text of a SymInt (sympy expression) in the
+    grammar kilnd reads; Unsupported beyond + - * and integers."""
+    if isinstance(value, int):
+        return value
+    if isinstance(value, torch.SymInt):
+        node = value.node
+        if node.is_nested_int():
+            raise Unsupported("nested-int sizes")
+        expr = node.expr
+    else:
+        expr = value
+    import sympy
+
+    if expr.is_Integer:
+        return int(expr)
+    if not all(isinstance(a, (sympy.Symbol, sympy.Integer, sympy.Add, sympy.Mul))
+               for a in sympy.preorder_traversal(expr)):
+        raise Unsupported(f"size expression {expr} uses more than + and *")
+    return str(expr)
+
+
+def _sym_proto(value, out):
+    e = size_expr(value)
+    if isinstance(e, int):
+        out.int_value = e
+    else:
+        out.expr = e
+    return out
+
+
+def _meta(val, requires_grad):
+    meta = graph_pb2.TensorMeta(dtype=tracer._dtype(val.dtype), requires_grad=requires_grad)
+    for s in val.shape:
+        _sym_proto(s, meta.sizes.add())
+    for s in val.stride():
+        _sym_proto(s, meta.strides.add())
+    tracer._device(val.device, meta.device)
+    _sym_proto(val.storage_offset(), meta.storage_offset)
+    return meta
+
+
+def _is_size(node):
+    return isinstance(node, torch.fx.Node) and isinstance(
+        node.meta.get("val"), (int, torch.SymInt)) and not isinstance(node.meta.get("val"), bool)
+
+
+def _set_argument(arg, value, names, schema_type, where):
+    """tracer._set_argument, with SymInts (values of size nodes, or SymInt
+    objects) as sym_int / sym_ints."""
+    if _is_size(value) or isinstance(value, torch.SymInt):
+        sym = value.meta["val"] if isinstance(value, torch.fx.Node) else value
+        e = size_expr(sym)
+        if isinstance(e, int):
+            arg.int_value = e
+        else:
+            arg.sym_int.expr = e
+        return
+    if isinstance(value, (list, tuple)) and any(
+            _is_size(v) or isinstance(v, torch.SymInt) for v in value):
+        for v in value:
+            sym = v.meta["val"] if isinstance(v, torch.fx.Node) else v
+            _sym_proto(sym, arg.sym_ints.values.add())
+        return
+    tracer._set_argument(arg, value, names, schema_type, where)
+
+
+def _functional_variant(op):
+    """(functional overload, indices of the mutated arguments) for in-place
+    ATen op `op`, or None: `<name>_functional` returning op's results and
+    then one new value per mutated argument."""
+    schema = op._schema
+    mutated = [i for i, a in enumerate(schema.arguments)
+               if a.alias_info is not None and a.alias_info.is_write]
+    packet = getattr(torch.ops.aten, f"{schema.name.split('::')[1]}_functional", None)
+    if packet is None or not mutated:
+        return None
+    candidate = getattr(packet, op._overloadname, None)
+    if candidate is None or len(candidate._schema.returns) != len(schema.returns) + len(mutated):
+        return None
+    return candidate, mutated
+
+
+def _trace(gm, fakes, fake_mode):
+    def run(*args):
+        return torch.fx.Interpreter(gm).run(*args)
+
+    with fake_mode, enable_python_dispatcher():
+        return make_fx(torch.func.functionalize(run, remove="mutations"),
+                       decomposition_table=core_aten_decompositions())(*fakes)
+
+
+def _mutations(fx, placeholders):
+    """Rewrites in-place writes to graph inputs as extra outputs. Returns
+    [(placeholder index, fx node of its new value)]."""
+    index = {p: i for i, p in enumerate(placeholders)}
+    writes = {}
+    for node in list(fx.nodes):
+        if node.op != "call_function":
+            continue
+        if node.target is torch.ops.aten.copy_.default and node.args[0] in index:
+            writes[index[node.args[0]]] = node.args[1]
+            fx.erase_node(node)
+            continue
+        op = node.target
+        if not isinstance(op, torch._ops.OpOverload) or not op._schema.is_mutable:
+            continue
+        variant = _functional_variant(op)
+        if variant is None:
+            raise Unsupported(f"node '{node.name}' ({op}) writes to its arguments")
+        functional, mutated = variant
+        num_results = len(op._schema.returns)
+        with fx.inserting_after(node):
+            new = fx.call_function(functional, node.args, node.kwargs)
+        new.meta = dict(node.meta)
+        node.replace_all_uses_with(new)
+        fx.erase_node(node)
+        for k, arg_index in enumerate(mutated):
+            written = new.args[arg_index] if arg_index < len(new.args) else None
+            if written not in index:
+                raise Unsupported(f"node '{new.name}' ({op}) writes to an intermediate value")
+            with fx.inserting_after(new):
+                item = fx.call_function(operator.getitem, (new, num_results + k))
+            writes[index[written]] = item
+        # The functional op's results after op's: its meta from a fake run.
+        with new.meta["val"][0].fake_mode:
+            args = torch.fx.node.map_arg(new.args, lambda n: n.meta["val"])
+            kwargs = torch.fx.node.map_arg(new.kwargs, lambda n: n.meta["val"])
+            new.meta["val"] = functional(*args, **kwargs)
+        for user in new.users:
+            user.meta["val"] = new.meta["val"][user.args[1]]
+    return sorted(writes.items())
+
+
+def _guards(graph, shape_env):
+    """The GuardSet: every input's dtype, device, sizes (constants or
+    symbols) and strides; the symbols' ranges and the shape environment's
+    guards that kilnd can evaluate; the rest as a client digest."""
+    guards = guards_pb2.GuardSet()
+    for ph in graph.inputs:
+        meta = ph.value.meta
+        g = guards.tensors.add(name=ph.value.name, dtype=meta.dtype,
+                               stride_check=guards_pb2.TensorGuard.EXACT,
+                               check_requires_grad=True, requires_grad=meta.requires_grad)
+        g.device.CopyFrom(meta.device)
+        g.sizes.extend(meta.sizes)
+        g.strides.extend(meta.strides)
+    opaque = []
+    if shape_env is not None:
+        used = set()
+        for ph in graph.inputs:
+            for s in ph.value.meta.sizes:
+                if s.WhichOneof("value") == "expr":
+                    used.add(s.expr)
+        for symbol, bounds in sorted(shape_env.var_to_range.items(), key=lambda kv: str(kv[0])):
+            if str(symbol) not in used:
+                continue
+            if bounds.lower.is_Integer:
+                guards.shape_guards.append(f"{symbol} >= {int(bounds.lower)}")
+            if bounds.upper.is_Integer:
+                guards.shape_guards.append(f"{symbol} <= {int(bounds.upper)}")
+        for guard in shape_env.guards:
+            text = _guard_text(guard.expr)
+            if text is None:
+                opaque.append(str(guard.expr))
+            else:
+                guards.shape_guards.append(text)
+    if opaque:
+        import hashlib
+        guards.client_guard_digest = hashlib.sha256("\n".join(opaque).encode()).digest()
+    return guards
+
+
+def _guard_text(expr):
+    """A sympy relation in kilnd's guard grammar, or None."""
+    import sympy
+
+    ops = {sympy.Eq: "==", sympy.Ne: "!=", sympy.Ge: ">=", sympy.Gt: ">", sympy.Le: "<=",
+           sympy.Lt: "<"}
+    for kind, op in ops.items():
+        if isinstance(expr, kind):
+            try:
+                lhs, rhs = size_expr(expr.lhs), size_expr(expr.rhs)
+            except Unsupported:
+                return None
+            return f"{lhs} {op} {rhs}"
+    return None
+
+
+def lower(gm, example_inputs, name="graph"):
+    """Lowers Dynamo's graph `gm` (called with `example_inputs`) to a Lowered.
+    Raises Unsupported when the graph has no kiln.v1.Graph form."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    fakes = [n.meta.get("example_value") for n in placeholders]
+    if any(f is None for f in fakes) or len(fakes) != len(example_inputs):
+        raise Unsupported("the graph's inputs carry no fake values")
+    fake_mode = next((f.fake_mode for f in fakes if isinstance(f, torch._subclasses.FakeTensor)),
+                     None)
+    if fake_mode is None:
+        raise Unsupported("the graph has no tensor inputs")
+    grad = torch.is_grad_enabled()
+    fx_module = _trace(gm, fakes, fake_mode)
+    fx = fx_module.graph
+    traced_placeholders = [n for n in fx.nodes if n.op == "placeholder"]
+    writes = _mutations(fx, traced_placeholders)
+    output_node = next(n for n in fx.nodes if n.op == "output")
+    user_outputs, _ = torch.utils._pytree.tree_flatten(output_node.args[0])
+    # The new values of written inputs are outputs too: they stay alive.
+    output_node.args = (tuple(user_outputs) + tuple(value for _, value in writes),)
+    fx.eliminate_dead_code()
+
+    graph = graph_pb2.Graph(name=name)
+    names = {}
+    taken = tracer._Names()
+    for node in fx.nodes:
+        if node.op == "call_function":
+            taken.reserve(node.name)
+    tensor_args = []
+    requires_grad = {}
+    for i, (node, dynamo_node, fake) in enumerate(zip(traced_placeholders, placeholders, fakes)):
+        if not isinstance(fake, torch.Tensor):
+            continue  # a SymInt (or other scalar) argument
+        tensor_args.append(i)
+        kind = (graph_pb2.Placeholder.PARAMETER if isinstance(fake, torch.nn.Parameter)
+                or "parameters" in dynamo_node.name else graph_pb2.Placeholder.USER_INPUT)
+        names[node] = taken.unique(dynamo_node.name)
+        requires_grad[node] = grad and fake.requires_grad
+        ph = graph.inputs.add(kind=kind)
+        ph.value.name = names[node]
+        ph.value.meta.CopyFrom(_meta(node.meta["val"], requires_grad[node]))
+
+    for node in fx.nodes:
+        if node.op in ("placeholder", "output") or _is_size(node):
+            continue
+        if node.op == "get_attr":
+            raise Unsupported(f"the graph holds a tensor constant ('{node.target}')")
+        if node.target is operator.getitem:
+            continue
+        where = f"node '{node.name}'"
+        if not isinstance(node.target, torch._ops.OpOverload):
+            raise Unsupported(f"{where} calls {node.target}, not an ATen operator")
+        result = node.meta.get("val")
+        pn = graph.nodes.add(name=node.name, target=tracer._target_name(node.target))
+        schema_args = node.target._schema.arguments
+        for i, a in enumerate(node.args):
+            schema_type = schema_args[i].type if i < len(schema_args) else None
+            _set_argument(pn.args.add(), a, names, schema_type, where)
+        by_name = {a.name: a for a in schema_args}
+        for k, a in node.kwargs.items():
+            _set_argument(pn.kwargs.add(name=k), a, names,
+                          by_name[k].type if k in by_name else None, where)
+        # Autograd's rule: a floating-point result of an op with an operand
+        # that requires grad requires grad.
+        operands = [a for a in node.all_input_nodes if a in requires_grad]
+        node_grad = grad and any(requires_grad[a] for a in operands)
+
+        def differentiable(r):
+            return node_grad and (r.is_floating_point() or r.is_complex())
+
+        results = [result] if isinstance(result, torch.Tensor) else list(result or [])
+        if not all(isinstance(r, torch.Tensor) for r in results):
+            raise Unsupported(f"{where} ({pn.target}) returns a non-tensor value")
+        if isinstance(result, torch.Tensor):
+            names[node] = node.name
+            requires_grad[node] = differentiable(result)
+            pn.outputs.add(name=node.name).meta.CopyFrom(_meta(result, requires_grad[node]))
+            continue
+        getitems = {}
+        for user in node.users:
+            if user.target is operator.getitem:
+                getitems.setdefault(user.args[1], []).append(user)
+            else:
+                raise Unsupported(f"{where}: its list of outputs is used whole")
+        for i, r in enumerate(results):
+            users = getitems.get(i, [])
+            value_name = users[0].name if users else taken.unique(f"{node.name}_out{i}")
+            for user in users:
+                names[user] = value_name
+                requires_grad[user] = differentiable(r)
+            pn.outputs.add(name=value_name).meta.CopyFrom(_meta(r, differentiable(r)))
+
+    outputs = list(user_outputs) + [value for _, value in writes]
+    for leaf in outputs:
+        if not isinstance(leaf, torch.fx.Node) or leaf not in names:
+            raise Unsupported(f"the graph returns a non-tensor value {leaf!r}")
+        graph.outputs.append(names[leaf])
+    mutations = [(tensor_args_index, len(user_outputs) + k)
+                 for k, (tensor_args_index, _) in enumerate(writes)]
+    shape_env = fake_mode.shape_env
+    return Lowered(graph, _guards(graph, shape_env), tensor_args, len(user_outputs), mutations,
+                   shape_env)

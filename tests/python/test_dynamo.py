@@ -1,0 +1,277 @@
+"""torch.compile(..., backend=...) through a real kilnd: the kiln,
+kiln_aot_eager and kiln_eager backends under torch 2's Dynamo, on CPU.
+
+Every test starts from torch._dynamo.reset(), so Dynamo's own caches never
+answer for kilnd. Counters come from the server (Stats) and from the backend
+(KilnBackend.stats), so a test also proves where each graph was compiled.
+"""
+
+import copy
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import textwrap
+import unittest
+import warnings
+
+import torch
+import torch.nn.functional as F
+
+import kiln
+from kiln.v1 import service_pb2
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, os.pardir, "data"))
+sys.path.insert(0, HERE)
+import capture_graphs  # noqa: E402
+from test_server import KILND, Kilnd, SharedKilnd  # noqa: E402
+
+BACKENDS = {"kiln_eager": "eager", "kiln_aot_eager": "aot_eager", "kiln": "kiln"}
+
+
+def counters(client):
+    return client.stats().counters
+
+
+def close(test, got, want, what, tol=2e-4):
+    test.assertEqual(got.shape, want.shape, what)
+    test.assertTrue(torch.allclose(got, want, rtol=tol, atol=tol),
+                    f"{what}: max difference {(got - want).abs().max().item()}")
+
+
+def graph_break(x):
+    y = torch.relu(x) * 2
+    torch._dynamo.graph_break()
+    return torch.tanh(y) + 1
+
+
+@unittest.skipUnless(KILND, "KILND is not set")
+class TorchCompileTest(SharedKilnd, unittest.TestCase):
+    """The models of tests/data through each backend, inference and training."""
+
+    def setUp(self):
+        torch._dynamo.reset()
+
+    def backend(self, name, **options):
+        return kiln.backend(self.server.address, compiler=BACKENDS[name], **options)
+
+    def check_model(self, name, make, inputs, train):
+        torch.manual_seed(0)
+        model = make()
+        model.train(train)
+        reference = copy.deepcopy(model)
+        be = self.backend(name)
+        compiled = torch.compile(model, backend=be)
+        for step in range(2):
+            args = [x.clone().requires_grad_(train and x.is_floating_point()) for x in inputs]
+            ref_args = [a.detach().clone().requires_grad_(a.requires_grad) for a in args]
+            torch.manual_seed(step)
+            out = compiled(*args)
+            torch.manual_seed(step)
+            want = reference(*ref_args)
+            close(self, out, want, f"{name} output, step {step}")
+            if train:
+                out.pow(2).sum().backward()
+                want.pow(2).sum().backward()
+                for (pname, p), q in zip(model.named_parameters(), reference.parameters()):
+                    close(self, p.grad, q.grad, f"{name} gradient of {pname}, step {step}")
+                for a, b in zip(args, ref_args):
+                    if a.requires_grad:
+                        close(self, a.grad, b.grad, f"{name} input gradient, step {step}")
+        for (bname, b), c in zip(model.named_buffers(), reference.buffers()):
+            close(self, b.to(torch.float64), c.to(torch.float64), f"{name} buffer {bname}")
+        self.assertEqual(be.stats["eager"], 0, f"{name}: a graph ran eagerly: {be.stats}")
+        self.assertGreaterEqual(be.stats["graphs"], 1)
+
+    def test_models(self):
+        torch.manual_seed(0)
+        q, k, v = (torch.randn(2, 16, 32) for _ in range(3))
+
+        class Attention(torch.nn.Module):
+            def forward(self, q, k, v):
+                return capture_graphs.attention(q, k, v)
+
+        cases = [
+            ("mlp", capture_graphs.MLP, [torch.randn(8, 32)]),
+            ("attention", Attention, [q, k, v]),
+            ("conv_bn", capture_graphs.ConvBlock, [torch.randn(2, 3, 8, 8)]),
+            ("transformer", lambda: capture_graphs.TransformerBlock(dropout=0.0),
+             [torch.randn(2, 8, 32)]),
+        ]
+        for name in BACKENDS:
+            for case, make, inputs in cases:
+                for train in (False, True):
+                    with self.subTest(backend=name, model=case, train=train):
+                        torch._dynamo.reset()
+                        self.check_model(name, make, inputs, train)
+
+    def test_training_loop_matches_eager(self):
+        for name in BACKENDS:
+            with self.subTest(backend=name):
+                torch._dynamo.reset()
+                torch.manual_seed(0)
+                model = capture_graphs.MLP()
+                reference = copy.deepcopy(model)
+                compiled = torch.compile(model, backend=self.backend(name))
+                opt = torch.optim.SGD(model.parameters(), lr=0.05)
+                ref_opt = torch.optim.SGD(reference.parameters(), lr=0.05)
+                data = [(torch.randn(8, 32), torch.randn(8, 32)) for _ in range(5)]
+                losses, ref_losses = [], []
+                for x, y in data:
+                    for m, o, out in ((compiled, opt, losses), (reference, ref_opt, ref_losses)):
+                        o.zero_grad()
+                        loss = F.mse_loss(m(x), y)
+                        loss.backward()
+                        o.step()
+                        out.append(loss.item())
+                for step, (a, b) in enumerate(zip(losses, ref_losses)):
+                    self.assertAlmostEqual(a, b, delta=1e-4 * max(1.0, abs(b)),
+                                           msg=f"loss of step {step}")
+                self.assertLess(losses[-1], losses[0])
+
+    def test_graph_break_gives_two_cached_graphs(self):
+        be = self.backend("kiln")
+        f = torch.compile(graph_break, backend=be)
+        x = torch.randn(4, 8)
+        close(self, f(x), graph_break(x), "output across a graph break")
+        self.assertEqual(be.stats["graphs"], 2)
+        self.assertEqual(be.stats["compiles"] + be.stats["hits"], 2)
+        # A fresh Dynamo (a new process, as far as the cache knows): both hit.
+        torch._dynamo.reset()
+        again = self.backend("kiln")
+        close(self, torch.compile(graph_break, backend=again)(x), graph_break(x), "again")
+        self.assertEqual(again.stats, {"graphs": 2, "hits": 2, "compiles": 0, "eager": 0})
+
+    def test_varying_batch_is_one_static_and_one_symbolic_variant(self):
+        be = self.backend("kiln")
+        torch.manual_seed(0)
+        model = capture_graphs.MLP()
+        compiled = torch.compile(model, backend=be)
+        with torch.no_grad():
+            for batch in (4, 5, 6, 7, 9):
+                x = torch.randn(batch, 32)
+                close(self, compiled(x), model(x), f"batch {batch}")
+        # Batch 4: static; batch 5: Dynamo's automatic dynamic, one symbolic
+        # graph that serves every later size without calling the backend.
+        self.assertEqual(be.stats["graphs"], 2, be.stats)
+        symbolic = [ph for ph in be.last_lowered.graph.inputs
+                    if any(s.WhichOneof("value") == "expr" for s in ph.value.meta.sizes)]
+        self.assertEqual([ph.value.name for ph in symbolic], ["l_x_"])
+        self.assertIn(f"{symbolic[0].value.meta.sizes[0].expr} >= 2",
+                      list(be.last_lowered.guards.shape_guards))
+
+
+@unittest.skipUnless(KILND, "KILND is not set")
+class TorchCompileServerTest(unittest.TestCase):
+    """Across processes and restarts; frozen servers; no server."""
+
+    def setUp(self):
+        torch._dynamo.reset()
+        self.tmp = tempfile.mkdtemp(prefix="kiln_dynamo_test_")
+        self.addCleanup(shutil.rmtree, self.tmp, ignore_errors=True)
+        self.data_dir = os.path.join(self.tmp, "data")
+        self.server = Kilnd(self.data_dir)
+        self.client = kiln.Client(self.server.address, timeout=60)
+
+    def tearDown(self):
+        self.client.close()
+        if self.server is not None:
+            self.assertEqual(self.server.stop(), 0, self.server.log_tail())
+
+    def restart(self):
+        self.client.close()
+        self.assertEqual(self.server.stop(), 0, self.server.log_tail())
+        self.server = Kilnd(self.data_dir)
+        self.client = kiln.Client(self.server.address, timeout=60)
+
+    def run_other_process(self, backend="kiln"):
+        """Runs the MLP (training step) and the graph-break function in a new
+        process through torch.compile; returns its backend's counters."""
+        script = textwrap.dedent(f"""
+            import sys, json, torch, kiln
+            sys.path.insert(0, {os.path.join(HERE, os.pardir, "data")!r})
+            sys.path.insert(0, {HERE!r})
+            import capture_graphs
+            from test_dynamo import graph_break
+            be = kiln.backend({self.server.address!r}, compiler={BACKENDS[backend]!r})
+            torch.manual_seed(0)
+            model = capture_graphs.MLP()
+            out = torch.compile(model, backend=be)(torch.randn(8, 32))
+            out.sum().backward()
+            torch.compile(graph_break, backend=be)(torch.randn(4, 8))
+            print(json.dumps(be.stats))
+        """)
+        done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                              timeout=600)
+        self.assertEqual(done.returncode, 0, done.stderr[-3000:])
+        import json
+        return json.loads(done.stdout.strip().splitlines()[-1])
+
+    def test_second_process_hits_and_compiles_nothing_even_after_a_restart(self):
+        first = self.run_other_process()
+        self.assertEqual(first["compiles"], 3, first)  # the MLP, two graph-break graphs
+        compiles = counters(self.client).compiles
+        self.assertEqual(compiles, 3)
+        second = self.run_other_process()
+        self.assertEqual(second, {"graphs": 3, "hits": 3, "compiles": 0, "eager": 0})
+        self.restart()
+        third = self.run_other_process()
+        self.assertEqual(third, {"graphs": 3, "hits": 3, "compiles": 0, "eager": 0})
+        self.assertEqual(counters(self.client).compiles, 3)
+
+    def test_frozen_server_raises_or_runs_eagerly(self):
+        self.client.freeze()
+        x = torch.randn(4, 8)
+        raising = kiln.backend(self.server.address, on_frozen="raise")
+        with self.assertRaises(Exception) as caught:
+            torch.compile(graph_break, backend=raising)(x)
+        self.assertIn("frozen", str(caught.exception))
+        torch._dynamo.reset()
+        lenient = kiln.backend(self.server.address, on_frozen="eager")
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            close(self, torch.compile(graph_break, backend=lenient)(x), graph_break(x), "eager")
+        frozen_warnings = [w for w in seen if "frozen" in str(w.message)]
+        self.assertEqual(len(frozen_warnings), 1, [str(w.message) for w in seen])
+        self.assertEqual(lenient.stats["eager"], 2)
+        self.assertEqual(counters(self.client).compiles, 0)
+        self.assertGreaterEqual(counters(self.client).frozen_misses, 1)
+
+    def test_server_down_warns_and_runs_eagerly_or_raises(self):
+        address = self.server.address
+        self.assertEqual(self.server.stop(), 0)
+        self.server = None
+        x = torch.randn(4, 8)
+        lenient = kiln.backend(address, timeout=5)
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            close(self, torch.compile(graph_break, backend=lenient)(x), graph_break(x), "eager")
+        self.assertEqual(len([w for w in seen if "did not answer" in str(w.message)]), 1)
+        self.assertEqual(lenient.stats["eager"], 2)
+        torch._dynamo.reset()
+        strict = kiln.backend(address, timeout=5, on_unavailable="raise")
+        with self.assertRaises(Exception) as caught:
+            torch.compile(graph_break, backend=strict)(x)
+        self.assertIn("UNAVAILABLE", str(caught.exception))
+
+
+class RegistrationTest(unittest.TestCase):
+    def test_backends_are_registered(self):
+        names = torch._dynamo.list_backends(exclude_tags=())
+        for name in BACKENDS:
+            self.assertIn(name, names)
+
+    def test_server_address_from_the_environment(self):
+        os.environ["KILN_SERVER"] = "10.1.2.3:4567"
+        try:
+            self.assertEqual(kiln.backend().server, "10.1.2.3:4567")
+        finally:
+            del os.environ["KILN_SERVER"]
+        self.assertEqual(kiln.backend().server, "127.0.0.1:50051")
+        self.assertEqual(kiln.backend("h:1").server, "h:1")
+
+
+if __name__ == "__main__":
+    unittest.main()
