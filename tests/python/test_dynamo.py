@@ -144,6 +144,28 @@ class TorchCompileTest(SharedKilnd, unittest.TestCase):
         close(self, torch.compile(graph_break, backend=again)(x), graph_break(x), "again")
         self.assertEqual(again.stats, {"graphs": 2, "hits": 2, "compiles": 0, "eager": 0})
 
+    def test_core_ops_without_a_rule_run_as_externs_and_refuse_gradients_by_name(self):
+        # cumsum, flip and sinh are core ATen ops the registry has no rule for
+        # (docs/ops.md, the core opset table).
+        def f(x):
+            return torch.cumsum(x, 0).sinh() + torch.flip(x, [0])
+
+        x = torch.randn(4, 3)
+        for name in BACKENDS:
+            with self.subTest(backend=name):
+                torch._dynamo.reset()
+                be = self.backend(name)
+                close(self, torch.compile(f, backend=be)(x), f(x), f"{name}: inference")
+                self.assertEqual(be.stats["eager"], 0)
+        for name in ("kiln_aot_eager", "kiln"):
+            with self.subTest(backend=name, train=True):
+                torch._dynamo.reset()
+                with self.assertRaises(Exception) as caught:
+                    torch.compile(f, backend=self.backend(name))(x.clone().requires_grad_())
+                self.assertRegex(str(caught.exception),
+                                 r"INVALID_ARGUMENT: node '\w+': aten\.\w+\.default is not in "
+                                 r"the op registry, and a gradient must flow through it")
+
     def test_varying_batch_is_one_static_and_one_symbolic_variant(self):
         be = self.backend("kiln")
         torch.manual_seed(0)
