@@ -280,6 +280,15 @@ class TorchCompileServerTest(unittest.TestCase):
 
 
 class RegistrationTest(unittest.TestCase):
+    def test_core_opset_list_is_this_torchs(self):
+        import core_aten_ops
+
+        with open(core_aten_ops.OUT) as f:
+            listed = [line.strip() for line in f if line.strip() and not line.startswith("#")]
+        self.assertEqual(listed, core_aten_ops.core_ops(),
+                         "compiler/ops/core_aten_ops.txt is stale: run "
+                         "tests/data/core_aten_ops.py, then kiln_ops_doc")
+
     def test_backends_are_registered(self):
         names = torch._dynamo.list_backends(exclude_tags=())
         for name in BACKENDS:
