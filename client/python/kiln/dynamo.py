@@ -31,6 +31,7 @@ A compile error (INVALID_ARGUMENT, INTERNAL...) always raises.
 
 import os
 import threading
+import time
 import warnings
 
 import torch
@@ -72,6 +73,10 @@ class KilnBackend:
         self.timeout = timeout
         self.frozen = frozen
         self.stats = {"graphs": 0, "hits": 0, "compiles": 0, "eager": 0}
+        # Seconds spent per client phase, over every graph: lower (Dynamo's
+        # graph to kiln.v1.Graph), lookup, compile (on kilnd, with the
+        # round trip), load (the artifact into runners).
+        self.times = {"lower": 0.0, "lookup": 0.0, "compile": 0.0, "load": 0.0}
         self.last_lowered = None  # the kiln.lower.Lowered of the latest graph
         self._client = None
         self._lock = threading.Lock()
@@ -91,6 +96,7 @@ class KilnBackend:
     def __call__(self, gm, example_inputs):
         self.stats["graphs"] += 1
         name = _graph_name(gm)
+        start = time.perf_counter()
         try:
             lowered = lowering.lower(gm, example_inputs, name=name)
         except lowering.Unsupported as e:
@@ -98,6 +104,7 @@ class KilnBackend:
             self._warn_once(("unsupported", str(e)), f"kiln: graph '{name}' runs eagerly: {e}")
             return gm.forward
         self.last_lowered = lowered
+        self.times["lower"] += time.perf_counter() - start
         try:
             artifact = self._artifact(lowered, example_inputs)
         except KilnError as e:
@@ -115,18 +122,25 @@ class KilnBackend:
                 raise
             self.stats["eager"] += 1
             return gm.forward
-        return _Compiled(lowered, ArtifactFunction(artifact, lowered.graph))
+        start = time.perf_counter()
+        compiled = _Compiled(lowered, ArtifactFunction(artifact, lowered.graph))
+        self.times["load"] += time.perf_counter() - start
+        return compiled
 
     def _artifact(self, lowered, example_inputs):
         client = self._get_client()
+        start = time.perf_counter()
         signature = _signature(lowered, example_inputs)
         found = client.lookup(graph=lowered.graph, signature=signature, backend=self.compiler,
                               namespace=self.namespace, include_artifact=True)
+        self.times["lookup"] += time.perf_counter() - start
         if found.HasField("artifact") and found.artifact.backend:
             self.stats["hits"] += 1
             return found.artifact
+        start = time.perf_counter()
         response = client.compile(lowered.graph, guards=lowered.guards, backend=self.compiler,
                                   namespace=self.namespace, frozen=self.frozen)
+        self.times["compile"] += time.perf_counter() - start
         self.stats["compiles"] += 1
         return response.artifact
 
