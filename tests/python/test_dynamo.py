@@ -166,6 +166,24 @@ class TorchCompileTest(SharedKilnd, unittest.TestCase):
                                  r"INVALID_ARGUMENT: node '\w+': aten\.\w+\.default is not in "
                                  r"the op registry, and a gradient must flow through it")
 
+    def test_stances_apply_to_kiln_graphs(self):
+        be = self.backend("kiln")
+
+        def f(x):
+            return torch.tanh(x) * 3
+
+        compiled = torch.compile(f, backend=be, dynamic=False)
+        x = torch.randn(4, 8)
+        close(self, compiled(x), f(x), "first call")
+        with torch.compiler.set_stance("fail_on_recompile"):
+            close(self, compiled(x), f(x), "same shape under fail_on_recompile")
+            with self.assertRaises(Exception):
+                compiled(torch.randn(5, 8))
+        with torch.compiler.set_stance("eager_on_recompile"):
+            y = torch.randn(6, 8)
+            close(self, compiled(y), f(y), "new shape under eager_on_recompile")
+        self.assertEqual(be.stats["graphs"], 1, "a stance let the backend compile again")
+
     def test_varying_batch_is_one_static_and_one_symbolic_variant(self):
         be = self.backend("kiln")
         torch.manual_seed(0)
