@@ -7,9 +7,19 @@
 namespace kiln::server {
 namespace {
 
+// An error quotes at most this much: messages name what is wrong, and a
+// hostile request must not get megabytes of itself echoed back.
+constexpr size_t kMaxErrorMessageBytes = 4096;
+
 grpc::Status ToGrpc(const absl::Status& s) {
   if (s.ok()) return grpc::Status::OK;
-  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
+  std::string message(s.message());
+  if (message.size() > kMaxErrorMessageBytes) {
+    const size_t dropped = message.size() - kMaxErrorMessageBytes;
+    message.resize(kMaxErrorMessageBytes);
+    absl::StrAppend(&message, "... (", dropped, " more bytes)");
+  }
+  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::move(message));
 }
 
 template <typename Resp>

@@ -3,28 +3,90 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/status_macros.h"
+#include "compiler/ir/limits.h"
 #include "compiler/ir/schema.h"
 
 namespace kiln::ir {
 namespace {
+
+bool TooLong(const SymInt& s) {
+  return !s.is_constant() && static_cast<int64_t>(s.expr().size()) > kMaxExprLength;
+}
+
+std::string TooLongText(const SymInt& s) {
+  return absl::StrCat("is an expression of ", s.expr().size(), " characters, over the limit of ",
+                      kMaxExprLength);
+}
 
 absl::Status VerifyMeta(const Value& v, const std::string& where) {
   const TensorMeta& m = v.meta;
   auto err = [&](absl::string_view what) {
     return absl::InvalidArgumentError(absl::StrCat(where, " '", v.name, "': ", what));
   };
+  for (size_t d = 0; d < m.sizes.size(); ++d) {
+    if (TooLong(m.sizes[d])) return err(absl::StrCat("size[", d, "] ", TooLongText(m.sizes[d])));
+  }
+  for (size_t d = 0; d < m.strides.size(); ++d) {
+    if (TooLong(m.strides[d])) {
+      return err(absl::StrCat("stride[", d, "] ", TooLongText(m.strides[d])));
+    }
+  }
+  if (TooLong(m.storage_offset)) {
+    return err(absl::StrCat("storage offset ", TooLongText(m.storage_offset)));
+  }
   if (m.dtype == v1::DTYPE_UNSPECIFIED) return err("metadata has no dtype");
   if (m.device_type.empty()) return err("metadata has no device");
   if (m.strides.size() != m.sizes.size()) {
     return err(absl::StrCat("metadata has ", m.sizes.size(), " sizes but ", m.strides.size(),
                             " strides"));
   }
+  if (static_cast<int64_t>(m.sizes.size()) > kMaxRank) {
+    return err(absl::StrCat("rank ", m.sizes.size(), " is over the limit of ", kMaxRank));
+  }
+  int64_t elements = 1;
   for (size_t d = 0; d < m.sizes.size(); ++d) {
     const SymInt& s = m.sizes[d];
     if (s.is_constant() ? s.constant() < 0 : s.expr().empty()) {
       return err(absl::StrCat("size[", d, "] is ", s.is_constant() ? s.ToString() : "empty"));
     }
+    if (s.is_constant() && (__builtin_mul_overflow(elements, s.constant(), &elements) ||
+                            elements > kMaxElements)) {
+      return err(absl::StrCat("the sizes multiply to more than ", kMaxElements,
+                              " elements (the limit per tensor) at size[", d, "]"));
+    }
   }
+  for (size_t d = 0; d < m.strides.size(); ++d) {
+    const SymInt& s = m.strides[d];
+    if (s.is_constant() && (s.constant() > kMaxElements || s.constant() < -kMaxElements)) {
+      return err(absl::StrCat("stride[", d, "] is ", s.constant(), ", beyond the limit of +-",
+                              kMaxElements));
+    }
+  }
+  const SymInt& offset = m.storage_offset;
+  if (offset.is_constant() && (offset.constant() < 0 || offset.constant() > kMaxElements)) {
+    return err(absl::StrCat("storage offset ", offset.constant(), " is outside [0, ",
+                            kMaxElements, "]"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status VerifySymbolicArguments(const Node& node) {
+  auto check = [&](const Argument& a, const std::string& which) -> absl::Status {
+    std::vector<SymInt> syms;
+    if (const auto* s = std::get_if<SymInt>(&a.kind)) syms.push_back(*s);
+    if (const auto* v = std::get_if<std::vector<SymInt>>(&a.kind)) syms = *v;
+    for (const SymInt& s : syms) {
+      if (TooLong(s)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("node '", node.name, "' argument ", which, " ", TooLongText(s)));
+      }
+    }
+    return absl::OkStatus();
+  };
+  for (size_t i = 0; i < node.args.size(); ++i) {
+    RETURN_IF_ERROR(check(node.args[i], absl::StrCat(i)));
+  }
+  for (const Argument& a : node.kwargs) RETURN_IF_ERROR(check(a, absl::StrCat("'", a.name, "'")));
   return absl::OkStatus();
 }
 
@@ -48,9 +110,15 @@ absl::Status Verify(const Graph& g) {
     if (node.outputs.empty()) {
       return absl::InvalidArgumentError(absl::StrCat("node '", node.name, "' has no outputs"));
     }
+    if (static_cast<int64_t>(node.outputs.size()) > kMaxOutputsPerNode) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("node '", node.name, "' has ", node.outputs.size(),
+                       " outputs, over the limit of ", kMaxOutputsPerNode, " per node"));
+    }
     for (ValueId id : node.outputs) {
       RETURN_IF_ERROR(VerifyMeta(g.value(id), absl::StrCat("node '", node.name, "' output")));
     }
+    RETURN_IF_ERROR(VerifySymbolicArguments(node));
     RETURN_IF_ERROR(CheckArguments(node, g));
   }
   return absl::OkStatus();

@@ -22,6 +22,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
+#include "compiler/ir/limits.h"
 #include "compiler/ops/registry.h"
 #include "compiler/ops/shape_util.h"
 
@@ -892,7 +893,13 @@ absl::StatusOr<Metas> Split(const OpCall& c) {
   if (k < 0 || (k == 0 && n > 0)) {
     return ArgError(c, "split_size", absl::StrCat("is ", k, "; it must be positive"));
   }
-  const int64_t chunks = k == 0 ? 1 : std::max<int64_t>((n + k - 1) / k, 1);
+  const int64_t chunks = k == 0 ? 1 : std::max<int64_t>(n / k + (n % k != 0), 1);
+  if (chunks > ir::kMaxOutputsPerNode) {
+    return ArgError(c, "split_size",
+                    absl::StrCat("is ", k, " over a dimension of size ", n, ": ", chunks,
+                                 " outputs, over the limit of ", ir::kMaxOutputsPerNode,
+                                 " per node"));
+  }
   Metas out;
   for (int64_t i = 0; i < chunks; ++i) {
     ASSIGN_OR_RETURN(TensorMeta m,
@@ -911,6 +918,11 @@ absl::StatusOr<Metas> Unbind(const OpCall& c) {
     return ArgError(c, "dim",
                     absl::StrCat("is a dimension of symbolic size ", size.ToString(),
                                  ": the number of outputs is not a constant"));
+  }
+  if (size.constant() > ir::kMaxOutputsPerNode) {
+    return ArgError(c, "dim",
+                    absl::StrCat("is a dimension of size ", size.constant(), ": as many outputs, "
+                                 "over the limit of ", ir::kMaxOutputsPerNode, " per node"));
   }
   Metas out;
   for (int64_t i = 0; i < size.constant(); ++i) {

@@ -1,6 +1,7 @@
 #include "compiler/ops/shape_util.h"
 
 #include <algorithm>
+#include <limits>
 #include <numeric>
 #include <utility>
 
@@ -13,6 +14,25 @@
 
 namespace kiln::ops {
 namespace {
+
+// Constant arithmetic saturates instead of overflowing: an operand near the
+// int64 bounds comes from a request (sizes are bounded by ir::kMaxElements
+// once verified, but arguments such as a view's sizes are not), and a
+// saturated result fails the size checks that follow instead of wrapping
+// into a plausible value.
+int64_t SaturatingAdd(int64_t a, int64_t b) {
+  int64_t r;
+  if (!__builtin_add_overflow(a, b, &r)) return r;
+  return b > 0 ? std::numeric_limits<int64_t>::max() : std::numeric_limits<int64_t>::min();
+}
+
+int64_t SaturatingMul(int64_t a, int64_t b) {
+  int64_t r;
+  if (!__builtin_mul_overflow(a, b, &r)) return r;
+  return (a < 0) == (b < 0) ? std::numeric_limits<int64_t>::max()
+                            : std::numeric_limits<int64_t>::min();
+}
+
 
 using ir::SymInt;
 
@@ -37,22 +57,25 @@ std::string Paren(const std::string& s, bool atom_only) {
 }
 
 // Drops parentheses around the whole of `s`: "((s0 - 1)//2)" -> "(s0 - 1)//2".
+// "((a) + (b))" -> "(a) + (b)": every pair of parentheses that wraps the
+// whole text. One scan (a deeply nested request must not cost n^2): the
+// leading '('s whose matching ')' is the mirrored trailing one.
 absl::string_view StripOuterParens(absl::string_view s) {
-  while (s.size() >= 2 && s.front() == '(' && s.back() == ')') {
-    int depth = 0;
-    bool wraps = true;
-    for (size_t i = 0; i < s.size(); ++i) {
-      if (s[i] == '(') ++depth;
-      if (s[i] == ')') --depth;
-      if (depth == 0 && i + 1 < s.size()) {
-        wraps = false;
-        break;
-      }
+  size_t lead = 0;
+  while (lead < s.size() && s[lead] == '(') ++lead;
+  if (lead == 0) return s;
+  std::vector<size_t> open, close_of(lead, absl::string_view::npos);
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] == '(') {
+      open.push_back(i);
+    } else if (s[i] == ')' && !open.empty()) {
+      if (open.back() < lead) close_of[open.back()] = i;
+      open.pop_back();
     }
-    if (!wraps) break;
-    s = s.substr(1, s.size() - 2);
   }
-  return s;
+  size_t layers = 0;
+  while (layers < lead && close_of[layers] == s.size() - 1 - layers) ++layers;
+  return s.substr(layers, s.size() - 2 * layers);
 }
 
 // coeff * factor_1 * ... * factor_n, factors sorted. A factor is a symbol or
@@ -71,12 +94,12 @@ struct Poly {
   void Add(Monomial m) {
     if (m.coeff == 0) return;
     if (m.factors.empty()) {
-      constant += m.coeff;
+      constant = SaturatingAdd(constant, m.coeff);
       return;
     }
     for (auto it = terms.begin(); it != terms.end(); ++it) {
       if (it->factors == m.factors) {
-        it->coeff += m.coeff;
+        it->coeff = SaturatingAdd(it->coeff, m.coeff);
         if (it->coeff == 0) terms.erase(it);
         return;
       }
@@ -100,7 +123,7 @@ Monomial ParseTerm(absl::string_view t) {
   } else if (IsProductText(t)) {
     for (absl::string_view part : absl::StrSplit(t, '*')) {
       if (absl::SimpleAtoi(part, &k)) {
-        m.coeff *= k;
+        m.coeff = SaturatingMul(m.coeff, k);
       } else {
         m.factors.emplace_back(part);
       }
@@ -183,7 +206,7 @@ SymInt FromPoly(const Poly& p) {
 
 Monomial Times(const Monomial& a, const Monomial& b) {
   Monomial m;
-  m.coeff = a.coeff * b.coeff;
+  m.coeff = SaturatingMul(a.coeff, b.coeff);
   m.factors = a.factors;
   m.factors.insert(m.factors.end(), b.factors.begin(), b.factors.end());
   std::sort(m.factors.begin(), m.factors.end());
@@ -206,6 +229,7 @@ std::optional<Monomial> Divide(const Monomial& a, const Monomial& b) {
 }
 
 int64_t FloorDiv(int64_t a, int64_t b) {
+  if (b == -1) return SaturatingMul(a, -1);  // INT64_MIN / -1 traps
   int64_t q = a / b;
   if ((a % b != 0) && ((a < 0) != (b < 0))) --q;
   return q;
@@ -218,7 +242,7 @@ bool IsConstant(const ir::SymInt& s, int64_t value) {
 }
 
 ir::SymInt SymAdd(const ir::SymInt& a, const ir::SymInt& b) {
-  if (a.is_constant() && b.is_constant()) return SymInt{a.constant() + b.constant()};
+  if (a.is_constant() && b.is_constant()) return SymInt{SaturatingAdd(a.constant(), b.constant())};
   Poly p = ToPoly(a);
   const Poly q = ToPoly(b);
   for (const Monomial& m : q.terms) p.Add(m);
@@ -227,12 +251,14 @@ ir::SymInt SymAdd(const ir::SymInt& a, const ir::SymInt& b) {
 }
 
 ir::SymInt SymSub(const ir::SymInt& a, const ir::SymInt& b) {
-  if (a.is_constant() && b.is_constant()) return SymInt{a.constant() - b.constant()};
+  if (a.is_constant() && b.is_constant()) {
+    return SymInt{SaturatingAdd(a.constant(), SaturatingMul(b.constant(), -1))};
+  }
   return SymAdd(a, SymMul(SymInt{int64_t{-1}}, b));
 }
 
 ir::SymInt SymMul(const ir::SymInt& a, const ir::SymInt& b) {
-  if (a.is_constant() && b.is_constant()) return SymInt{a.constant() * b.constant()};
+  if (a.is_constant() && b.is_constant()) return SymInt{SaturatingMul(a.constant(), b.constant())};
   if (IsConstant(a, 1)) return b;
   if (IsConstant(b, 1)) return a;
   const Poly p = ToPoly(a), q = ToPoly(b);
@@ -380,7 +406,9 @@ absl::StatusOr<SymSizes> InferViewSizes(absl::Span<const ir::SymInt> sizes,
           absl::StrCat("shape ", SizesToString(requested),
                        " leaves the size of -1 undetermined: the other sizes multiply to 0"));
     }
-    if (numel.is_constant() && known.is_constant() && numel.constant() % known.constant() != 0) {
+    // known > numel covers a product of the other sizes that saturated.
+    if (numel.is_constant() && known.is_constant() &&
+        (known.constant() > numel.constant() || numel.constant() % known.constant() != 0)) {
       return invalid();
     }
     out[infer] = SymFloorDiv(numel, known);

@@ -30,6 +30,7 @@ class KilndProcess {
   ~KilndProcess();
 
   const std::string& address() const { return address_; }
+  pid_t pid() const { return pid_; }
   // SIGTERM, then waits; returns the exit status (0 on a clean drain).
   int Terminate();
   // SIGTERM without waiting; Wait() collects the exit status.

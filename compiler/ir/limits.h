@@ -1,0 +1,28 @@
+// Bounds on what one graph may describe. Every request is hostile until
+// checked: these keep the work and memory of checking one graph bounded, and
+// keep every size computation inside int64 (a product of sizes that would
+// overflow is refused before anything multiplies it).
+//
+// Constants; thread-safe.
+#ifndef KILN_COMPILER_IR_LIMITS_H_
+#define KILN_COMPILER_IR_LIMITS_H_
+
+#include <cstdint>
+
+namespace kiln::ir {
+
+// Dimensions of one tensor (ATen allows 64).
+inline constexpr int64_t kMaxRank = 64;
+// Elements of one tensor, and the bound on every size, |stride| and storage
+// offset: 2^48, 256 Ti elements, far beyond any device, and small enough that
+// a product of two such numbers still fits in int64.
+inline constexpr int64_t kMaxElements = int64_t{1} << 48;
+// Results of one node (split, unbind, ...).
+inline constexpr int64_t kMaxOutputsPerNode = 4096;
+// Characters of one symbolic size expression ("8*s77 + 1"): enough for any
+// shape torch writes, and a bound on what parsing and error messages see.
+inline constexpr int64_t kMaxExprLength = 1024;
+
+}  // namespace kiln::ir
+
+#endif  // KILN_COMPILER_IR_LIMITS_H_

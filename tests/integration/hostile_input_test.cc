@@ -1,0 +1,170 @@
+// Hostile requests against the real kilnd: each is refused with
+// INVALID_ARGUMENT naming the limit or the field, quickly, with a short
+// message, through Compile and through Lookup; kilnd keeps answering health
+// checks throughout and its peak memory stays bounded.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "client/client.h"
+#include "google/protobuf/text_format.h"
+#include "tests/integration/kilnd_process.h"
+
+namespace kiln::testing {
+namespace {
+
+std::string Meta(const std::string& sizes, const std::string& strides) {
+  return "meta { dtype: FLOAT32 " + sizes + " " + strides +
+         " device { type: \"cpu\" index: -1 } }";
+}
+
+std::string Ints(const std::string& field, const std::vector<std::string>& values) {
+  std::string out;
+  for (const std::string& v : values) {
+    const bool number = !v.empty() && (std::isdigit(v[0]) || v[0] == '-');
+    out += field + (number ? " { int_value: " + v + " } " : " { expr: \"" + v + "\" } ");
+  }
+  return out;
+}
+
+// One input x with `sizes`/`strides` and one node `target(x, args...)` with
+// `outputs` outputs of sizes `out_sizes`.
+v1::Graph OneNode(const std::vector<std::string>& sizes, const std::vector<std::string>& strides,
+                  const std::string& target, const std::string& args, int outputs = 1,
+                  const std::vector<std::string>& out_sizes = {"1"}) {
+  std::string text = "inputs { value { name: \"x\" " +
+                     Meta(Ints("sizes", sizes), Ints("strides", strides)) + " } }\n";
+  text += "nodes { name: \"n\" target: \"" + target + "\" args { tensor: \"x\" } " + args;
+  std::vector<std::string> out_strides(out_sizes.size(), "1");
+  for (int i = 0; i < outputs; ++i) {
+    text += " outputs { name: \"o" + std::to_string(i) + "\" " +
+            Meta(Ints("sizes", out_sizes), Ints("strides", out_strides)) + " }";
+  }
+  text += " }\noutputs: \"o0\"\n";
+  v1::Graph g;
+  EXPECT_TRUE(google::protobuf::TextFormat::ParseFromString(text, &g)) << text.substr(0, 500);
+  return g;
+}
+
+std::string Nested(int depth) {
+  return std::string(depth, '(') + "s0" + std::string(depth, ')');
+}
+
+// kilnd's peak resident memory (VmHWM), in KiB.
+int64_t PeakRssKib(pid_t pid) {
+  std::ifstream status(absl::StrCat("/proc/", pid, "/status"));
+  std::string line;
+  while (std::getline(status, line)) {
+    if (absl::StartsWith(line, "VmHWM:")) {
+      int64_t kib = 0;
+      std::string digits;
+      for (char c : line) {
+        if (std::isdigit(c)) digits += c;
+      }
+      if (absl::SimpleAtoi(digits, &kib)) return kib;
+    }
+  }
+  return -1;
+}
+
+struct Case {
+  std::string what;
+  std::function<v1::Graph()> graph;
+  std::string expect;  // in the message
+};
+
+TEST(HostileInputTest, EveryBadGraphIsRefusedByNameAndKilndKeepsServing) {
+  const std::string two62 = std::to_string(int64_t{1} << 62);
+  const std::vector<Case> cases = {
+      // A 300-byte request that killed kilnd with SIGFPE: the element count
+      // overflows int64 and the view rule took numel % known.
+      {"view of 2^63 elements",
+       [&] {
+         return OneNode({two62, "2"}, {"2", "1"}, "aten.view.default",
+                        "args { ints { values: 3 values: 5 values: 17 values: 257 values: 641 "
+                        "values: 65537 values: 6700417 values: -1 } }");
+       },
+       "elements (the limit per tensor)"},
+      // The same view sizes, whose product is 2^64 - 1, over a small input.
+      {"view sizes whose product overflows",
+       [&] {
+         return OneNode({"4096", "4096"}, {"4096", "1"}, "aten.view.default",
+                        "args { ints { values: 3 values: 5 values: 17 values: 257 values: 641 "
+                        "values: 65537 values: 6700417 values: -1 } }");
+       },
+       "is invalid for input of size 16777216"},
+      {"split of a dimension of 10^12",
+       [&] {
+         return OneNode({"1000000000000"}, {"1"}, "aten.split.Tensor", "args { int_value: 1 }");
+       },
+       "outputs, over the limit of 4096 per node"},
+      {"unbind of a dimension of 10^12",
+       [&] { return OneNode({"1000000000000", "2"}, {"2", "1"}, "aten.unbind.int", ""); },
+       "over the limit of 4096 per node"},
+      {"100,000 nested parentheses in a size",
+       [&] { return OneNode({Nested(100000)}, {"1"}, "aten.relu.default", ""); },
+       "is an expression of 200002 characters, over the limit of 1024"},
+      {"a megabyte of size expression",
+       [&] {
+         std::string e = "s0";
+         while (e.size() < (1u << 20)) e += " + s0";
+         return OneNode({e}, {"1"}, "aten.relu.default", "");
+       },
+       "over the limit of 1024"},
+      {"rank 65",
+       [&] {
+         return OneNode(std::vector<std::string>(65, "1"), std::vector<std::string>(65, "1"),
+                        "aten.relu.default", "");
+       },
+       "rank 65 is over the limit of 64"},
+      {"a negative stride beyond the bound",
+       [&] { return OneNode({"4"}, {"-9223372036854775807"}, "aten.relu.default", ""); },
+       "stride[0] is -9223372036854775807, beyond the limit"},
+      {"5000 outputs on one node",
+       [&] {
+         return OneNode({"8"}, {"1"}, "aten.split.Tensor", "args { int_value: 1 }", 5000);
+       },
+       "has 5000 outputs, over the limit of 4096 per node"},
+  };
+
+  TempDir dir;
+  KilndProcess kilnd(dir.path());
+  ClientOptions o;
+  o.address = kilnd.address();
+  o.deadline = absl::Seconds(30);
+  auto c = Client::Connect(o);
+  ASSERT_TRUE(c.ok()) << c.status();
+  for (const Case& k : cases) {
+    SCOPED_TRACE(k.what);
+    const v1::Graph graph = k.graph();
+    v1::CompileRequest compile;
+    *compile.mutable_graph() = graph;
+    compile.mutable_options()->set_backend("kiln");
+    const absl::Time start = absl::Now();
+    auto compiled = (*c)->Compile(compile);
+    v1::LookupRequest lookup;
+    *lookup.mutable_graph() = graph;
+    auto looked_up = (*c)->Lookup(lookup);
+    EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+    for (const absl::Status& s : {compiled.status(), looked_up.status()}) {
+      EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s.message().substr(0, 300);
+      EXPECT_TRUE(absl::StrContains(s.message(), k.expect)) << s.message().substr(0, 300);
+      EXPECT_LT(s.message().size(), 4200u);
+    }
+    EXPECT_TRUE((*c)->Health().ok());
+  }
+  const int64_t peak = PeakRssKib(kilnd.pid());
+  EXPECT_GT(peak, 0);
+  EXPECT_LT(peak, 1 << 20) << "kilnd's peak RSS reached " << peak << " KiB";
+  EXPECT_EQ(kilnd.Terminate(), 0);
+}
+
+}  // namespace
+}  // namespace kiln::testing
