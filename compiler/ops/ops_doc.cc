@@ -97,6 +97,11 @@ std::string Served(const std::string& target, const OpDef* op) {
   if (IsSizeQuery(target)) {
     return "folded by the client into SymInt arguments; never a node";
   }
+  const std::string name = target.substr(0, target.rfind('.'));
+  if (op == nullptr && !name.empty() && name.back() == '_') {
+    return "writes in place: never in a kiln graph (the torch.compile backend runs such a "
+           "graph eagerly)";
+  }
   if (op == nullptr) {
     return "extern through ATen with the client's metadata; refused, by name, where a "
            "gradient must flow through it";

@@ -17,15 +17,18 @@ OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, os.par
 
 
 def core_ops():
-    """Sorted targets of every core-tagged ATen overload."""
-    targets = []
-    for name in dir(torch.ops.aten):
-        packet = getattr(torch.ops.aten, name, None)
-        if not isinstance(packet, torch._ops.OpOverloadPacket):
+    """Sorted targets of every core-tagged ATen overload the dispatcher knows
+    (torch.ops.aten itself only lists the packets touched so far)."""
+    targets = set()
+    for qualified in torch._C._dispatch_get_all_op_names():
+        namespace, _, full = qualified.partition("::")
+        if namespace != "aten":
             continue
-        for overload in packet.overloads():
-            if torch.Tag.core in getattr(packet, overload).tags:
-                targets.append(f"aten.{name}.{overload}")
+        name, _, overload = full.partition(".")
+        packet = getattr(torch.ops.aten, name, None)
+        op = getattr(packet, overload or "default", None) if packet is not None else None
+        if op is not None and torch.Tag.core in op.tags:
+            targets.add(f"aten.{name}.{overload or 'default'}")
     return sorted(targets)
 
 
