@@ -28,6 +28,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/time.h"
 #include "client/client.h"
+#include "common/flags_usage.h"
 #include "common/status_macros.h"
 #include "compiler/ir/graph.h"
 #include "compiler/ir/printer.h"
@@ -619,6 +620,7 @@ int UsageError(const std::string& message) {
 }
 
 int Main(int argc, char** argv) {
+  kiln::UseFlagsDefinedIn("client/kilnctl.cc");
   absl::SetProgramUsageMessage(kUsage);  // --help adds the flags itself
   std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
   if (positional.size() < 2) return UsageError("");

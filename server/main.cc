@@ -9,6 +9,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <thread>
@@ -22,6 +23,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "cache/cache.h"
+#include "common/flags_usage.h"
 #include "common/status_macros.h"
 #include "google/protobuf/io/tokenizer.h"
 #include "google/protobuf/text_format.h"
@@ -121,9 +123,11 @@ absl::Status Serve() {
   cache_options.path = config.data_dir();
   cache_options.byte_budget = config.cache_byte_budget();
   cache_options.sync_writes = config.sync_writes();
-  if (auto s = std::system(absl::StrCat("mkdir -p '", config.data_dir(), "'").c_str()); s != 0) {
+  std::error_code made;
+  std::filesystem::create_directories(config.data_dir(), made);
+  if (made) {
     return absl::FailedPreconditionError(
-        absl::StrCat("data_dir: cannot create '", config.data_dir(), "'"));
+        absl::StrCat("data_dir: cannot create '", config.data_dir(), "': ", made.message()));
   }
   ASSIGN_OR_RETURN(std::unique_ptr<cache::Cache> cache, cache::Cache::Open(cache_options));
 
@@ -184,6 +188,7 @@ absl::Status Serve() {
 }  // namespace kiln::server
 
 int main(int argc, char** argv) {
+  kiln::UseFlagsDefinedIn("server/main.cc");
   absl::SetProgramUsageMessage(
       "kilnd --listen=ADDR --data_dir=DIR [--config=FILE] [--frozen]: the Kiln compile server");
   absl::ParseCommandLine(argc, argv);

@@ -5,7 +5,9 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <cstdio>
 #include <functional>
+#include <tuple>
 #include <string>
 #include <vector>
 
@@ -164,6 +166,49 @@ TEST(HostileInputTest, EveryBadGraphIsRefusedByNameAndKilndKeepsServing) {
   EXPECT_GT(peak, 0);
   EXPECT_LT(peak, 1 << 20) << "kilnd's peak RSS reached " << peak << " KiB";
   EXPECT_EQ(kilnd.Terminate(), 0);
+}
+
+}  // namespace
+}  // namespace kiln::testing
+
+namespace kiln::testing {
+namespace {
+
+std::string RunCommand(const std::string& command) {
+  std::string out;
+  FILE* pipe = popen(command.c_str(), "r");
+  if (pipe == nullptr) return out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), pipe)) > 0) out.append(buf, n);
+  pclose(pipe);
+  return out;
+}
+
+TEST(HostileInputTest, HelpListsTheFlagsAndNoBuildPaths) {
+  for (const auto& [binary, flag, file] :
+       std::vector<std::tuple<std::string, std::string, std::string>>{
+           {KILND_PATH, "--data_dir", "server/main.cc"},
+           {KILNCTL_PATH, "--server", "client/kilnctl.cc"}}) {
+    SCOPED_TRACE(binary);
+    const std::string help = RunCommand(binary + " --help 2>&1");
+    EXPECT_FALSE(absl::StrContains(help, "No flags matched")) << help;
+    EXPECT_TRUE(absl::StrContains(help, flag)) << help;
+    EXPECT_TRUE(absl::StrContains(help, "Flags from " + file + ":")) << help;
+    EXPECT_FALSE(absl::StrContains(help, KILN_SOURCE_DIR)) << help;
+  }
+}
+
+TEST(HostileInputTest, DataDirIsAPathNeverAShellCommand) {
+  TempDir dir;
+  const std::string marker = dir.path() + "/ran";
+  const std::string data_dir = dir.path() + "/a'; touch '" + marker + "'; '";
+  {
+    KilndProcess kilnd(data_dir);
+    EXPECT_EQ(kilnd.Terminate(), 0);
+  }
+  EXPECT_FALSE(std::ifstream(marker).good()) << "a quote in data_dir ran a command";
+  EXPECT_TRUE(std::ifstream(data_dir + "/CURRENT").good()) << "no database at the literal path";
 }
 
 }  // namespace
