@@ -159,6 +159,22 @@ TEST(KilnBackendTest, UnaryOps) {
            {Rand({4, 16})}, 1);
 }
 
+// A float32 constant beyond float's range was written "inf.0f" (INTERNAL: g++
+// refused it); a value name ending in a backslash, echoed in a // comment,
+// commented out the next generated line.
+TEST(KilnBackendTest, HugeConstantsAndNamesEndingInABackslash) {
+  ir::GraphBuilder b("hostile");
+  ir::ValueId x = b.AddInput(Meta(S({4, 8})), v1::Placeholder::USER_INPUT, "x\\");
+  ir::ValueId y = Op(b, "aten.mul.Scalar", {Ref(x), ir::Float(1e308)});
+  ir::ValueId z = Op(b, "aten.add.Scalar", {Ref(x), ir::Float(-1e300)});
+  b.AddOutput(Op(b, "aten.where.self", {Ref(Op(b, "aten.gt.Scalar", {Ref(x), ir::Float(0.0)})),
+                                         Ref(y), Ref(z)}));
+  ir::Graph g = std::move(b).Build();
+  Compiled c = Compile(g);
+  at::Tensor in = Rand({4, 8});
+  ExpectSame(c, g, {in}, "huge constants");
+}
+
 TEST(KilnBackendTest, BinaryOpsBroadcastScalarsAndAlpha) {
   for (const char* op : {"add", "sub", "mul", "div", "maximum", "minimum"}) {
     const bool tensor = std::string(op) == "maximum" || std::string(op) == "minimum";

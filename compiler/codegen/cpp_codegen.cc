@@ -416,12 +416,25 @@ std::string IntLiteral(int64_t v) {
   return absl::StrCat("INT64_C(", v, ")");
 }
 
+// Text from a request (a value or node name, a size expression) as it may
+// appear in a // comment: printable ASCII but the backslash, which would
+// continue the comment onto the next generated line.
+std::string CommentText(absl::string_view text) {
+  std::string out(text);
+  for (char& c : out) {
+    if (c < 0x20 || c > 0x7e || c == '\\') c = '?';
+  }
+  return out;
+}
+
 std::string Literal(double v, CType t) {
   switch (t) {
     case CType::kF32:
     case CType::kF64: {
       if (std::isnan(v)) return Limit(t, "quiet_NaN");
-      if (std::isinf(v)) return absl::StrCat(v < 0 ? "-" : "", Limit(t, "infinity"));
+      // A double beyond float's range is float's infinity, as ATen rounds it.
+      const bool inf = t == CType::kF32 ? std::isinf(static_cast<float>(v)) : std::isinf(v);
+      if (inf) return absl::StrCat(v < 0 ? "-" : "", Limit(t, "infinity"));
       std::string s = t == CType::kF32 ? absl::StrFormat("%.9g", static_cast<float>(v))
                                        : absl::StrFormat("%.17g", v);
       if (s.find_first_of(".e") == std::string::npos) s += ".0";
@@ -430,7 +443,9 @@ std::string Literal(double v, CType t) {
     }
     case CType::kBool: return v != 0 ? "true" : "false";
     default: {
-      const int64_t i = static_cast<int64_t>(v);
+      // Converting a double outside int64's range is undefined: clamp first.
+      const double clamped = std::clamp(v, -9223372036854775808.0, 9223372036854774784.0);
+      const int64_t i = static_cast<int64_t>(clamped);
       if (t == CType::kI64) return IntLiteral(i);
       return absl::StrCat("static_cast<", CName(t), ">(", i, ")");
     }
@@ -748,11 +763,7 @@ class KernelEmitter {
     std::string out = absl::StrCat("\nextern \"C\" void ", k_.name,
                                    "(void* const* buffers, const int64_t* symbols) {\n");
     if (!k_.nodes.empty()) {
-      std::string nodes = absl::StrJoin(k_.nodes, ", ");
-      for (char& c : nodes) {
-        if (c == '\n' || c == '\r') c = ' ';
-      }
-      absl::StrAppend(&out, "  // nodes: ", nodes, "\n");
+      absl::StrAppend(&out, "  // nodes: ", CommentText(absl::StrJoin(k_.nodes, ", ")), "\n");
     }
     for (int k : used_symbols_) {
       absl::StrAppend(&out, "  const int64_t ", symbols_.CppName(k), " = symbols[", k, "];\n");
@@ -761,12 +772,8 @@ class KernelEmitter {
       const loop::KernelBuffer& buf = k_.buffers[b];
       const std::string type =
           absl::StrCat(buf.written ? "" : "const ", StorageName(buf.dtype), "*");
-      std::string value = buf.value;
-      for (char& c : value) {
-        if (c == '\n' || c == '\r') c = ' ';
-      }
       absl::StrAppend(&out, "  ", type, " buf", b, " = static_cast<", type, ">(buffers[", b,
-                      "]);  // ", value, "\n");
+                      "]);  // ", CommentText(buf.value), "\n");
     }
     for (const std::string& decl : hoisted_decls_) absl::StrAppend(&out, "  ", decl, "\n");
     absl::StrAppend(&out, body, "}\n");
@@ -911,7 +918,7 @@ class KernelEmitter {
     const std::string name = absl::StrCat("e", hoisted_.size());
     hoisted_.emplace(*text, name);
     hoisted_decls_.push_back(
-        absl::StrCat("const int64_t ", name, " = ", *text, ";  // ", s.expr()));
+        absl::StrCat("const int64_t ", name, " = ", *text, ";  // ", CommentText(s.expr())));
     return name;
   }
 
