@@ -1,6 +1,7 @@
 #include "cache/cache.h"
 
 #include <algorithm>
+#include <filesystem>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
@@ -9,6 +10,7 @@
 #include "cache/guards.h"
 #include "common/hashing.h"
 #include "common/status_macros.h"
+#include "google/protobuf/message.h"
 #include "rocksdb/db.h"
 #include "rocksdb/iterator.h"
 #include "rocksdb/options.h"
@@ -17,7 +19,10 @@
 namespace kiln::cache {
 namespace {
 
-constexpr uint32_t kEntryFormat = 1;
+// Format 2: the record is sealed (see Seal). Format 1 records, written before
+// records were sealed, are read without a checksum.
+constexpr uint32_t kEntryFormat = 2;
+constexpr uint32_t kFirstSealedFormat = 2;
 constexpr int kMaxRecompileReasons = 32;
 constexpr char kStatsKey[] = "s/stats";
 
@@ -30,6 +35,50 @@ absl::Status FromRocks(const rocksdb::Status& s, absl::string_view what) {
 }
 
 int64_t NowMicros() { return absl::ToUnixMicros(absl::Now()); }
+
+// Every record but the artifacts (which are stored by their own SHA-256 and
+// checked against it) is sealed: its bytes, their SHA-256 (64 hex digits) and
+// a marker. Reading one checks the digest first.
+constexpr absl::string_view kSealMarker = "\nkiln-sealed-sha256";
+constexpr size_t kDigestHex = 64;
+
+std::string Seal(const google::protobuf::Message& m) {
+  std::string bytes = m.SerializeAsString();
+  const std::string digest = Sha256Hex(bytes);
+  return absl::StrCat(bytes, digest, kSealMarker);
+}
+
+// Parses a record into `m`. `sealed` tells whether it carried a seal;
+// DATA_LOSS when the seal does not match or the bytes do not parse.
+absl::Status Unseal(absl::string_view value, google::protobuf::Message* m, bool* sealed,
+                    absl::string_view what) {
+  *sealed = absl::EndsWith(value, kSealMarker) && value.size() >= kSealMarker.size() + kDigestHex;
+  absl::string_view bytes = value;
+  if (*sealed) {
+    bytes = value.substr(0, value.size() - kSealMarker.size() - kDigestHex);
+    const absl::string_view digest =
+        value.substr(bytes.size(), kDigestHex);
+    if (Sha256Hex(bytes) != digest) {
+      return absl::DataLossError(absl::StrCat(what, ": its checksum does not match its bytes"));
+    }
+  }
+  if (!m->ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) {
+    return absl::DataLossError(absl::StrCat(what, " does not parse"));
+  }
+  return absl::OkStatus();
+}
+
+// An entry record: sealed exactly when its format says so.
+absl::Status ReadEntry(absl::string_view value, v1::StoredEntry* entry, absl::string_view ek) {
+  bool sealed = false;
+  RETURN_IF_ERROR(Unseal(value, entry, &sealed, absl::StrCat("stored entry ", ek)));
+  if (sealed != (entry->format_version() >= kFirstSealedFormat)) {
+    return absl::DataLossError(absl::StrCat("stored entry ", ek, " has format version ",
+                                            entry->format_version(), " but is ",
+                                            sealed ? "" : "not ", "sealed"));
+  }
+  return absl::OkStatus();
+}
 
 std::string UsageKey(const std::string& entry_key, const std::string& digest) {
   return absl::StrCat(entry_key, "\n", digest);
@@ -64,13 +113,59 @@ absl::Status ValidateNamespace(const std::string& ns) {
   return absl::OkStatus();
 }
 
+// A directory that holds RocksDB's files but no CURRENT (which names the live
+// MANIFEST) is a damaged database, not an empty one: opening it with
+// create_if_missing would start an empty cache and delete the old files.
+absl::Status CheckNotHeadless(const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::is_directory(path, ec)) return absl::OkStatus();
+  if (std::filesystem::exists(std::filesystem::path(path) / "CURRENT", ec)) {
+    return absl::OkStatus();
+  }
+  int db_files = 0;
+  std::string example;
+  for (const auto& entry : std::filesystem::directory_iterator(path, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (absl::EndsWith(name, ".sst") || absl::EndsWith(name, ".log") ||
+        absl::StartsWith(name, "MANIFEST-") || absl::StartsWith(name, "OPTIONS-")) {
+      ++db_files;
+      if (example.empty() || absl::StartsWith(name, "MANIFEST-")) example = name;
+    }
+  }
+  if (db_files == 0) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "data_dir ", path, " holds ", db_files, " RocksDB files (", example,
+      ", ...) but no CURRENT file: refusing to open it, which would start an empty cache and "
+      "delete them. Restore CURRENT (one line naming the newest MANIFEST, e.g. 'echo ",
+      absl::StartsWith(example, "MANIFEST-") ? example : "MANIFEST-000001",
+      " > CURRENT') or move the directory away; nothing in it was changed"));
+}
+
 absl::StatusOr<std::unique_ptr<Cache>> Cache::Open(const CacheOptions& options) {
+  RETURN_IF_ERROR(CheckNotHeadless(options.path));
   rocksdb::Options o;
   o.create_if_missing = true;
+  o.paranoid_checks = true;
+  // Every acknowledged write is replayed or the open fails: a log damaged
+  // before its last record is refused rather than silently cut short, and
+  // the MANIFEST records each closed log's size, so a missing or shortened
+  // one is refused too. An incomplete last record is what a crash (kill -9)
+  // leaves of a write that was never acknowledged: it is dropped.
+  o.wal_recovery_mode = options.salvage_wal
+                            ? rocksdb::WALRecoveryMode::kPointInTimeRecovery
+                            : rocksdb::WALRecoveryMode::kTolerateCorruptedTailRecords;
+  o.track_and_verify_wals_in_manifest = !options.salvage_wal;
   o.IncreaseParallelism(2);
   rocksdb::DB* raw = nullptr;
-  RETURN_IF_ERROR(FromRocks(rocksdb::DB::Open(o, options.path, &raw),
-                            absl::StrCat("opening RocksDB at ", options.path)));
+  const rocksdb::Status opened = rocksdb::DB::Open(o, options.path, &raw);
+  if (opened.IsCorruption() && !options.salvage_wal) {
+    return absl::DataLossError(absl::StrCat(
+        "opening RocksDB at ", options.path, ": ", opened.ToString(),
+        ". The write-ahead log is damaged; starting would drop acknowledged entries. To keep "
+        "the writes before the damage and drop the rest, start once with --salvage_wal "
+        "(salvage_wal: true in the config); back up the directory first"));
+  }
+  RETURN_IF_ERROR(FromRocks(opened, absl::StrCat("opening RocksDB at ", options.path)));
   std::unique_ptr<Cache> cache(new Cache(options, std::unique_ptr<rocksdb::DB>(raw)));
   RETURN_IF_ERROR(cache->LoadIndex());
   return cache;
@@ -90,7 +185,8 @@ absl::Status Cache::LoadIndex() {
   rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), kStatsKey, &stats);
   if (s.ok()) {
     absl::MutexLock l(&stats_mu_);
-    if (!stats_.ParseFromString(stats)) return absl::DataLossError("stored statistics do not parse");
+    bool sealed = false;
+    RETURN_IF_ERROR(Unseal(stats, &stats_, &sealed, "stored statistics"));
   } else if (!s.IsNotFound()) {
     return FromRocks(s, "reading statistics");
   }
@@ -99,8 +195,13 @@ absl::Status Cache::LoadIndex() {
   for (it->Seek("e/"); it->Valid() && it->key().starts_with("e/"); it->Next()) {
     v1::StoredEntry entry;
     std::string ek = it->key().ToString();
-    if (!entry.ParseFromArray(it->value().data(), static_cast<int>(it->value().size()))) {
-      return absl::DataLossError(absl::StrCat("stored entry ", ek, " does not parse"));
+    v1::StoredEntry probe;
+    if (probe.ParseFromArray(it->value().data(), static_cast<int>(it->value().size())) &&
+        probe.format_version() > kEntryFormat) {
+      entry = probe;
+    } else {
+      RETURN_IF_ERROR(
+          ReadEntry(absl::string_view(it->value().data(), it->value().size()), &entry, ek));
     }
     if (entry.format_version() > kEntryFormat) {
       return absl::FailedPreconditionError(absl::StrCat(
@@ -140,9 +241,7 @@ absl::StatusOr<v1::StoredEntry> Cache::GetEntry(const std::string& ns, const std
   RETURN_IF_ERROR(FromRocks(db_->Get(rocksdb::ReadOptions(), ek, &value),
                             absl::StrCat("entry ", key, " in namespace '", ns, "'")));
   v1::StoredEntry entry;
-  if (!entry.ParseFromString(value)) {
-    return absl::DataLossError(absl::StrCat("stored entry ", ek, " does not parse"));
-  }
+  RETURN_IF_ERROR(ReadEntry(value, &entry, ek));
   absl::MutexLock l(&index_mu_);
   ApplyUsage(ek, &entry);
   return entry;
@@ -240,9 +339,7 @@ absl::StatusOr<std::string> Cache::Publish(const PublishRequest& req) {
   std::string value;
   rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), ek, &value);
   if (s.ok()) {
-    if (!entry.ParseFromString(value)) {
-      return absl::DataLossError(absl::StrCat("stored entry ", ek, " does not parse"));
-    }
+    RETURN_IF_ERROR(ReadEntry(value, &entry, ek));
   } else if (!s.IsNotFound()) {
     return FromRocks(s, absl::StrCat("reading entry ", ek));
   }
@@ -283,7 +380,7 @@ absl::StatusOr<std::string> Cache::Publish(const PublishRequest& req) {
   }
   rocksdb::WriteBatch batch;
   if (new_blob) batch.Put(ArtifactKey(digest), req.artifact);
-  batch.Put(ek, entry.SerializeAsString());
+  batch.Put(ek, Seal(entry));
   batch.Put(kStatsKey, StatsBytes());
   rocksdb::WriteOptions wo;
   wo.sync = options_.sync_writes;
@@ -313,9 +410,7 @@ absl::Status Cache::DropVariants(const std::vector<std::string>& entry_keys,
     if (s.IsNotFound()) continue;
     RETURN_IF_ERROR(FromRocks(s, absl::StrCat("reading entry ", ek)));
     v1::StoredEntry entry;
-    if (!entry.ParseFromString(value)) {
-      return absl::DataLossError(absl::StrCat("stored entry ", ek, " does not parse"));
-    }
+    RETURN_IF_ERROR(ReadEntry(value, &entry, ek));
     auto* vs = entry.mutable_variants();
     for (int i = vs->size() - 1; i >= 0; --i) {
       if (digest.empty() || vs->Get(i).digest() == digest) {
@@ -326,7 +421,8 @@ absl::Status Cache::DropVariants(const std::vector<std::string>& entry_keys,
     if (entry.variants_size() == 0) {
       batch->Delete(ek);
     } else {
-      batch->Put(ek, entry.SerializeAsString());
+      entry.set_format_version(kEntryFormat);
+      batch->Put(ek, Seal(entry));
     }
   }
   absl::MutexLock l(&index_mu_);
@@ -421,9 +517,8 @@ absl::StatusOr<std::vector<Cache::EntrySummary>> Cache::List(const std::string& 
     EntrySummary e;
     e.ns = ek.substr(2, slash - 2);
     e.key = ek.substr(slash + 1);
-    if (!e.entry.ParseFromArray(it->value().data(), static_cast<int>(it->value().size()))) {
-      return absl::DataLossError(absl::StrCat("stored entry ", ek, " does not parse"));
-    }
+    RETURN_IF_ERROR(
+        ReadEntry(absl::string_view(it->value().data(), it->value().size()), &e.entry, ek));
     {
       absl::MutexLock l(&index_mu_);
       ApplyUsage(ek, &e.entry);
@@ -495,7 +590,7 @@ v1::StoredStats Cache::Stats() const {
 
 std::string Cache::StatsBytes() const {
   absl::MutexLock l(&stats_mu_);
-  return stats_.SerializeAsString();
+  return Seal(stats_);
 }
 
 Cache::Totals Cache::totals() const {
@@ -523,12 +618,13 @@ absl::Status Cache::FlushUsage() {
     if (s.IsNotFound()) continue;
     RETURN_IF_ERROR(FromRocks(s, absl::StrCat("reading entry ", ek)));
     v1::StoredEntry entry;
-    if (!entry.ParseFromString(value)) continue;
+    if (!ReadEntry(value, &entry, ek).ok()) continue;  // reported where it is read
     {
       absl::MutexLock l(&index_mu_);
       ApplyUsage(ek, &entry);
     }
-    batch.Put(ek, entry.SerializeAsString());
+    entry.set_format_version(kEntryFormat);
+    batch.Put(ek, Seal(entry));
   }
   batch.Put(kStatsKey, StatsBytes());
   return FromRocks(db_->Write(rocksdb::WriteOptions(), &batch), "flushing usage");

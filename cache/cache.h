@@ -40,6 +40,9 @@ struct CacheOptions {
   std::string path;                        // RocksDB directory, created if missing
   uint64_t byte_budget = 8ull << 30;       // LRU eviction above this many artifact bytes
   bool sync_writes = false;                // fsync each publish (power-loss durability)
+  // Open even a damaged write-ahead log, keeping what precedes the damage.
+  // Off: a damaged log fails Open with DATA_LOSS naming this option.
+  bool salvage_wal = false;
 };
 
 struct LookupResult {

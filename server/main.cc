@@ -43,6 +43,9 @@ ABSL_FLAG(uint32_t, cache_size_limit, 0, "variants per key (default 8)");
 ABSL_FLAG(uint64_t, max_message_bytes, 0, "largest request accepted (default 64 MiB)");
 ABSL_FLAG(uint32_t, compile_workers, 0, "compile threads (default: cores)");
 ABSL_FLAG(bool, sync_writes, false, "fsync every publish (survive power loss, not only crashes)");
+ABSL_FLAG(bool, salvage_wal, false,
+          "start on a corrupted or truncated write-ahead log, dropping the writes after the "
+          "damage (refused otherwise)");
 
 namespace kiln::server {
 namespace {
@@ -77,6 +80,7 @@ absl::StatusOr<v1::ServerConfig> LoadConfig() {
   if (!absl::GetFlag(FLAGS_data_dir).empty()) config.set_data_dir(absl::GetFlag(FLAGS_data_dir));
   if (absl::GetFlag(FLAGS_frozen)) config.set_frozen(true);
   if (absl::GetFlag(FLAGS_sync_writes)) config.set_sync_writes(true);
+  if (absl::GetFlag(FLAGS_salvage_wal)) config.set_salvage_wal(true);
   if (auto v = absl::GetFlag(FLAGS_cache_byte_budget)) config.set_cache_byte_budget(v);
   if (auto v = absl::GetFlag(FLAGS_cache_size_limit)) config.set_cache_size_limit(v);
   if (auto v = absl::GetFlag(FLAGS_max_message_bytes)) config.set_max_message_bytes(v);
@@ -123,6 +127,7 @@ absl::Status Serve() {
   cache_options.path = config.data_dir();
   cache_options.byte_budget = config.cache_byte_budget();
   cache_options.sync_writes = config.sync_writes();
+  cache_options.salvage_wal = config.salvage_wal();
   std::error_code made;
   std::filesystem::create_directories(config.data_dir(), made);
   if (made) {
