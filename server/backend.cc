@@ -56,6 +56,8 @@ class AotEagerBackend final : public Backend {
 // partitioner first and both halves compiled.
 class KilnBackend final : public Backend {
  public:
+  explicit KilnBackend(const BackendOptions& options) : options_(options) {}
+
   std::string name() const override { return "kiln"; }
 
   absl::StatusOr<v1::Artifact> Compile(const CompileInput& input,
@@ -65,6 +67,8 @@ class KilnBackend final : public Backend {
     trace["input_graph.txt"] = ir::PrintReadable(input.graph);
     codegen::CppOptions cpp;
     cpp.isa = input.options.target().cpu_isa();
+    cpp.scratch_dir = options_.scratch_dir;
+    cpp.timeout = options_.native_compile_timeout;
     std::unique_ptr<codegen::CodegenBackend> backend = codegen::MakeCppBackend(cpp);
 
     bool training = false;
@@ -94,6 +98,8 @@ class KilnBackend final : public Backend {
   }
 
  private:
+  const BackendOptions options_;
+
   static absl::StatusOr<v1::CompiledGraph> CompileGraph(
       const ir::Graph& graph, const std::string& prefix, const codegen::CodegenBackend& backend,
       PhaseTimes* times, std::map<std::string, std::string>* trace) {
@@ -163,11 +169,11 @@ v1::Artifact NewArtifact(const CompileInput& input, const std::string& backend) 
 
 std::unique_ptr<Backend> MakeEagerBackend() { return std::make_unique<EagerBackend>(); }
 
-BackendRegistry BackendRegistry::Default() {
+BackendRegistry BackendRegistry::Default(const BackendOptions& options) {
   BackendRegistry r;
   r.Add(MakeEagerBackend());
   r.Add(std::make_unique<AotEagerBackend>());
-  r.Add(std::make_unique<KilnBackend>());
+  r.Add(std::make_unique<KilnBackend>(options));
   return r;
 }
 

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "absl/time/clock.h"
 #include "compiler/autograd/joint_graph.h"
 #include "compiler/autograd/partition.h"
@@ -72,11 +73,17 @@ v1::Artifact NewArtifact(const CompileInput& input, const std::string& backend);
 // `eager`: the verified canonical graph and its guards.
 std::unique_ptr<Backend> MakeEagerBackend();
 
+// What the backends that run a native compiler need from the server.
+struct BackendOptions {
+  std::string scratch_dir = "/tmp";  // sources and objects while g++ runs
+  absl::Duration native_compile_timeout = absl::Seconds(120);  // per g++ run
+};
+
 // Backends by name.
 class BackendRegistry {
  public:
   // Holds every backend this build has.
-  static BackendRegistry Default();
+  static BackendRegistry Default(const BackendOptions& options = {});
   void Add(std::unique_ptr<Backend> backend);
   // INVALID_ARGUMENT listing the known backends when `name` is not one.
   absl::StatusOr<const Backend*> Find(const std::string& name) const;

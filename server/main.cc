@@ -43,6 +43,8 @@ ABSL_FLAG(uint32_t, cache_size_limit, 0, "variants per key (default 8)");
 ABSL_FLAG(uint64_t, max_message_bytes, 0, "largest request accepted (default 64 MiB)");
 ABSL_FLAG(uint32_t, compile_workers, 0, "compile threads (default: cores)");
 ABSL_FLAG(bool, sync_writes, false, "fsync every publish (survive power loss, not only crashes)");
+ABSL_FLAG(int32_t, compile_timeout_s, 120,
+          "seconds one run of the native compiler (g++) may take before it is killed");
 ABSL_FLAG(bool, salvage_wal, false,
           "start on a corrupted or truncated write-ahead log, dropping the writes after the "
           "damage (refused otherwise)");
@@ -141,7 +143,22 @@ absl::Status Serve() {
   engine_options.cache_size_limit = config.cache_size_limit();
   engine_options.compile_workers = static_cast<int>(config.compile_workers());
   engine_options.compile_queue_depth = static_cast<int>(config.compile_queue_depth());
-  auto engine = std::make_unique<Engine>(engine_options, cache.get(), BackendRegistry::Default());
+  // Scratch files of native compiles live under the data directory, which
+  // this kilnd alone holds (RocksDB's LOCK): what a crash left there is
+  // removed now.
+  BackendOptions backend_options;
+  backend_options.scratch_dir = (std::filesystem::path(config.data_dir()) / "scratch").string();
+  std::filesystem::remove_all(backend_options.scratch_dir, made);
+  std::filesystem::create_directories(backend_options.scratch_dir, made);
+  if (made) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "cannot make the scratch directory ", backend_options.scratch_dir, ": ", made.message()));
+  }
+  const int32_t timeout_s = absl::GetFlag(FLAGS_compile_timeout_s);
+  if (timeout_s <= 0) return absl::InvalidArgumentError("compile_timeout_s: must be positive");
+  backend_options.native_compile_timeout = absl::Seconds(timeout_s);
+  auto engine = std::make_unique<Engine>(engine_options, cache.get(),
+                                         BackendRegistry::Default(backend_options));
 
   CompilerService compiler(engine.get(), config.max_message_bytes(),
                            /*max_waiting_compiles=*/256);

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "compiler/loop/kernel.h"
 #include "kiln/v1/artifact.pb.h"
 
@@ -50,6 +51,9 @@ struct CppOptions {
   std::string isa;
   bool openmp = true;
   std::string scratch_dir = "/tmp";  // where sources and objects are written
+  // The compiler is killed (with everything it started) past this, and
+  // Compile fails with DEADLINE_EXCEEDED.
+  absl::Duration timeout = absl::Seconds(120);
 };
 
 std::unique_ptr<CodegenBackend> MakeCppBackend(const CppOptions& options);

@@ -39,6 +39,8 @@
 // Compile errors come back as INTERNAL whose message holds the first lines of
 // the compiler's log; the whole log is the status payload kCompilerLogPayload.
 #include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
 #include <spawn.h>
 #include <stdlib.h>
 #include <sys/wait.h>
@@ -65,6 +67,8 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/status_macros.h"
 #include "compiler/codegen/codegen.h"
 #include "compiler/ir/printer.h"
@@ -1810,8 +1814,10 @@ struct CommandResult {
 };
 
 // Runs argv[0] (searched in PATH) with stdin from /dev/null and its output
-// captured.
-absl::StatusOr<CommandResult> RunCommand(const std::vector<std::string>& argv) {
+// captured, in a process group of its own. Past `timeout` the whole group
+// (g++ and the cc1plus, as and ld it started) is killed: DEADLINE_EXCEEDED.
+absl::StatusOr<CommandResult> RunCommand(const std::vector<std::string>& argv,
+                                         absl::Duration timeout) {
   int fds[2];
   if (pipe2(fds, O_CLOEXEC) != 0) {
     return absl::InternalError(absl::StrCat("pipe: ", std::strerror(errno)));
@@ -1821,20 +1827,36 @@ absl::StatusOr<CommandResult> RunCommand(const std::vector<std::string>& argv) {
   posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
   posix_spawn_file_actions_adddup2(&actions, fds[1], 1);
   posix_spawn_file_actions_adddup2(&actions, fds[1], 2);
+  posix_spawnattr_t attr;
+  posix_spawnattr_init(&attr);
+  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP);
+  posix_spawnattr_setpgroup(&attr, 0);
   std::vector<char*> args;
   for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
   pid_t pid = 0;
-  const int rc = posix_spawnp(&pid, args[0], &actions, nullptr, args.data(), environ);
+  const int rc = posix_spawnp(&pid, args[0], &actions, &attr, args.data(), environ);
   posix_spawn_file_actions_destroy(&actions);
+  posix_spawnattr_destroy(&attr);
   close(fds[1]);
   if (rc != 0) {
     close(fds[0]);
     return absl::InternalError(absl::StrCat("cannot run ", argv[0], ": ", std::strerror(rc)));
   }
   CommandResult result;
+  const absl::Time deadline = absl::Now() + timeout;
+  bool timed_out = false;
   char chunk[4096];
   while (true) {
+    const absl::Duration left = deadline - absl::Now();
+    if (left <= absl::ZeroDuration()) {
+      timed_out = true;
+      break;
+    }
+    pollfd p{fds[0], POLLIN, 0};
+    const int ready = poll(&p, 1, static_cast<int>(absl::ToInt64Milliseconds(left)) + 1);
+    if (ready < 0 && errno == EINTR) continue;
+    if (ready == 0) continue;  // the deadline is checked above
     const ssize_t got = read(fds[0], chunk, sizeof chunk);
     if (got > 0) {
       result.log.append(chunk, static_cast<size_t>(got));
@@ -1843,10 +1865,16 @@ absl::StatusOr<CommandResult> RunCommand(const std::vector<std::string>& argv) {
     }
   }
   close(fds[0]);
+  if (timed_out) kill(-pid, SIGKILL);
   while (waitpid(pid, &result.wait_status, 0) < 0) {
     if (errno != EINTR) {
       return absl::InternalError(absl::StrCat("waitpid: ", std::strerror(errno)));
     }
+  }
+  if (timed_out) {
+    return absl::DeadlineExceededError(
+        absl::StrCat(argv[0], " ran past its time limit of ", absl::FormatDuration(timeout),
+                     " and was killed"));
   }
   return result;
 }
@@ -1904,7 +1932,7 @@ class CppBackend : public CodegenBackend {
         src.path(),
         "-lmvec"};
     const std::string command = absl::StrJoin(argv, " ");
-    ASSIGN_OR_RETURN(CommandResult run, RunCommand(argv));
+    ASSIGN_OR_RETURN(CommandResult run, RunCommand(argv, options_.timeout));
     if (!WIFEXITED(run.wait_status) || WEXITSTATUS(run.wait_status) != 0) {
       const std::string how = WIFEXITED(run.wait_status)
                                   ? absl::StrCat("exit status ", WEXITSTATUS(run.wait_status))

@@ -1,6 +1,8 @@
 // The C++ backend end to end: kernels built by hand, generated, compiled with
 // g++, loaded with dlopen and run on random data against reference loops.
+#include <dirent.h>
 #include <dlfcn.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -1026,6 +1028,55 @@ TEST(CppCodegen, GenerateIsDeterministicAndFast) {
   absl::StatusOr<std::string> b = backend->Generate(kernels, {"s0"});
   ASSERT_TRUE(b.ok());
   EXPECT_EQ(*a, *b);
+}
+
+}  // namespace
+}  // namespace kiln::codegen
+
+namespace kiln::codegen {
+namespace {
+
+// A compiler that never finishes (and starts a child that would outlive a
+// kill of the compiler alone) is killed, with its child, at the time limit.
+TEST(CppCodegen, TheCompilerRunsUnderATimeLimit) {
+  char dir[] = "/tmp/kiln_codegen_timeout.XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  const std::string script = std::string(dir) + "/slow-g++";
+  const std::string marker = std::string(dir) + "/child-finished";
+  {
+    FILE* f = std::fopen(script.c_str(), "w");
+    ASSERT_NE(f, nullptr);
+    std::fprintf(f, "#!/bin/sh\n(sleep 3; touch '%s') &\nsleep 60\n", marker.c_str());
+    std::fclose(f);
+    ASSERT_EQ(chmod(script.c_str(), 0755), 0);
+  }
+  CppOptions options;
+  options.compiler = script;
+  options.scratch_dir = dir;
+  options.timeout = absl::Milliseconds(500);
+  const auto start = std::chrono::steady_clock::now();
+  absl::StatusOr<v1::CompiledModule> module = MakeCppBackend(options)->Compile("int x;\n");
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_EQ(module.status().code(), absl::StatusCode::kDeadlineExceeded) << module.status();
+  EXPECT_TRUE(absl::StrContains(module.status().message(), "ran past its time limit of 500ms"))
+      << module.status();
+  EXPECT_LT(seconds, 3.0);
+  sleep(4);
+  EXPECT_NE(access(marker.c_str(), F_OK), 0) << "the compiler's child outlived the kill";
+  // Only the script is left: the source and object files were removed.
+  int entries = 0;
+  for (DIR* d = opendir(dir); d != nullptr;) {
+    dirent* e = readdir(d);
+    if (e == nullptr) {
+      closedir(d);
+      break;
+    }
+    if (std::string(e->d_name) != "." && std::string(e->d_name) != "..") ++entries;
+  }
+  EXPECT_EQ(entries, 1);
+  unlink(script.c_str());
+  rmdir(dir);
 }
 
 }  // namespace

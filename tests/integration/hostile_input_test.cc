@@ -199,6 +199,20 @@ TEST(HostileInputTest, HelpListsTheFlagsAndNoBuildPaths) {
   }
 }
 
+TEST(HostileInputTest, ScratchFilesACrashLeftAreRemovedAtStart) {
+  TempDir dir;
+  {
+    KilndProcess kilnd(dir.path());
+    kilnd.Kill();  // as a crash would: nothing cleaned up
+  }
+  const std::string stale = dir.path() + "/scratch/kiln_AbCdEf.cc";
+  { std::ofstream(stale) << "left by a crash\n"; }
+  ASSERT_TRUE(std::ifstream(stale).good());
+  KilndProcess kilnd(dir.path());
+  EXPECT_FALSE(std::ifstream(stale).good());
+  EXPECT_EQ(kilnd.Terminate(), 0);
+}
+
 TEST(HostileInputTest, DataDirIsAPathNeverAShellCommand) {
   TempDir dir;
   const std::string marker = dir.path() + "/ran";
