@@ -6,6 +6,7 @@
 // SIGINT drains the requests in flight, finishes queued compiles, writes
 // statistics back and closes RocksDB.
 #include <signal.h>
+#include <sys/resource.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -32,6 +33,7 @@
 #include "grpcpp/grpcpp.h"
 #include "kiln/v1/config.pb.h"
 #include "server/engine.h"
+#include "server/listener.h"
 #include "server/services.h"
 
 ABSL_FLAG(std::string, listen, "", "address to listen on (default 127.0.0.1:50051; port 0 picks one)");
@@ -43,6 +45,11 @@ ABSL_FLAG(uint32_t, cache_size_limit, 0, "variants per key (default 8)");
 ABSL_FLAG(uint64_t, max_message_bytes, 0, "largest request accepted (default 64 MiB)");
 ABSL_FLAG(uint32_t, compile_workers, 0, "compile threads (default: cores)");
 ABSL_FLAG(bool, sync_writes, false, "fsync every publish (survive power loss, not only crashes)");
+ABSL_FLAG(int64_t, open_file_limit, 0,
+          "open-file limit to run under (0: raise the soft limit to the hard one); connections "
+          "beyond it less a reserve of 128 are closed on arrival");
+ABSL_FLAG(int32_t, idle_connection_timeout_s, 300,
+          "close a client connection with no call for this long (clients reconnect)");
 ABSL_FLAG(int32_t, compile_timeout_s, 120,
           "seconds one run of the native compiler (g++) may take before it is killed");
 ABSL_FLAG(bool, salvage_wal, false,
@@ -165,19 +172,36 @@ absl::Status Serve() {
   AdminService admin(engine.get());
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  // Connections come from kilnd's own accept loop (server/listener.h), which
+  // survives running out of descriptors; gRPC opens no port itself.
+  if (const int64_t limit = absl::GetFlag(FLAGS_open_file_limit); limit > 0) {
+    rlimit r{};
+    getrlimit(RLIMIT_NOFILE, &r);
+    r.rlim_cur = std::min<rlim_t>(static_cast<rlim_t>(limit), r.rlim_max);
+    setrlimit(RLIMIT_NOFILE, &r);
+  } else {
+    RaiseOpenFileLimit();
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<Listener> listener, Listener::Bind(config.listen()));
   grpc::ServerBuilder builder;
-  int port = 0;
-  builder.AddListeningPort(config.listen(), grpc::InsecureServerCredentials(), &port);
   builder.SetMaxReceiveMessageSize(static_cast<int>(
       std::min<uint64_t>(2 * config.max_message_bytes(), std::numeric_limits<int>::max())));
+  const int32_t idle_s = absl::GetFlag(FLAGS_idle_connection_timeout_s);
+  if (idle_s <= 0) return absl::InvalidArgumentError("idle_connection_timeout_s: must be positive");
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS, idle_s * 1000);
+  // Keepalive pings find peers that vanished without closing.
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, 120 * 1000);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 20 * 1000);
   builder.RegisterService(&compiler);
   builder.RegisterService(&admin);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (server == nullptr || port == 0) {
-    return absl::UnavailableError(absl::StrCat("listen: cannot listen on ", config.listen()));
+  if (server == nullptr) {
+    return absl::UnavailableError(absl::StrCat("listen: cannot start the server on ",
+                                               config.listen()));
   }
+  listener->Start(server.get());
   const std::string host = config.listen().substr(0, config.listen().rfind(':'));
-  std::printf("kilnd listening on %s:%d\n", host.c_str(), port);
+  std::printf("kilnd listening on %s:%d\n", host.c_str(), listener->port());
   std::fflush(stdout);
 
   absl::Notification stop_flusher;
@@ -196,6 +220,7 @@ absl::Status Serve() {
   // its deadline, so the deadline is short once nothing is in flight.
   const absl::Time drain_deadline = absl::Now() + absl::Seconds(30);
   while (compiler.active() > 0 && absl::Now() < drain_deadline) absl::SleepFor(absl::Milliseconds(5));
+  listener->Stop();
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(200));
   server->Wait();
   stop_flusher.Notify();

@@ -3,6 +3,11 @@
 // message, through Compile and through Lookup; kilnd keeps answering health
 // checks throughout and its peak memory stays bounded.
 #include <gtest/gtest.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <fstream>
 #include <cstdio>
@@ -197,6 +202,53 @@ TEST(HostileInputTest, HelpListsTheFlagsAndNoBuildPaths) {
     EXPECT_TRUE(absl::StrContains(help, "Flags from " + file + ":")) << help;
     EXPECT_FALSE(absl::StrContains(help, KILN_SOURCE_DIR)) << help;
   }
+}
+
+// Idle connections beyond kilnd's open-file limit: gRPC's own listener stopped
+// for good after one EMFILE; kilnd's sheds them and serves again once they
+// close.
+TEST(HostileInputTest, AConnectionFloodNeverStopsTheListener) {
+  rlimit r{};
+  ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &r), 0);
+  r.rlim_cur = r.rlim_max;
+  setrlimit(RLIMIT_NOFILE, &r);  // this test holds 600 sockets itself
+  TempDir dir;
+  KilndProcess kilnd(dir.path(), {"--open_file_limit=256"});
+  ClientOptions o;
+  o.address = kilnd.address();
+  o.deadline = absl::Seconds(10);
+  auto health = [&] {
+    auto c = Client::Connect(o);
+    return c.ok() && (*c)->Health().ok();
+  };
+  ASSERT_TRUE(health());
+  const int port = std::stoi(kilnd.address().substr(kilnd.address().rfind(':') + 1));
+  std::vector<int> flood;
+  for (int i = 0; i < 600; ++i) {
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    ASSERT_GE(fd, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<uint16_t>(port));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+      close(fd);
+      continue;
+    }
+    flood.push_back(fd);
+  }
+  EXPECT_GT(flood.size(), 300u);
+  absl::SleepFor(absl::Seconds(1));
+  for (int fd : flood) close(fd);
+  // Served again once the flood is gone (the kernel may take a moment to
+  // tear the shed connections down).
+  bool serving = false;
+  for (int attempt = 0; attempt < 20 && !serving; ++attempt) {
+    serving = health();
+    if (!serving) absl::SleepFor(absl::Milliseconds(250));
+  }
+  EXPECT_TRUE(serving) << "kilnd stopped accepting after a connection flood";
+  EXPECT_EQ(kilnd.Terminate(), 0);
 }
 
 TEST(HostileInputTest, ScratchFilesACrashLeftAreRemovedAtStart) {
