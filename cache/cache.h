@@ -1,4 +1,4 @@
-// The guard-keyed artifact cache on RocksDB (ARCHITECTURE §4, docs/cache.md).
+// The guard-keyed artifact cache on RocksDB (docs/architecture.md §4, docs/cache.md).
 //
 // Records (one RocksDB instance, default column family):
 //   "e/<namespace>/<key>"  StoredEntry: the variants of a key (guards, digest)

@@ -1,4 +1,4 @@
-// kiln::Client: the C++ client of kilnd (ARCHITECTURE §1).
+// kiln::Client: the C++ client of kilnd (docs/architecture.md §1).
 //
 // Typed calls to the Compiler and Admin services and the standard
 // grpc.health.v1 health check, each with a deadline and with retries when the

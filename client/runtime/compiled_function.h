@@ -1,7 +1,7 @@
 // CompiledFunction: runs what kilnd compiled for one graph — the artifact of
 // the `eager`, `aot_eager` or `kiln` backend — on the caller's tensors, as a
 // function with a forward and, for training artifacts, a backward
-// (ARCHITECTURE §6).
+// (docs/architecture.md §6).
 //
 // `eager`: forward runs artifact.graph through the reference interpreter.
 // Autograd is left as the caller has it, so inputs that require grad give

@@ -1,6 +1,6 @@
 // PlanExecutor: runs a graph compiled by the `kiln` backend (a CompiledGraph:
 // an ExecutionPlan plus the modules of generated code it launches) on the
-// caller's tensors (ARCHITECTURE §6).
+// caller's tensors (docs/architecture.md §6).
 //
 // The contract of a plan, as the executor reads it:
 //   - Values are named tensors. The plan's inputs define the first ones; each

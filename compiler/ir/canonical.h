@@ -1,4 +1,4 @@
-// Canonical form of a graph and its cache key (ARCHITECTURE §4).
+// Canonical form of a graph and its cache key (docs/architecture.md §4).
 //
 // Two graphs that differ only in value names, node names, the graph's name or
 // the order of independent nodes have the same canonical bytes. Everything
