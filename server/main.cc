@@ -34,6 +34,7 @@
 #include "kiln/v1/config.pb.h"
 #include "server/engine.h"
 #include "server/listener.h"
+#include "server/metrics.h"
 #include "server/services.h"
 
 ABSL_FLAG(std::string, listen, "", "address to listen on (default 127.0.0.1:50051; port 0 picks one)");
@@ -45,6 +46,8 @@ ABSL_FLAG(uint32_t, cache_size_limit, 0, "variants per key (default 8)");
 ABSL_FLAG(uint64_t, max_message_bytes, 0, "largest request accepted (default 64 MiB)");
 ABSL_FLAG(uint32_t, compile_workers, 0, "compile threads (default: cores)");
 ABSL_FLAG(bool, sync_writes, false, "fsync every publish (survive power loss, not only crashes)");
+ABSL_FLAG(std::string, metrics_listen, "",
+          "serve Prometheus metrics at http://HOST:PORT/metrics (empty: off; port 0 picks one)");
 ABSL_FLAG(int64_t, open_file_limit, 0,
           "open-file limit to run under (0: raise the soft limit to the hard one); connections "
           "beyond it less a reserve of 128 are closed on arrival");
@@ -200,6 +203,14 @@ absl::Status Serve() {
                                                config.listen()));
   }
   listener->Start(server.get());
+  auto metrics = std::make_shared<EngineMetrics>(engine.get());
+  std::unique_ptr<prometheus::Exposer> exposer;
+  if (const std::string at = absl::GetFlag(FLAGS_metrics_listen); !at.empty()) {
+    ASSIGN_OR_RETURN(exposer, ServeMetrics(at, metrics));
+    const std::vector<int> ports = exposer->GetListeningPorts();
+    std::printf("kilnd metrics on %s:%d\n", at.substr(0, at.rfind(':')).c_str(),
+                ports.empty() ? 0 : ports[0]);
+  }
   const std::string host = config.listen().substr(0, config.listen().rfind(':'));
   std::printf("kilnd listening on %s:%d\n", host.c_str(), listener->port());
   std::fflush(stdout);
@@ -221,6 +232,7 @@ absl::Status Serve() {
   const absl::Time drain_deadline = absl::Now() + absl::Seconds(30);
   while (compiler.active() > 0 && absl::Now() < drain_deadline) absl::SleepFor(absl::Milliseconds(5));
   listener->Stop();
+  exposer.reset();
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(200));
   server->Wait();
   stop_flusher.Notify();

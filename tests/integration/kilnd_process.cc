@@ -42,13 +42,22 @@ KilndProcess::KilndProcess(const std::string& data_dir, std::vector<std::string>
   FILE* f = fdopen(out[0], "r");
   char line[256];
   const std::string prefix = "kilnd listening on ";
-  if (fgets(line, sizeof(line), f) == nullptr || std::string(line).rfind(prefix, 0) != 0) {
-    std::fprintf(stderr, "kilnd did not start (data_dir %s)\n", data_dir.c_str());
-    std::abort();
-  }
-  address_ = std::string(line + prefix.size());
-  while (!address_.empty() && (address_.back() == '\n' || address_.back() == '\r')) {
-    address_.pop_back();
+  const std::string metrics_prefix = "kilnd metrics on ";
+  auto rest = [](const char* text, size_t skip) {
+    std::string s(text + skip);
+    while (!s.empty() && (s.back() == '\n' || s.back() == '\r')) s.pop_back();
+    return s;
+  };
+  while (address_.empty()) {
+    if (fgets(line, sizeof(line), f) == nullptr) {
+      std::fprintf(stderr, "kilnd did not start (data_dir %s)\n", data_dir.c_str());
+      std::abort();
+    }
+    if (std::string(line).rfind(metrics_prefix, 0) == 0) {
+      metrics_address_ = rest(line, metrics_prefix.size());
+    } else if (std::string(line).rfind(prefix, 0) == 0) {
+      address_ = rest(line, prefix.size());
+    }
   }
   fclose(f);
 }

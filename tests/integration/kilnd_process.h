@@ -31,6 +31,8 @@ class KilndProcess {
 
   const std::string& address() const { return address_; }
   pid_t pid() const { return pid_; }
+  // host:port of the Prometheus endpoint, when started with --metrics_listen.
+  const std::string& metrics_address() const { return metrics_address_; }
   // SIGTERM, then waits; returns the exit status (0 on a clean drain).
   int Terminate();
   // SIGTERM without waiting; Wait() collects the exit status.
@@ -42,6 +44,7 @@ class KilndProcess {
  private:
   pid_t pid_ = -1;
   std::string address_;
+  std::string metrics_address_;
 };
 
 }  // namespace kiln::testing

@@ -1,6 +1,10 @@
 // kilnd end to end: the real daemon on loopback over a real RocksDB in a
 // temporary directory, driven through kiln::Client.
 #include <gtest/gtest.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <thread>
@@ -607,6 +611,57 @@ TEST(KilndTest, KillNineLosesNoAcknowledgedEntry) {
     auto artifact = c->GetArtifact(a.digest);
     EXPECT_TRUE(artifact.ok()) << artifact.status();  // verified against its digest
   }
+}
+
+}  // namespace
+}  // namespace kiln::testing
+
+namespace kiln::testing {
+namespace {
+
+// GET http://address/path with HTTP/1.0; the whole response.
+std::string HttpGet(const std::string& address, const std::string& path) {
+  const size_t colon = address.rfind(':');
+  const int port = std::stoi(address.substr(colon + 1));
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    close(fd);
+    return "";
+  }
+  const std::string request = "GET " + path + " HTTP/1.0\r\nHost: localhost\r\n\r\n";
+  (void)!write(fd, request.data(), request.size());
+  std::string response;
+  char buf[4096];
+  ssize_t n;
+  while ((n = read(fd, buf, sizeof buf)) > 0) response.append(buf, static_cast<size_t>(n));
+  close(fd);
+  return response;
+}
+
+TEST(KilndTest, PrometheusMetricsFollowTheCounters) {
+  TempDir dir;
+  KilndProcess kilnd(dir.path(), {"--metrics_listen=127.0.0.1:0"});
+  ASSERT_FALSE(kilnd.metrics_address().empty());
+  auto c = ConnectTo(kilnd);
+  auto first = c->Compile(Request(ChainGraph(4)));
+  ASSERT_TRUE(first.ok()) << first.status();
+  auto again = c->Compile(Request(ChainGraph(4)));
+  ASSERT_TRUE(again.ok()) << again.status();
+  const std::string metrics = HttpGet(kilnd.metrics_address(), "/metrics");
+  EXPECT_TRUE(Contains(metrics, "200 OK")) << metrics.substr(0, 300);
+  EXPECT_TRUE(Contains(metrics, "kiln_compiles_total 1\n")) << metrics;
+  EXPECT_TRUE(Contains(metrics, "kiln_lookups_total{outcome=\"full_miss\"} 1\n")) << metrics;
+  EXPECT_TRUE(Contains(metrics, "kiln_lookups_total{outcome=\"hit\"} 1\n")) << metrics;
+  EXPECT_TRUE(Contains(metrics, "kiln_cache_variants 1\n")) << metrics;
+  EXPECT_TRUE(Contains(metrics, "kiln_compile_phase_seconds_count{phase=\"verify\"} 1\n"))
+      << metrics;
+  EXPECT_TRUE(Contains(metrics, "kiln_compile_phase_seconds_bucket{phase=\"verify\",le=\"+Inf\"} 1"))
+      << metrics;
+  EXPECT_EQ(kilnd.Terminate(), 0);
 }
 
 }  // namespace
