@@ -7,7 +7,6 @@ import sys
 import unittest
 
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
 from google.protobuf import json_format
 

@@ -20,7 +20,6 @@ import torch
 import torch.nn.functional as F
 
 import kiln
-from kiln.v1 import service_pb2
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, os.pardir, "data"))

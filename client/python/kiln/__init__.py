@@ -26,8 +26,9 @@ __path__ = __import__("pkgutil").extend_path(__path__, __name__)
 
 from kiln.client import Client, KilnError  # noqa: E402
 
-__all__ = ["Client", "KilnError", "backend", "KilnBackend", "capture", "signature", "module_tensors", "tensor_meta",
-           "compile", "CompiledFunction", "run_graph", "Interpreter", "PlanRunner"]
+__all__ = ["Client", "KilnError", "backend", "KilnBackend", "capture", "signature",
+           "module_tensors", "tensor_meta", "compile", "CompiledFunction", "run_graph",
+           "Interpreter", "PlanRunner"]
 
 # Names imported from the submodule that defines them on first use.
 _LAZY = {

@@ -92,7 +92,7 @@ def check_cpu_supports(isa, cpu_flags=None):
     if cpu_flags is None:
         try:
             with open("/proc/cpuinfo") as f:
-                line = next((l for l in f if l.startswith("flags")), "")
+                line = next((text for text in f if text.startswith("flags")), "")
         except OSError:
             return
         cpu_flags = set(line.split(":", 1)[-1].split())
