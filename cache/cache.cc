@@ -56,8 +56,7 @@ absl::Status Unseal(absl::string_view value, google::protobuf::Message* m, bool*
   absl::string_view bytes = value;
   if (*sealed) {
     bytes = value.substr(0, value.size() - kSealMarker.size() - kDigestHex);
-    const absl::string_view digest =
-        value.substr(bytes.size(), kDigestHex);
+    const absl::string_view digest = value.substr(bytes.size(), kDigestHex);
     if (Sha256Hex(bytes) != digest) {
       return absl::DataLossError(absl::StrCat(what, ": its checksum does not match its bytes"));
     }
@@ -86,8 +85,8 @@ std::string UsageKey(const std::string& entry_key, const std::string& digest) {
 
 // Histogram bounds for compile phases, in microseconds.
 const std::vector<double>& PhaseBounds() {
-  static const auto* b = new std::vector<double>{
-      10, 50, 100, 500, 1e3, 5e3, 1e4, 5e4, 1e5, 5e5, 1e6, 5e6, 1e7, 6e7};
+  static const auto* b =
+      new std::vector<double>{10, 50, 100, 500, 1e3, 5e3, 1e4, 5e4, 1e5, 5e5, 1e6, 5e6, 1e7, 6e7};
   return *b;
 }
 
@@ -106,8 +105,8 @@ absl::Status ValidateNamespace(const std::string& ns) {
   }
   for (char c : ns) {
     if (!(absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '.' || c == '-')) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "namespace '", ns, "' may hold only letters, digits, '_', '.' and '-'"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("namespace '", ns, "' may hold only letters, digits, '_', '.' and '-'"));
     }
   }
   return absl::OkStatus();
@@ -303,9 +302,9 @@ absl::StatusOr<std::string> Cache::ReadArtifact(const std::string& digest) {
     c->set_corrupt_artifacts(c->corrupt_artifacts() + 1);
   }
   RETURN_IF_ERROR(Quarantine(digest, bytes));
-  return absl::DataLossError(absl::StrCat(
-      "artifact ", digest, " is corrupt (its bytes hash to ", Sha256Hex(bytes),
-      "); it was quarantined and will be recompiled on the next Compile"));
+  return absl::DataLossError(
+      absl::StrCat("artifact ", digest, " is corrupt (its bytes hash to ", Sha256Hex(bytes),
+                   "); it was quarantined and will be recompiled on the next Compile"));
 }
 
 absl::Status Cache::Quarantine(const std::string& digest, const std::string& bytes) {
@@ -440,10 +439,9 @@ absl::Status Cache::DropVariants(const std::vector<std::string>& entry_keys,
     auto it = entries_.find(ek);
     if (it == entries_.end()) continue;
     auto& list = it->second;
-    list.erase(std::remove_if(list.begin(), list.end(),
-                              [&](const IndexedVariant& v) {
-                                return digest.empty() || v.digest == digest;
-                              }),
+    list.erase(std::remove_if(
+                   list.begin(), list.end(),
+                   [&](const IndexedVariant& v) { return digest.empty() || v.digest == digest; }),
                list.end());
     if (list.empty()) entries_.erase(it);
   }
@@ -533,13 +531,26 @@ void Cache::Count(v1::LookupOutcome outcome) {
   absl::MutexLock l(&stats_mu_);
   auto* c = stats_.mutable_counters();
   switch (outcome) {
-    case v1::HIT: c->set_hits(c->hits() + 1); break;
-    case v1::GUARD_MISS: c->set_guard_misses(c->guard_misses() + 1); break;
-    case v1::FULL_MISS: c->set_full_misses(c->full_misses() + 1); break;
-    case v1::FROZEN_MISS: c->set_frozen_misses(c->frozen_misses() + 1); break;
-    case v1::CACHE_LIMIT: c->set_cache_limit_hits(c->cache_limit_hits() + 1); break;
-    case v1::BYPASS: c->set_bypasses(c->bypasses() + 1); break;
-    default: break;
+    case v1::HIT:
+      c->set_hits(c->hits() + 1);
+      break;
+    case v1::GUARD_MISS:
+      c->set_guard_misses(c->guard_misses() + 1);
+      break;
+    case v1::FULL_MISS:
+      c->set_full_misses(c->full_misses() + 1);
+      break;
+    case v1::FROZEN_MISS:
+      c->set_frozen_misses(c->frozen_misses() + 1);
+      break;
+    case v1::CACHE_LIMIT:
+      c->set_cache_limit_hits(c->cache_limit_hits() + 1);
+      break;
+    case v1::BYPASS:
+      c->set_bypasses(c->bypasses() + 1);
+      break;
+    default:
+      break;
   }
 }
 
@@ -573,9 +584,9 @@ void Cache::RecordPhase(const std::string& phase, int64_t micros) {
   }
   p->set_total_micros(p->total_micros() + micros);
   v1::Histogram* h = p->mutable_histogram();
-  size_t bucket = std::upper_bound(PhaseBounds().begin(), PhaseBounds().end(),
-                                   static_cast<double>(micros)) -
-                  PhaseBounds().begin();
+  size_t bucket =
+      std::upper_bound(PhaseBounds().begin(), PhaseBounds().end(), static_cast<double>(micros)) -
+      PhaseBounds().begin();
   // A value equal to a bound belongs to that bound's bucket.
   if (bucket > 0 && PhaseBounds()[bucket - 1] == static_cast<double>(micros)) --bucket;
   h->set_counts(static_cast<int>(bucket), h->counts(static_cast<int>(bucket)) + 1);

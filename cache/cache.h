@@ -32,14 +32,14 @@
 namespace rocksdb {
 class DB;
 class WriteBatch;
-}
+}  // namespace rocksdb
 
 namespace kiln::cache {
 
 struct CacheOptions {
-  std::string path;                        // RocksDB directory, created if missing
-  uint64_t byte_budget = 8ull << 30;       // LRU eviction above this many artifact bytes
-  bool sync_writes = false;                // fsync each publish (power-loss durability)
+  std::string path;                   // RocksDB directory, created if missing
+  uint64_t byte_budget = 8ull << 30;  // LRU eviction above this many artifact bytes
+  bool sync_writes = false;           // fsync each publish (power-loss durability)
   // Open even a damaged write-ahead log, keeping what precedes the damage.
   // Off: a damaged log fails Open with DATA_LOSS naming this option.
   bool salvage_wal = false;
@@ -58,7 +58,7 @@ struct PublishRequest {
   std::string graph_name;
   std::string backend;
   v1::GuardSet guards;
-  std::string artifact;  // serialized v1::Artifact
+  std::string artifact;                           // serialized v1::Artifact
   std::vector<v1::VariantMiss> recompile_misses;  // why earlier variants did not serve
 };
 
@@ -155,8 +155,7 @@ class Cache {
 
   mutable absl::Mutex index_mu_ ABSL_ACQUIRED_AFTER(write_mu_);
   // entry key ("e/ns/key") -> its variants' digests and sizes.
-  absl::flat_hash_map<std::string, std::vector<IndexedVariant>> entries_
-      ABSL_GUARDED_BY(index_mu_);
+  absl::flat_hash_map<std::string, std::vector<IndexedVariant>> entries_ ABSL_GUARDED_BY(index_mu_);
   // (entry key + "\n" + digest) -> recency and hits.
   absl::flat_hash_map<std::string, VariantUse> usage_ ABSL_GUARDED_BY(index_mu_);
   absl::flat_hash_map<std::string, int> refcount_ ABSL_GUARDED_BY(index_mu_);  // by digest

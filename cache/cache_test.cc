@@ -199,7 +199,8 @@ TEST(CacheTest, RefusesEntriesFromANewerFormat) {
     // A newer server's record: whatever its envelope, the format is read first.
     v1::StoredEntry entry;
     entry.set_format_version(99);
-    ASSERT_TRUE(db->Put(rocksdb::WriteOptions(), EntryKey("", kKey), entry.SerializeAsString()).ok());
+    ASSERT_TRUE(
+        db->Put(rocksdb::WriteOptions(), EntryKey("", kKey), entry.SerializeAsString()).ok());
     delete db;
   }
   auto reopened = Cache::Open({dir.path()});
@@ -293,8 +294,9 @@ TEST(CacheTest, ADamagedWriteAheadLogIsRefusedUnlessSalvaged) {
   {
     auto cache = *Cache::Open({dir.path()});
     for (int i = 0; i < 50; ++i) {
-      ASSERT_TRUE(cache->Publish(Pub(std::string(63, 'a') + char('a' + i % 26) +
-                                         std::to_string(i), 4, std::string(2000, 'x')))
+      ASSERT_TRUE(cache
+                      ->Publish(Pub(std::string(63, 'a') + char('a' + i % 26) + std::to_string(i),
+                                    4, std::string(2000, 'x')))
                       .ok());
     }
   }

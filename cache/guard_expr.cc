@@ -18,12 +18,25 @@ namespace {
 constexpr int kMaxDepth = 256;
 
 enum class Op : uint8_t {
-  kConst, kSymbol,  // leaves: `value` is the constant or the symbol's index
-  kNeg, kNot,       // unary: operand in `a`
-  kAdd, kSub, kMul, kFloorDiv, kMod,
-  kEq, kNe, kLt, kLe, kGt, kGe,
-  kAnd, kOr,        // short-circuit
-  kMin, kMax,       // Min(a, b, c) is stored as Min(Min(a, b), c)
+  kConst,
+  kSymbol,  // leaves: `value` is the constant or the symbol's index
+  kNeg,
+  kNot,  // unary: operand in `a`
+  kAdd,
+  kSub,
+  kMul,
+  kFloorDiv,
+  kMod,
+  kEq,
+  kNe,
+  kLt,
+  kLe,
+  kGt,
+  kGe,
+  kAnd,
+  kOr,  // short-circuit
+  kMin,
+  kMax,  // Min(a, b, c) is stored as Min(Min(a, b), c)
 };
 
 struct Node {
@@ -44,9 +57,23 @@ struct SymExpr::Tree {
 namespace {
 
 enum class Tok : uint8_t {
-  kEnd, kInt, kName, kLParen, kRParen, kComma,
-  kPlus, kMinus, kStar, kSlashSlash, kPercent,
-  kEq, kNe, kLt, kLe, kGt, kGe,
+  kEnd,
+  kInt,
+  kName,
+  kLParen,
+  kRParen,
+  kComma,
+  kPlus,
+  kMinus,
+  kStar,
+  kSlashSlash,
+  kPercent,
+  kEq,
+  kNe,
+  kLt,
+  kLe,
+  kGt,
+  kGe,
 };
 
 struct Token {
@@ -60,8 +87,8 @@ bool IsNameStart(char c) { return absl::ascii_isalpha(c) || c == '_'; }
 bool IsNameChar(char c) { return absl::ascii_isalnum(c) || c == '_'; }
 
 bool IsKeyword(absl::string_view name) {
-  return name == "and" || name == "or" || name == "not" || name == "True" ||
-         name == "False" || name == "Min" || name == "Max";
+  return name == "and" || name == "or" || name == "not" || name == "True" || name == "False" ||
+         name == "Min" || name == "Max";
 }
 
 class Parser {
@@ -84,16 +111,16 @@ class Parser {
 
  private:
   absl::Status Malformed(absl::string_view what, size_t pos) const {
-    return absl::InvalidArgumentError(absl::StrCat("malformed expression '", text_, "': ", what,
-                                                   " at column ", pos + 1));
+    return absl::InvalidArgumentError(
+        absl::StrCat("malformed expression '", text_, "': ", what, " at column ", pos + 1));
   }
 
   // "expected X at column N, found 'Y'" (no "found" at the end of the text).
   absl::Status Expected(absl::string_view what, const Token& t) const {
     if (t.kind == Tok::kEnd) return Malformed(absl::StrCat("expected ", what), t.pos);
-    return absl::InvalidArgumentError(absl::StrCat("malformed expression '", text_,
-                                                   "': expected ", what, " at column ",
-                                                   t.pos + 1, ", found '", t.text, "'"));
+    return absl::InvalidArgumentError(absl::StrCat("malformed expression '", text_, "': expected ",
+                                                   what, " at column ", t.pos + 1, ", found '",
+                                                   t.text, "'"));
   }
 
   absl::Status Lex() {
@@ -130,13 +157,27 @@ class Parser {
       } else {
         i += 1;
         switch (c) {
-          case '(': kind = Tok::kLParen; break;
-          case ')': kind = Tok::kRParen; break;
-          case ',': kind = Tok::kComma; break;
-          case '+': kind = Tok::kPlus; break;
-          case '-': kind = Tok::kMinus; break;
-          case '*': kind = Tok::kStar; break;
-          case '%': kind = Tok::kPercent; break;
+          case '(':
+            kind = Tok::kLParen;
+            break;
+          case ')':
+            kind = Tok::kRParen;
+            break;
+          case ',':
+            kind = Tok::kComma;
+            break;
+          case '+':
+            kind = Tok::kPlus;
+            break;
+          case '-':
+            kind = Tok::kMinus;
+            break;
+          case '*':
+            kind = Tok::kStar;
+            break;
+          case '%':
+            kind = Tok::kPercent;
+            break;
           case '/':
             if (n != '/') {
               return Malformed("'/' is not an operator (floor division is '//')", start);
@@ -238,13 +279,20 @@ class Parser {
 
   static std::optional<Op> ComparisonOp(Tok t) {
     switch (t) {
-      case Tok::kEq: return Op::kEq;
-      case Tok::kNe: return Op::kNe;
-      case Tok::kLt: return Op::kLt;
-      case Tok::kLe: return Op::kLe;
-      case Tok::kGt: return Op::kGt;
-      case Tok::kGe: return Op::kGe;
-      default: return std::nullopt;
+      case Tok::kEq:
+        return Op::kEq;
+      case Tok::kNe:
+        return Op::kNe;
+      case Tok::kLt:
+        return Op::kLt;
+      case Tok::kLe:
+        return Op::kLe;
+      case Tok::kGt:
+        return Op::kGt;
+      case Tok::kGe:
+        return Op::kGe;
+      default:
+        return std::nullopt;
     }
   }
 
@@ -276,10 +324,17 @@ class Parser {
     while (true) {
       Op op;
       switch (Peek().kind) {
-        case Tok::kStar: op = Op::kMul; break;
-        case Tok::kSlashSlash: op = Op::kFloorDiv; break;
-        case Tok::kPercent: op = Op::kMod; break;
-        default: return lhs;
+        case Tok::kStar:
+          op = Op::kMul;
+          break;
+        case Tok::kSlashSlash:
+          op = Op::kFloorDiv;
+          break;
+        case Tok::kPercent:
+          op = Op::kMod;
+          break;
+        default:
+          return lhs;
       }
       const size_t pos = tokens_[next_++].pos;
       ASSIGN_OR_RETURN(int32_t rhs, ParseUnary());
@@ -392,14 +447,17 @@ class Evaluator {
   int64_t Eval(int32_t i) {
     const Node& n = nodes_[i];
     switch (n.op) {
-      case Op::kConst: return n.value;
-      case Op::kSymbol: return symbols_[n.value];
+      case Op::kConst:
+        return n.value;
+      case Op::kSymbol:
+        return symbols_[n.value];
       case Op::kNeg: {
         const int64_t v = Eval(n.a);
         if (v == std::numeric_limits<int64_t>::min()) return Fail(EvalError::kOverflow);
         return -v;
       }
-      case Op::kNot: return Eval(n.a) == 0 ? 1 : 0;
+      case Op::kNot:
+        return Eval(n.a) == 0 ? 1 : 0;
       case Op::kAnd: {
         if (Eval(n.a) == 0 || failed()) return 0;
         return Eval(n.b) != 0 ? 1 : 0;
@@ -408,7 +466,8 @@ class Evaluator {
         if (Eval(n.a) != 0) return failed() ? 0 : 1;
         return Eval(n.b) != 0 ? 1 : 0;
       }
-      default: break;
+      default:
+        break;
     }
     const int64_t a = Eval(n.a);
     if (failed()) return 0;
@@ -434,15 +493,24 @@ class Evaluator {
       case Op::kMod:
         if (b == 0) return Fail(EvalError::kModuloByZero);
         return FloorMod(a, b);
-      case Op::kEq: return a == b;
-      case Op::kNe: return a != b;
-      case Op::kLt: return a < b;
-      case Op::kLe: return a <= b;
-      case Op::kGt: return a > b;
-      case Op::kGe: return a >= b;
-      case Op::kMin: return std::min(a, b);
-      case Op::kMax: return std::max(a, b);
-      default: return Fail(EvalError::kOverflow);  // unreachable: handled above
+      case Op::kEq:
+        return a == b;
+      case Op::kNe:
+        return a != b;
+      case Op::kLt:
+        return a < b;
+      case Op::kLe:
+        return a <= b;
+      case Op::kGt:
+        return a > b;
+      case Op::kGe:
+        return a >= b;
+      case Op::kMin:
+        return std::min(a, b);
+      case Op::kMax:
+        return std::max(a, b);
+      default:
+        return Fail(EvalError::kOverflow);  // unreachable: handled above
     }
   }
 
@@ -492,10 +560,14 @@ absl::StatusOr<int64_t> SymExpr::EvaluateWith(
   Evaluator eval(tree_->nodes, values.data());
   const int64_t result = eval.Eval(static_cast<int32_t>(tree_->nodes.size() - 1));
   switch (eval.error()) {
-    case EvalError::kNone: return result;
-    case EvalError::kDivisionByZero: return CannotEvaluate(tree_->text, "division by zero");
-    case EvalError::kModuloByZero: return CannotEvaluate(tree_->text, "modulo by zero");
-    case EvalError::kOverflow: return CannotEvaluate(tree_->text, "integer overflow");
+    case EvalError::kNone:
+      return result;
+    case EvalError::kDivisionByZero:
+      return CannotEvaluate(tree_->text, "division by zero");
+    case EvalError::kModuloByZero:
+      return CannotEvaluate(tree_->text, "modulo by zero");
+    case EvalError::kOverflow:
+      return CannotEvaluate(tree_->text, "integer overflow");
   }
   return result;
 }

@@ -109,13 +109,16 @@ TEST(SymExprTest, MalformedExpressionsQuoteTheTextAndSayWhere) {
       {"(s0 + 1", "malformed expression '(s0 + 1': expected ')' at column 8"},
       {"s0 + 1)", "malformed expression 's0 + 1)': unexpected ')' at column 7"},
       {"s0 s1", "malformed expression 's0 s1': unexpected 's1' at column 4"},
-      {"s0 / 2", "malformed expression 's0 / 2': '/' is not an operator (floor division is "
-                 "'//') at column 4"},
-      {"s0 = 2", "malformed expression 's0 = 2': '=' is not an operator (equality is '==') at "
-                 "column 4"},
+      {"s0 / 2",
+       "malformed expression 's0 / 2': '/' is not an operator (floor division is "
+       "'//') at column 4"},
+      {"s0 = 2",
+       "malformed expression 's0 = 2': '=' is not an operator (equality is '==') at "
+       "column 4"},
       {"s0 $ 2", "malformed expression 's0 $ 2': unexpected character '$' at column 4"},
-      {"1 < s0 < 4", "malformed expression '1 < s0 < 4': comparisons do not chain (use 'and') "
-                     "at column 8"},
+      {"1 < s0 < 4",
+       "malformed expression '1 < s0 < 4': comparisons do not chain (use 'and') "
+       "at column 8"},
       {"Min(s0, )", "malformed expression 'Min(s0, )': expected an operand at column 9, found ')'"},
       {"Min()", "malformed expression 'Min()': expected an operand at column 5, found ')'"},
       {"Max s0", "malformed expression 'Max s0': expected '(' after 'Max' at column 5, found 's0'"},
@@ -123,10 +126,12 @@ TEST(SymExprTest, MalformedExpressionsQuoteTheTextAndSayWhere) {
       {"s0 and", "malformed expression 's0 and': expected an operand at column 7"},
       {"and s0", "malformed expression 'and s0': expected an operand at column 1, found 'and'"},
       {"2s0", "malformed expression '2s0': unexpected character 's' at column 2"},
-      {"99999999999999999999", "malformed expression '99999999999999999999': integer "
-                               "99999999999999999999 is out of range at column 1"},
-      {"s0 == not s1", "malformed expression 's0 == not s1': expected an operand at column 7, "
-                       "found 'not'"},
+      {"99999999999999999999",
+       "malformed expression '99999999999999999999': integer "
+       "99999999999999999999 is out of range at column 1"},
+      {"s0 == not s1",
+       "malformed expression 's0 == not s1': expected an operand at column 7, "
+       "found 'not'"},
   };
   for (const Case& c : cases) {
     absl::StatusOr<SymExpr> e = SymExpr::Parse(c.text);
@@ -172,13 +177,18 @@ TEST(SymExprTest, EvaluationErrorsNameTheProblem) {
       {"True or s9 > 0", {}, "cannot evaluate 'True or s9 > 0': symbol 's9' is unbound"},
       {"s0 // s1", {{"s0", 4}, {"s1", 0}}, "cannot evaluate 's0 // s1': division by zero"},
       {"s0 % 0", {{"s0", 4}}, "cannot evaluate 's0 % 0': modulo by zero"},
-      {"9223372036854775807 + 1", {}, "cannot evaluate '9223372036854775807 + 1': integer overflow"},
+      {"9223372036854775807 + 1",
+       {},
+       "cannot evaluate '9223372036854775807 + 1': integer overflow"},
       {"s0 * s0", {{"s0", int64_t{1} << 40}}, "cannot evaluate 's0 * s0': integer overflow"},
-      {"-s0 - 2", {{"s0", std::numeric_limits<int64_t>::max()}},
+      {"-s0 - 2",
+       {{"s0", std::numeric_limits<int64_t>::max()}},
        "cannot evaluate '-s0 - 2': integer overflow"},
-      {"s0 // -1", {{"s0", std::numeric_limits<int64_t>::min()}},
+      {"s0 // -1",
+       {{"s0", std::numeric_limits<int64_t>::min()}},
        "cannot evaluate 's0 // -1': integer overflow"},
-      {"-s0", {{"s0", std::numeric_limits<int64_t>::min()}},
+      {"-s0",
+       {{"s0", std::numeric_limits<int64_t>::min()}},
        "cannot evaluate '-s0': integer overflow"},
   };
   for (const Case& c : cases) {
@@ -224,7 +234,8 @@ TEST(SymExprTest, RecognisesBareSymbols) {
   EXPECT_EQ(AsBareSymbol("s0"), std::optional<absl::string_view>("s0"));
   EXPECT_EQ(AsBareSymbol(" s_batch\t"), std::optional<absl::string_view>("s_batch"));
   EXPECT_EQ(AsBareSymbol("_x9"), std::optional<absl::string_view>("_x9"));
-  for (const char* not_bare : {"", " ", "4", "(s0)", "2*s0", "s0 s1", "-s0", "True", "Min", "and"}) {
+  for (const char* not_bare :
+       {"", " ", "4", "(s0)", "2*s0", "s0 s1", "-s0", "True", "Min", "and"}) {
     EXPECT_EQ(AsBareSymbol(not_bare), std::nullopt) << "'" << not_bare << "'";
   }
   EXPECT_TRUE(IsSymbolName("s1"));

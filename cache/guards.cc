@@ -43,8 +43,8 @@ std::string DTypeString(v1::DType t) {
 
 absl::Status UnboundSymbol(absl::string_view what, absl::string_view text,
                            absl::string_view symbol) {
-  return absl::InvalidArgumentError(absl::StrCat(what, " '", text, "' uses symbol '", symbol,
-                                                 "', which no input size binds"));
+  return absl::InvalidArgumentError(
+      absl::StrCat(what, " '", text, "' uses symbol '", symbol, "', which no input size binds"));
 }
 
 // Parses a size or stride expression of tensor guard `i`; the error names it.
@@ -134,8 +134,8 @@ class GuardChecker {
       return absl::StrCat(InputLabel(i, g), ": dtype is ", DTypeString(t.dtype()),
                           ", guard expects ", DTypeString(g.dtype()));
     }
-    if (g.has_device() && (g.device().type() != t.device().type() ||
-                           g.device().index() != t.device().index())) {
+    if (g.has_device() &&
+        (g.device().type() != t.device().type() || g.device().index() != t.device().index())) {
       return absl::StrCat(InputLabel(i, g), ": device is ", DeviceString(t.device()),
                           ", guard expects ", DeviceString(g.device()));
     }
@@ -183,8 +183,8 @@ class GuardChecker {
 
   std::string StrideCount(int i) const {
     const v1::TensorSignature& t = inputs_.inputs(i);
-    return absl::StrCat(InputLabel(i, guards_.tensors(i)), ": stride count is ",
-                        t.strides_size(), ", guard expects ", t.sizes_size());
+    return absl::StrCat(InputLabel(i, guards_.tensors(i)), ": stride count is ", t.strides_size(),
+                        ", guard expects ", t.sizes_size());
   }
 
   // PyTorch's is_contiguous: row-major, ignoring dimensions of size 1; a
@@ -221,10 +221,9 @@ class GuardChecker {
       } else {
         if (it->second.value == actual) return std::optional<std::string>();
         const Binding& b = it->second;
-        return absl::StrCat(InputLabel(i, guards_.tensors(i)), ": ", DimLabel(stride, dim),
-                            " is ", actual, ", but ", *symbol, " = ", b.value, " (bound by ",
-                            InputLabel(b.input, guards_.tensors(b.input)), " size[", b.dim,
-                            "])");
+        return absl::StrCat(InputLabel(i, guards_.tensors(i)), ": ", DimLabel(stride, dim), " is ",
+                            actual, ", but ", *symbol, " = ", b.value, " (bound by ",
+                            InputLabel(b.input, guards_.tensors(b.input)), " size[", b.dim, "])");
       }
     }
     ASSIGN_OR_RETURN(SymExpr expr,
@@ -243,13 +242,13 @@ class GuardChecker {
                                        const SymExpr& expr) const {
     absl::StatusOr<int64_t> want = Evaluate(expr);
     if (want.ok() && *want == actual) return std::nullopt;
-    std::string msg = absl::StrCat(InputLabel(i, guards_.tensors(i)), ": ",
-                                   DimLabel(stride, dim), " is ", actual, ", guard expects ");
+    std::string msg = absl::StrCat(InputLabel(i, guards_.tensors(i)), ": ", DimLabel(stride, dim),
+                                   " is ", actual, ", guard expects ");
     if (want.ok()) {
       absl::StrAppend(&msg, expr.text(), " = ", *want);
     } else {
-      absl::StrAppend(&msg, "'", expr.text(), "', which cannot be evaluated: ",
-                      EvalReason(expr, want.status()));
+      absl::StrAppend(&msg, "'", expr.text(),
+                      "', which cannot be evaluated: ", EvalReason(expr, want.status()));
     }
     AppendSymbolValues(expr, &msg);
     return msg;
@@ -322,8 +321,8 @@ absl::Status ValidateGuardSet(const v1::GuardSet& guards) {
     ASSIGN_OR_RETURN(SymExpr expr, ParseTensorExpr(i, g, stride, dim, s.expr()));
     for (const std::string& sym : expr.symbols()) {
       if (!bound.contains(sym)) {
-        return UnboundSymbol(absl::StrCat(GuardLabel(i, g), " ", DimLabel(stride, dim)),
-                             s.expr(), sym);
+        return UnboundSymbol(absl::StrCat(GuardLabel(i, g), " ", DimLabel(stride, dim)), s.expr(),
+                             sym);
       }
     }
     return absl::OkStatus();
@@ -397,11 +396,13 @@ absl::StatusOr<v1::InputSignature> SignatureFromGraph(const ir::Graph& graph) {
       t->mutable_device()->set_index(m.device_index);
     }
     for (size_t d = 0; d < m.sizes.size(); ++d) {
-      if (!m.sizes[d].is_constant()) return symbolic(DimLabel(false, static_cast<int>(d)), m.sizes[d]);
+      if (!m.sizes[d].is_constant())
+        return symbolic(DimLabel(false, static_cast<int>(d)), m.sizes[d]);
       t->add_sizes(m.sizes[d].constant());
     }
     for (size_t d = 0; d < m.strides.size(); ++d) {
-      if (!m.strides[d].is_constant()) return symbolic(DimLabel(true, static_cast<int>(d)), m.strides[d]);
+      if (!m.strides[d].is_constant())
+        return symbolic(DimLabel(true, static_cast<int>(d)), m.strides[d]);
       t->add_strides(m.strides[d].constant());
     }
     t->set_requires_grad(m.requires_grad);

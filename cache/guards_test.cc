@@ -91,8 +91,7 @@ TEST(CheckGuardsTest, NamesTheFirstFailingGuard) {
   using S = v1::InputSignature*;
   const Case cases[] = {
       {"input count", [](G, S s) { s->add_inputs(); }, "expected 2 inputs, got 3"},
-      {"dtype",
-       [](G, S s) { s->mutable_inputs(0)->set_dtype(v1::FLOAT16); },
+      {"dtype", [](G, S s) { s->mutable_inputs(0)->set_dtype(v1::FLOAT16); },
        "input 0 'x': dtype is FLOAT16, guard expects FLOAT32"},
       {"device type",
        [](G, S s) {
@@ -100,8 +99,7 @@ TEST(CheckGuardsTest, NamesTheFirstFailingGuard) {
          s->mutable_inputs(1)->mutable_device()->set_index(-1);
        },
        "input 1 'y': device is cpu, guard expects cuda:0"},
-      {"device index",
-       [](G, S s) { s->mutable_inputs(0)->mutable_device()->set_index(1); },
+      {"device index", [](G, S s) { s->mutable_inputs(0)->mutable_device()->set_index(1); },
        "input 0 'x': device is cuda:1, guard expects cuda:0"},
       {"cpu guard",
        [](G g, S) {
@@ -109,23 +107,17 @@ TEST(CheckGuardsTest, NamesTheFirstFailingGuard) {
          g->mutable_tensors(0)->mutable_device()->set_index(-1);
        },
        "input 0 'x': device is cuda:0, guard expects cpu"},
-      {"rank",
-       [](G, S s) { s->mutable_inputs(0)->add_sizes(1); },
+      {"rank", [](G, S s) { s->mutable_inputs(0)->add_sizes(1); },
        "input 0 'x': rank is 3, guard expects 2"},
-      {"constant size",
-       [](G, S s) { s->mutable_inputs(1)->set_sizes(1, 5); },
+      {"constant size", [](G, S s) { s->mutable_inputs(1)->set_sizes(1, 5); },
        "input 1 'y': size[1] is 5, guard expects 4"},
-      {"symbol bound by an earlier input",
-       [](G, S s) { s->mutable_inputs(1)->set_sizes(0, 5); },
+      {"symbol bound by an earlier input", [](G, S s) { s->mutable_inputs(1)->set_sizes(0, 5); },
        "input 1 'y': size[0] is 5, but s0 = 4 (bound by input 0 'x' size[0])"},
       {"symbol bound earlier in the same input",
-       [](G g, S) { g->mutable_tensors(0)->mutable_sizes(1)->set_expr("s0"); },
-       ""},
-      {"exact stride",
-       [](G, S s) { s->mutable_inputs(0)->set_strides(0, 1); },
+       [](G g, S) { g->mutable_tensors(0)->mutable_sizes(1)->set_expr("s0"); }, ""},
+      {"exact stride", [](G, S s) { s->mutable_inputs(0)->set_strides(0, 1); },
        "input 0 'x': stride[0] is 1, guard expects 4"},
-      {"stride count",
-       [](G, S s) { s->mutable_inputs(0)->mutable_strides()->RemoveLast(); },
+      {"stride count", [](G, S s) { s->mutable_inputs(0)->mutable_strides()->RemoveLast(); },
        "input 0 'x': stride count is 1, guard expects 2"},
       {"contiguity",
        [](G, S s) {
@@ -133,8 +125,7 @@ TEST(CheckGuardsTest, NamesTheFirstFailingGuard) {
          s->mutable_inputs(1)->set_strides(1, 4);
        },
        "input 1 'y': is not contiguous (strides [1, 4]), guard expects contiguous"},
-      {"requires_grad",
-       [](G, S s) { s->mutable_inputs(0)->set_requires_grad(true); },
+      {"requires_grad", [](G, S s) { s->mutable_inputs(0)->set_requires_grad(true); },
        "input 0 'x': requires_grad is true, guard expects false"},
       {"requires_grad unchecked",
        [](G g, S s) {
@@ -154,8 +145,7 @@ TEST(CheckGuardsTest, NamesTheFirstFailingGuard) {
          s->mutable_inputs(0)->mutable_device()->set_type("meta");
        },
        ""},
-      {"client digest",
-       [](G, S s) { s->set_client_guard_digest("digest-2"); },
+      {"client digest", [](G, S s) { s->set_client_guard_digest("digest-2"); },
        "client guards differ"},
       {"unnamed input",
        [](G g, S s) {
@@ -192,8 +182,14 @@ TEST(CheckGuardsTest, NamesTheFirstFailingGuard) {
 
 TEST(CheckGuardsTest, ContiguityIgnoresDimensionsOfSizeOne) {
   const auto guards = Parse<v1::GuardSet>(R"pb(
-    tensors { name: "x" dtype: FLOAT32 sizes { expr: "a" } sizes { expr: "b" } sizes { expr: "c" }
-              stride_check: CONTIGUOUS })pb");
+    tensors {
+      name: "x"
+      dtype: FLOAT32
+      sizes { expr: "a" }
+      sizes { expr: "b" }
+      sizes { expr: "c" }
+      stride_check: CONTIGUOUS
+    })pb");
   struct Case {
     std::string inputs;
     bool contiguous;
@@ -220,11 +216,28 @@ TEST(CheckGuardsTest, ContiguityIgnoresDimensionsOfSizeOne) {
 
 // x's size is 2*s0, but s0 is bound only by y, a later input.
 constexpr char kDeferredGuards[] = R"pb(
-  tensors { name: "x" dtype: FLOAT32 sizes { expr: "2*s0" } sizes { expr: "s1" }
-            stride_check: EXACT strides { expr: "s1" } strides { int_value: 1 } }
-  tensors { name: "y" dtype: FLOAT32 sizes { expr: "s0" } stride_check: EXACT
-            strides { expr: "s2" } }
-  tensors { name: "z" dtype: FLOAT32 sizes { expr: "s2" } sizes { expr: "s0 + s1" } }
+  tensors {
+    name: "x"
+    dtype: FLOAT32
+    sizes { expr: "2*s0" }
+    sizes { expr: "s1" }
+    stride_check: EXACT
+    strides { expr: "s1" }
+    strides { int_value: 1 }
+  }
+  tensors {
+    name: "y"
+    dtype: FLOAT32
+    sizes { expr: "s0" }
+    stride_check: EXACT
+    strides { expr: "s2" }
+  }
+  tensors {
+    name: "z"
+    dtype: FLOAT32
+    sizes { expr: "s2" }
+    sizes { expr: "s0 + s1" }
+  }
 )pb";
 
 std::string DeferredInputs(int x0, int x1, int x_stride0, int y0, int y_stride, int z0, int z1,
@@ -247,8 +260,7 @@ TEST(CheckGuardsTest, DefersExpressionsUntilTheirSymbolsAreBound) {
       {"all hold", DeferredInputs(8, 3, 3, 4, 1, 1, 7), ""},
       {"deferred size", DeferredInputs(9, 3, 3, 4, 1, 1, 7),
        "input 0 'x': size[0] is 9, guard expects 2*s0 = 8 (s0 = 4)"},
-      {"bare-symbol stride, bound by a size of the same input",
-       DeferredInputs(8, 3, 4, 4, 1, 1, 7),
+      {"bare-symbol stride, bound by a size of the same input", DeferredInputs(8, 3, 4, 4, 1, 1, 7),
        "input 0 'x': stride[0] is 4, but s1 = 3 (bound by input 0 'x' size[1])"},
       {"stride bound by a later input", DeferredInputs(8, 3, 3, 4, 2, 1, 7),
        "input 1 'y': stride[0] is 2, guard expects s2 = 1 (s2 = 1)"},
@@ -264,8 +276,17 @@ TEST(CheckGuardsTest, DefersExpressionsUntilTheirSymbolsAreBound) {
 }
 
 constexpr char kShapeGuards[] = R"pb(
-  tensors { name: "x" dtype: FLOAT32 sizes { expr: "s0" } sizes { expr: "s1" } }
-  tensors { name: "y" dtype: FLOAT32 sizes { expr: "s2" } }
+  tensors {
+    name: "x"
+    dtype: FLOAT32
+    sizes { expr: "s0" }
+    sizes { expr: "s1" }
+  }
+  tensors {
+    name: "y"
+    dtype: FLOAT32
+    sizes { expr: "s2" }
+  }
 )pb";
 
 TEST(CheckGuardsTest, ShapeGuardFailuresNameTheBindingInput) {
@@ -275,14 +296,16 @@ TEST(CheckGuardsTest, ShapeGuardFailuresNameTheBindingInput) {
     std::string want;
   };
   const Case cases[] = {
-      {"s0 % 32 == 0", 48, 3, 1, "input 0 'x': size[0] is 48, guard 's0 % 32 == 0' fails (s0 = 48)"},
+      {"s0 % 32 == 0", 48, 3, 1,
+       "input 0 'x': size[0] is 48, guard 's0 % 32 == 0' fails (s0 = 48)"},
       {"s0 % 32 == 0", 64, 3, 1, ""},
       {"s0 + s1 < 10", 48, 3, 1,
        "input 0 'x': size[0] is 48, guard 's0 + s1 < 10' fails (s0 = 48, s1 = 3)"},
       {"s1 * s0 < 100", 48, 3, 1,
        "input 0 'x': size[1] is 3, guard 's1 * s0 < 100' fails (s1 = 3, s0 = 48)"},
       {"Max(s2, s0) <= 32 and s2 == s0", 16, 3, 17,
-       "input 1 'y': size[0] is 17, guard 'Max(s2, s0) <= 32 and s2 == s0' fails (s2 = 17, s0 = 16)"},
+       "input 1 'y': size[0] is 17, guard 'Max(s2, s0) <= 32 and s2 == s0' fails (s2 = 17, s0 = "
+       "16)"},
       {"Max(s2, s0) <= 32 and s2 == s0", 16, 3, 16, ""},
       {"1 == 2", 1, 1, 1, "guard '1 == 2' fails"},
       {"s0 // (s1 - 3) > 0", 48, 3, 1,
@@ -325,19 +348,37 @@ TEST(CheckGuardsTest, MalformedGuardsAreErrors) {
     std::string want;
   };
   const Case cases[] = {
-      {R"pb(tensors { name: "x" sizes { expr: "s0" } } shape_guards: "s0 %% 8 ==")pb",
+      {R"pb(tensors {
+              name: "x"
+              sizes { expr: "s0" }
+            }
+            shape_guards: "s0 %% 8 ==")pb",
        "error: INVALID_ARGUMENT: shape guard 0 's0 %% 8 ==': malformed expression 's0 %% 8 ==': "
        "expected an operand at column 5, found '%'"},
-      {R"pb(tensors { name: "x" sizes { expr: "s0" } } shape_guards: "s3 > 2")pb",
+      {R"pb(tensors {
+              name: "x"
+              sizes { expr: "s0" }
+            }
+            shape_guards: "s3 > 2")pb",
        "error: INVALID_ARGUMENT: shape guard 0 's3 > 2' uses symbol 's3', which no input size "
        "binds"},
-      {R"pb(tensors { name: "x" sizes { expr: "2*s9" } })pb",
+      {R"pb(tensors {
+              name: "x"
+              sizes { expr: "2*s9" }
+            })pb",
        "error: INVALID_ARGUMENT: tensor guard 0 'x' size[0] '2*s9' uses symbol 's9', which no "
        "input size binds"},
-      {R"pb(tensors { name: "x" sizes { expr: "2*" } })pb",
+      {R"pb(tensors {
+              name: "x"
+              sizes { expr: "2*" }
+            })pb",
        "error: INVALID_ARGUMENT: tensor guard 0 'x' size[0]: malformed expression '2*': expected "
        "an operand at column 3"},
-      {R"pb(tensors { name: "x" sizes { int_value: 5 } stride_check: EXACT })pb",
+      {R"pb(tensors {
+              name: "x"
+              sizes { int_value: 5 }
+              stride_check: EXACT
+            })pb",
        "error: INVALID_ARGUMENT: tensor guard 0 'x': stride_check EXACT needs one stride per size "
        "(1), has 0"},
   };
@@ -355,21 +396,47 @@ TEST(ValidateGuardSetTest, NamesTheMalformedGuard) {
   const Case cases[] = {
       {kGuards, ""},
       {kDeferredGuards, ""},
-      {R"pb(tensors { name: "x" sizes { expr: "s0" } } shape_guards: "s0 >= 2"
+      {R"pb(tensors {
+              name: "x"
+              sizes { expr: "s0" }
+            }
+            shape_guards: "s0 >= 2"
             shape_guards: "s0 %% 8 ==")pb",
        "shape guard 1 's0 %% 8 ==': malformed expression 's0 %% 8 ==': expected an operand at "
        "column 5, found '%'"},
-      {R"pb(tensors { name: "x" sizes { expr: "s0" } } shape_guards: "s3 > 2")pb",
+      {R"pb(tensors {
+              name: "x"
+              sizes { expr: "s0" }
+            }
+            shape_guards: "s3 > 2")pb",
        "shape guard 0 's3 > 2' uses symbol 's3', which no input size binds"},
-      {R"pb(tensors { name: "x" sizes { expr: "s0" } }
-            tensors { name: "w" sizes { expr: "s0 +" } })pb",
+      {R"pb(tensors {
+              name: "x"
+              sizes { expr: "s0" }
+            }
+            tensors {
+              name: "w"
+              sizes { expr: "s0 +" }
+            })pb",
        "tensor guard 1 'w' size[0]: malformed expression 's0 +': expected an operand at column 5"},
-      {R"pb(tensors { sizes { expr: "s0" } stride_check: EXACT strides { expr: "s5" } })pb",
+      {R"pb(tensors {
+              sizes { expr: "s0" }
+              stride_check: EXACT
+              strides { expr: "s5" }
+            })pb",
        "tensor guard 0 stride[0] 's5' uses symbol 's5', which no input size binds"},
-      {R"pb(tensors { name: "x" sizes { expr: "(s0)" } })pb",
+      {R"pb(tensors {
+              name: "x"
+              sizes { expr: "(s0)" }
+            })pb",
        "tensor guard 0 'x' size[0] '(s0)' uses symbol 's0', which no input size binds"},
-      {R"pb(tensors { name: "x" sizes { int_value: 1 } sizes { int_value: 2 }
-                      stride_check: EXACT strides { int_value: 1 } })pb",
+      {R"pb(tensors {
+              name: "x"
+              sizes { int_value: 1 }
+              sizes { int_value: 2 }
+              stride_check: EXACT
+              strides { int_value: 1 }
+            })pb",
        "tensor guard 0 'x': stride_check EXACT needs one stride per size (2), has 1"},
   };
   for (const Case& c : cases) {
@@ -515,7 +582,12 @@ TEST(DeriveGuardsTest, SymbolicSizesBecomeSymbolGuards) {
   EXPECT_EQ(guards.tensors(0).sizes(0).expr(), "s0");
   EXPECT_TRUE(ValidateGuardSet(guards).ok());
   auto inputs = Parse<v1::InputSignature>(R"pb(
-    inputs { dtype: FLOAT32 device { type: "cpu" index: -1 } sizes: [ 16, 8 ] strides: [ 8, 1 ] }
+    inputs {
+      dtype: FLOAT32
+      device { type: "cpu" index: -1 }
+      sizes: [ 16, 8 ]
+      strides: [ 8, 1 ]
+    }
     inputs {
       dtype: FLOAT32
       device { type: "cpu" index: -1 }

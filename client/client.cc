@@ -27,18 +27,22 @@ constexpr char kHealthCheckMethod[] = "/grpc.health.v1.Health/Check";
 // the two enums are the same (both are google.rpc.Code).
 absl::Status FromGrpcStatus(const grpc::Status& status) {
   if (status.ok()) return absl::OkStatus();
-  return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
-                      status.error_message());
+  return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
 }
 
 // grpc.health.v1.HealthCheckResponse.ServingStatus, by number.
 std::string ServingStatusName(uint64_t status) {
   switch (status) {
-    case 0: return "UNKNOWN";
-    case 1: return "SERVING";
-    case 2: return "NOT_SERVING";
-    case 3: return "SERVICE_UNKNOWN";
-    default: return absl::StrCat("status ", status);
+    case 0:
+      return "UNKNOWN";
+    case 1:
+      return "SERVING";
+    case 2:
+      return "NOT_SERVING";
+    case 3:
+      return "SERVICE_UNKNOWN";
+    default:
+      return absl::StrCat("status ", status);
   }
 }
 
@@ -88,8 +92,8 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(ClientOptions options) {
         absl::StrCat("ClientOptions.max_attempts must be >= 1, got ", options.max_attempts));
   }
   if (options.deadline <= absl::ZeroDuration()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "ClientOptions.deadline must be positive, got ", absl::FormatDuration(options.deadline)));
+    return absl::InvalidArgumentError(absl::StrCat("ClientOptions.deadline must be positive, got ",
+                                                   absl::FormatDuration(options.deadline)));
   }
   if (options.initial_backoff < absl::ZeroDuration()) {
     return absl::InvalidArgumentError(
@@ -109,8 +113,9 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(ClientOptions options) {
   args.SetInt(GRPC_ARG_ENABLE_RETRIES, 0);
   // Let a retry find a restarted server: reconnect on our schedule, not on
   // gRPC's (1 s, growing to 2 min).
-  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS,
-              static_cast<int>(std::max<int64_t>(1, absl::ToInt64Milliseconds(options.initial_backoff))));
+  args.SetInt(
+      GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS,
+      static_cast<int>(std::max<int64_t>(1, absl::ToInt64Milliseconds(options.initial_backoff))));
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, static_cast<int>(LargestBackoffMillis(options)));
 
   std::shared_ptr<grpc::Channel> channel =
@@ -131,14 +136,12 @@ Client::Client(ClientOptions options, std::shared_ptr<grpc::Channel> channel)
 
 Client::~Client() = default;
 
-absl::StatusOr<std::string> Client::Key(const v1::Graph& graph,
-                                        const v1::CompileOptions& options) {
+absl::StatusOr<std::string> Client::Key(const v1::Graph& graph, const v1::CompileOptions& options) {
   ASSIGN_OR_RETURN(ir::Graph g, ir::Graph::FromProto(graph));
   return ir::CacheKey(g, options);
 }
 
-absl::Status Client::Call(
-    const std::function<grpc::Status(grpc::ClientContext*)>& attempt) const {
+absl::Status Client::Call(const std::function<grpc::Status(grpc::ClientContext*)>& attempt) const {
   const absl::Time deadline = absl::Now() + options_.deadline;
   absl::Duration backoff = options_.initial_backoff;
   grpc::Status status;
@@ -157,17 +160,15 @@ absl::Status Client::Call(
 
 absl::StatusOr<v1::CompileResponse> Client::Compile(const v1::CompileRequest& request) const {
   v1::CompileResponse response;
-  RETURN_IF_ERROR(Call([&](grpc::ClientContext* c) {
-    return compiler_->Compile(c, request, &response);
-  }));
+  RETURN_IF_ERROR(
+      Call([&](grpc::ClientContext* c) { return compiler_->Compile(c, request, &response); }));
   return response;
 }
 
 absl::StatusOr<v1::LookupResponse> Client::Lookup(const v1::LookupRequest& request) const {
   v1::LookupResponse response;
-  RETURN_IF_ERROR(Call([&](grpc::ClientContext* c) {
-    return compiler_->Lookup(c, request, &response);
-  }));
+  RETURN_IF_ERROR(
+      Call([&](grpc::ClientContext* c) { return compiler_->Lookup(c, request, &response); }));
   return response;
 }
 
@@ -189,33 +190,29 @@ absl::StatusOr<v1::GetArtifactResponse> Client::GetArtifact(const std::string& d
   v1::GetArtifactRequest request;
   request.set_digest(digest);
   v1::GetArtifactResponse response;
-  RETURN_IF_ERROR(Call([&](grpc::ClientContext* c) {
-    return compiler_->GetArtifact(c, request, &response);
-  }));
+  RETURN_IF_ERROR(
+      Call([&](grpc::ClientContext* c) { return compiler_->GetArtifact(c, request, &response); }));
   return response;
 }
 
 absl::StatusOr<v1::StatsResponse> Client::Stats() const {
   v1::StatsResponse response;
-  RETURN_IF_ERROR(Call([&](grpc::ClientContext* c) {
-    return admin_->Stats(c, v1::StatsRequest(), &response);
-  }));
+  RETURN_IF_ERROR(Call(
+      [&](grpc::ClientContext* c) { return admin_->Stats(c, v1::StatsRequest(), &response); }));
   return response;
 }
 
 absl::StatusOr<v1::FreezeResponse> Client::Freeze() const {
   v1::FreezeResponse response;
-  RETURN_IF_ERROR(Call([&](grpc::ClientContext* c) {
-    return admin_->Freeze(c, v1::FreezeRequest(), &response);
-  }));
+  RETURN_IF_ERROR(Call(
+      [&](grpc::ClientContext* c) { return admin_->Freeze(c, v1::FreezeRequest(), &response); }));
   return response;
 }
 
 absl::StatusOr<v1::ThawResponse> Client::Thaw() const {
   v1::ThawResponse response;
-  RETURN_IF_ERROR(Call([&](grpc::ClientContext* c) {
-    return admin_->Thaw(c, v1::ThawRequest(), &response);
-  }));
+  RETURN_IF_ERROR(
+      Call([&](grpc::ClientContext* c) { return admin_->Thaw(c, v1::ThawRequest(), &response); }));
   return response;
 }
 
@@ -223,9 +220,8 @@ absl::StatusOr<v1::ListEntriesResponse> Client::ListEntries(const std::string& n
   v1::ListEntriesRequest request;
   request.set_namespace_(ns);
   v1::ListEntriesResponse response;
-  RETURN_IF_ERROR(Call([&](grpc::ClientContext* c) {
-    return admin_->ListEntries(c, request, &response);
-  }));
+  RETURN_IF_ERROR(
+      Call([&](grpc::ClientContext* c) { return admin_->ListEntries(c, request, &response); }));
   return response;
 }
 
@@ -235,9 +231,8 @@ absl::StatusOr<v1::GetEntryResponse> Client::GetEntry(const std::string& key,
   request.set_key(key);
   request.set_namespace_(ns);
   v1::GetEntryResponse response;
-  RETURN_IF_ERROR(Call([&](grpc::ClientContext* c) {
-    return admin_->GetEntry(c, request, &response);
-  }));
+  RETURN_IF_ERROR(
+      Call([&](grpc::ClientContext* c) { return admin_->GetEntry(c, request, &response); }));
   return response;
 }
 
@@ -247,9 +242,8 @@ absl::StatusOr<v1::EvictResponse> Client::Evict(const std::string& key,
   request.set_key(key);
   request.set_namespace_(ns);
   v1::EvictResponse response;
-  RETURN_IF_ERROR(Call([&](grpc::ClientContext* c) {
-    return admin_->Evict(c, request, &response);
-  }));
+  RETURN_IF_ERROR(
+      Call([&](grpc::ClientContext* c) { return admin_->Evict(c, request, &response); }));
   return response;
 }
 
@@ -310,9 +304,8 @@ absl::StatusOr<v1::InputSignature> SignatureFromMetadata(const v1::Graph& graph)
       }
       for (int64_t s : strides) t->add_strides(s);
     } else if (meta.strides_size() != meta.sizes_size()) {
-      return absl::InvalidArgumentError(absl::StrCat(who, " has ", meta.sizes_size(),
-                                                     " sizes but ", meta.strides_size(),
-                                                     " strides"));
+      return absl::InvalidArgumentError(absl::StrCat(who, " has ", meta.sizes_size(), " sizes but ",
+                                                     meta.strides_size(), " strides"));
     } else {
       for (int d = 0; d < meta.strides_size(); ++d) {
         const ir::SymInt s = ir::SymIntFromProto(meta.strides(d));

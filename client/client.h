@@ -62,8 +62,7 @@ class Client {
 
   // The cache key the server computes for `graph` under `options`, computed
   // here with the same code. INVALID_ARGUMENT when the graph is malformed.
-  static absl::StatusOr<std::string> Key(const v1::Graph& graph,
-                                         const v1::CompileOptions& options);
+  static absl::StatusOr<std::string> Key(const v1::Graph& graph, const v1::CompileOptions& options);
 
   Client(const Client&) = delete;
   Client& operator=(const Client&) = delete;
@@ -89,8 +88,7 @@ class Client {
   absl::StatusOr<v1::ListEntriesResponse> ListEntries(const std::string& ns = "") const;
   absl::StatusOr<v1::GetEntryResponse> GetEntry(const std::string& key,
                                                 const std::string& ns = "") const;
-  absl::StatusOr<v1::EvictResponse> Evict(const std::string& key,
-                                          const std::string& ns = "") const;
+  absl::StatusOr<v1::EvictResponse> Evict(const std::string& key, const std::string& ns = "") const;
 
   // grpc.health.v1.Health/Check for the whole server (service ""). OK when
   // the server answers SERVING; UNAVAILABLE naming the status it answered

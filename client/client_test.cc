@@ -60,11 +60,16 @@ v1::Graph TestGraph(const std::string& size0 = "int_value: 4") {
                            " } sizes { int_value: 8 } strides { int_value: 8 } "
                            "strides { int_value: 1 } device { type: \"cpu\" index: -1 } }";
   const std::string text =
-      "name: \"f\" inputs { kind: USER_INPUT value { name: \"x\" " + meta + " } }\n"
+      "name: \"f\" inputs { kind: USER_INPUT value { name: \"x\" " + meta +
+      " } }\n"
       "nodes { name: \"relu\" target: \"aten.relu.default\" args { tensor: \"x\" } "
-      "outputs { name: \"a\" " + meta + " } }\n"
+      "outputs { name: \"a\" " +
+      meta +
+      " } }\n"
       "nodes { name: \"neg\" target: \"aten.neg.default\" args { tensor: \"a\" } "
-      "outputs { name: \"b\" " + meta + " } }\n"
+      "outputs { name: \"b\" " +
+      meta +
+      " } }\n"
       "outputs: \"b\"\n";
   v1::Graph g;
   EXPECT_TRUE(google::protobuf::TextFormat::ParseFromString(text, &g)) << text;
@@ -344,7 +349,8 @@ std::string WriteGraphFile(const std::string& name, const v1::Graph& graph,
   *file.mutable_options() = options;
   std::string json;
   EXPECT_TRUE(google::protobuf::util::MessageToJsonString(file, &json).ok());
-  const std::string path = absl::StrCat(::testing::TempDir(), "/kiln_client_test_", getpid(), "_", name);
+  const std::string path =
+      absl::StrCat(::testing::TempDir(), "/kiln_client_test_", getpid(), "_", name);
   std::ofstream(path) << json;
   return path;
 }
@@ -378,8 +384,8 @@ TEST(KilnctlTest, PrintsTheGraph) {
 }
 
 TEST(KilnctlTest, ErrorsAreReportedWithTheirCode) {
-  const ProcessResult unreachable = RunKilnctl(
-      absl::StrCat("--server=127.0.0.1:", UnusedPort(), " --deadline=2s stats"));
+  const ProcessResult unreachable =
+      RunKilnctl(absl::StrCat("--server=127.0.0.1:", UnusedPort(), " --deadline=2s stats"));
   EXPECT_EQ(unreachable.exit_code, 1);
   EXPECT_NE(unreachable.output.find("kilnctl: UNAVAILABLE: "), std::string::npos)
       << unreachable.output;
@@ -388,7 +394,8 @@ TEST(KilnctlTest, ErrorsAreReportedWithTheirCode) {
   EXPECT_EQ(missing.exit_code, 1);
   EXPECT_NE(missing.output.find("/nonexistent/graph.json"), std::string::npos) << missing.output;
 
-  const std::string bad = absl::StrCat(::testing::TempDir(), "/kiln_client_test_", getpid(), "_bad.json");
+  const std::string bad =
+      absl::StrCat(::testing::TempDir(), "/kiln_client_test_", getpid(), "_bad.json");
   std::ofstream(bad) << "{\"graph\": {\"nodez\": []}}";
   const ProcessResult parse = RunKilnctl("print " + bad);
   EXPECT_EQ(parse.exit_code, 1);
@@ -397,8 +404,10 @@ TEST(KilnctlTest, ErrorsAreReportedWithTheirCode) {
   std::filesystem::remove(bad);
 
   // lookup derives the signature before any RPC: symbolic metadata is refused.
-  const std::string symbolic = WriteGraphFile("sym.json", TestGraph("expr: \"s0\""), Backend("eager"));
-  const ProcessResult lookup = RunKilnctl(absl::StrCat("--server=127.0.0.1:", UnusedPort(), " lookup ", symbolic));
+  const std::string symbolic =
+      WriteGraphFile("sym.json", TestGraph("expr: \"s0\""), Backend("eager"));
+  const ProcessResult lookup =
+      RunKilnctl(absl::StrCat("--server=127.0.0.1:", UnusedPort(), " lookup ", symbolic));
   EXPECT_EQ(lookup.exit_code, 1);
   EXPECT_NE(lookup.output.find("INVALID_ARGUMENT"), std::string::npos) << lookup.output;
   EXPECT_NE(lookup.output.find("'x'"), std::string::npos) << lookup.output;

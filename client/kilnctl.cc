@@ -9,8 +9,8 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <map>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -40,7 +40,8 @@ ABSL_FLAG(std::string, server, "127.0.0.1:50051", "address of kilnd");
 ABSL_FLAG(bool, json, false, "print the response message as protobuf JSON");
 ABSL_FLAG(std::string, backend, "",
           "backend for compile, lookup and key (eager, aot_eager, kiln); overrides the file's");
-ABSL_FLAG(std::string, namespace, "", "cache namespace (tenant); \"\" is the default, "
+ABSL_FLAG(std::string, namespace, "",
+          "cache namespace (tenant); \"\" is the default, "
           "\"*\" lists every namespace with ls and recompiles");
 ABSL_FLAG(absl::Duration, deadline, absl::Seconds(60), "deadline of each call, retries included");
 ABSL_FLAG(std::string, o, "", "trace: the directory to write the debug trace into");
@@ -176,9 +177,14 @@ std::string GuardString(const v1::TensorGuard& g) {
                                ir::DTypeShortName(g.dtype()), "[", SymList(g.sizes()), "]");
   if (g.has_device()) absl::StrAppend(&s, " ", DeviceString(g.device()));
   switch (g.stride_check()) {
-    case v1::TensorGuard::EXACT: absl::StrAppend(&s, " strides (", SymList(g.strides()), ")"); break;
-    case v1::TensorGuard::CONTIGUOUS: absl::StrAppend(&s, " contiguous"); break;
-    default: break;
+    case v1::TensorGuard::EXACT:
+      absl::StrAppend(&s, " strides (", SymList(g.strides()), ")");
+      break;
+    case v1::TensorGuard::CONTIGUOUS:
+      absl::StrAppend(&s, " contiguous");
+      break;
+    default:
+      break;
   }
   if (g.check_requires_grad()) {
     absl::StrAppend(&s, " requires_grad=", g.requires_grad() ? "true" : "false");
@@ -190,8 +196,8 @@ std::string Misses(const google::protobuf::RepeatedPtrField<v1::VariantMiss>& mi
                    const std::string& indent) {
   std::string out;
   for (const v1::VariantMiss& m : misses) {
-    absl::StrAppend(&out, indent, "variant ", m.variant(), " (", Short(m.digest()), "): ",
-                    m.failed_guard(), "\n");
+    absl::StrAppend(&out, indent, "variant ", m.variant(), " (", Short(m.digest()),
+                    "): ", m.failed_guard(), "\n");
   }
   return out;
 }
@@ -261,8 +267,8 @@ absl::StatusOr<std::string> ResolveKey(const Client& client, const std::string& 
         absl::StrCat("no entry with key ", key, " in namespace ", Namespace(ns)));
   }
   if (matches.size() > 1) {
-    return absl::InvalidArgumentError(absl::StrCat("key prefix ", key, " is ambiguous: ",
-                                                   matches.size(), " entries match"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("key prefix ", key, " is ambiguous: ", matches.size(), " entries match"));
   }
   return matches[0];
 }
@@ -294,10 +300,10 @@ absl::Status Stats(const Client& client, const Invocation& inv) {
   summary.Add({"entries", absl::StrCat(stats.entries())});
   summary.Add({"variants", absl::StrCat(stats.variants())});
   summary.Add({"bytes", absl::StrCat(HumanBytes(stats.bytes()), " (", stats.bytes(), ")")});
-  summary.Add({"byte budget",
-               stats.byte_budget() == 0
-                   ? "unlimited"
-                   : absl::StrCat(HumanBytes(stats.byte_budget()), " (", stats.byte_budget(), ")")});
+  summary.Add({"byte budget", stats.byte_budget() == 0
+                                  ? "unlimited"
+                                  : absl::StrCat(HumanBytes(stats.byte_budget()), " (",
+                                                 stats.byte_budget(), ")")});
   std::cout << summary.Render() << "\n";
 
   // Every counter the server reports, in the proto's order.
@@ -343,8 +349,8 @@ absl::Status List(const Client& client, const Invocation& inv) {
   ASSIGN_OR_RETURN(v1::ListEntriesResponse list, client.ListEntries(inv.ns));
   if (inv.json) return PrintJson(list);
   if (list.entries_size() == 0) {
-    std::cout << "no entries in " << (inv.ns == "*" ? "any namespace" : "namespace " + Namespace(inv.ns))
-              << "\n";
+    std::cout << "no entries in "
+              << (inv.ns == "*" ? "any namespace" : "namespace " + Namespace(inv.ns)) << "\n";
     return absl::OkStatus();
   }
   Table t({"NAMESPACE", "KEY", "GRAPH", "BACKEND", "VARIANTS", "BYTES"},
@@ -440,8 +446,8 @@ absl::Status Compile(const Client& client, const Invocation& inv) {
   if (a.has_autograd()) {
     const v1::AutogradGraphs& ag = a.autograd();
     std::cout << "\nsaved for backward (" << ag.saved_size() << " values, "
-              << HumanBytes(static_cast<uint64_t>(ag.saved_bytes())) << "): "
-              << absl::StrJoin(ag.saved(), ", ") << "\n";
+              << HumanBytes(static_cast<uint64_t>(ag.saved_bytes()))
+              << "): " << absl::StrJoin(ag.saved(), ", ") << "\n";
     if (ag.recomputed_size() > 0) {
       std::cout << "recomputed in backward: " << absl::StrJoin(ag.recomputed(), ", ") << "\n";
     }
@@ -544,7 +550,8 @@ absl::Status Print(const Invocation& inv) {
 // The debug trace the compile stored in the artifact, one file per stage.
 absl::Status Trace(const Client& client, const Invocation& inv) {
   const std::string dir = absl::GetFlag(FLAGS_o);
-  if (dir.empty()) return absl::InvalidArgumentError("trace: give the output directory with -o DIR");
+  if (dir.empty())
+    return absl::InvalidArgumentError("trace: give the output directory with -o DIR");
   ASSIGN_OR_RETURN(std::string key, ResolveKey(client, inv.args[0], inv.ns));
   ASSIGN_OR_RETURN(v1::GetEntryResponse entry, client.GetEntry(key, inv.ns));
   std::map<std::string, std::string> files;
@@ -572,7 +579,9 @@ absl::Status Trace(const Client& client, const Invocation& inv) {
   }
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
-  if (ec) return absl::FailedPreconditionError(absl::StrCat("trace: cannot create ", dir, ": ", ec.message()));
+  if (ec)
+    return absl::FailedPreconditionError(
+        absl::StrCat("trace: cannot create ", dir, ": ", ec.message()));
   for (const auto& [name, text] : files) {
     std::ofstream out(std::filesystem::path(dir) / name);
     out << text;

@@ -44,16 +44,14 @@ std::string Sha256::HexDigest() {
   unsigned char md[EVP_MAX_MD_SIZE];
   unsigned int n = 0;
   EVP_DigestFinal_ex(state_->ctx, md, &n);
-  return absl::BytesToHexString(
-      absl::string_view(reinterpret_cast<const char*>(md), n));
+  return absl::BytesToHexString(absl::string_view(reinterpret_cast<const char*>(md), n));
 }
 
 std::string Sha256Hex(absl::string_view bytes) {
   unsigned char md[EVP_MAX_MD_SIZE];
   unsigned int n = 0;
   EVP_Digest(bytes.data(), bytes.size(), md, &n, Sha256Md(), nullptr);
-  return absl::BytesToHexString(
-      absl::string_view(reinterpret_cast<const char*>(md), n));
+  return absl::BytesToHexString(absl::string_view(reinterpret_cast<const char*>(md), n));
 }
 
 bool IsHexDigest(absl::string_view s) {

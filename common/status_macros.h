@@ -9,10 +9,10 @@
 #define KILN_CONCAT_INNER_(a, b) a##b
 #define KILN_CONCAT_(a, b) KILN_CONCAT_INNER_(a, b)
 
-#define RETURN_IF_ERROR(expr)                      \
-  do {                                             \
-    ::absl::Status kiln_status_ = (expr);          \
-    if (!kiln_status_.ok()) return kiln_status_;   \
+#define RETURN_IF_ERROR(expr)                    \
+  do {                                           \
+    ::absl::Status kiln_status_ = (expr);        \
+    if (!kiln_status_.ok()) return kiln_status_; \
   } while (false)
 
 #define ASSIGN_OR_RETURN(lhs, rexpr) \

@@ -100,12 +100,15 @@ class KilnBackend final : public Backend {
  private:
   const BackendOptions options_;
 
-  static absl::StatusOr<v1::CompiledGraph> CompileGraph(
-      const ir::Graph& graph, const std::string& prefix, const codegen::CodegenBackend& backend,
-      PhaseTimes* times, std::map<std::string, std::string>* trace) {
+  static absl::StatusOr<v1::CompiledGraph> CompileGraph(const ir::Graph& graph,
+                                                        const std::string& prefix,
+                                                        const codegen::CodegenBackend& backend,
+                                                        PhaseTimes* times,
+                                                        std::map<std::string, std::string>* trace) {
     (*trace)[prefix + "ir_before_fusion.txt"] = ir::PrintReadable(graph);
-    ASSIGN_OR_RETURN(loop::LoweredGraph lowered,
-                     times->Time(prefix + "lower-fuse-plan", [&] { return loop::LowerGraph(graph); }));
+    ASSIGN_OR_RETURN(loop::LoweredGraph lowered, times->Time(prefix + "lower-fuse-plan", [&] {
+      return loop::LowerGraph(graph);
+    }));
     (*trace)[prefix + "ir_after_fusion.txt"] = loop::PrintLowered(lowered);
     v1::CompiledGraph out;
     *out.mutable_plan() = lowered.plan;

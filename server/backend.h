@@ -13,8 +13,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "absl/time/time.h"
 #include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "compiler/autograd/joint_graph.h"
 #include "compiler/autograd/partition.h"
 #include "compiler/ir/graph.h"
@@ -75,7 +75,7 @@ std::unique_ptr<Backend> MakeEagerBackend();
 
 // What the backends that run a native compiler need from the server.
 struct BackendOptions {
-  std::string scratch_dir = "/tmp";  // sources and objects while g++ runs
+  std::string scratch_dir = "/tmp";                            // sources and objects while g++ runs
   absl::Duration native_compile_timeout = absl::Seconds(120);  // per g++ run
 };
 

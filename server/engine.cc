@@ -19,8 +19,8 @@ std::string MissReasons(const std::string& key, int variants,
   for (const auto& m : misses) {
     parts.push_back(absl::StrCat("variant ", m.variant(), ": ", m.failed_guard()));
   }
-  return absl::StrCat("guard miss on key ", key, " (", variants, " variants): ",
-                      absl::StrJoin(parts, "; "));
+  return absl::StrCat("guard miss on key ", key, " (", variants,
+                      " variants): ", absl::StrJoin(parts, "; "));
 }
 
 absl::Status Prefix(const absl::Status& s, absl::string_view prefix) {
@@ -37,8 +37,8 @@ absl::StatusOr<ir::Graph> BuildVerified(const v1::Graph& proto) {
   return g;
 }
 
-v1::EntryInfo ToEntryInfo(const std::string& ns, const std::string& key,
-                          const v1::StoredEntry& e, bool details) {
+v1::EntryInfo ToEntryInfo(const std::string& ns, const std::string& key, const v1::StoredEntry& e,
+                          bool details) {
   v1::EntryInfo info;
   info.set_namespace_(ns);
   info.set_key(key);
@@ -151,8 +151,9 @@ absl::StatusOr<v1::CompileResponse> Engine::Compile(const v1::CompileRequest& re
         m.set_digest(v.digest());
         auto failed = signature.ok() ? cache::CheckGuards(v.guards(), *signature)
                                      : absl::StatusOr<std::optional<std::string>>(std::nullopt);
-        m.set_failed_guard(failed.ok() && failed->has_value() ? **failed
-                                                              : "its guards differ from the requested guards");
+        m.set_failed_guard(failed.ok() && failed->has_value()
+                               ? **failed
+                               : "its guards differ from the requested guards");
         misses.push_back(std::move(m));
       }
     }
@@ -178,15 +179,14 @@ absl::StatusOr<v1::CompileResponse> Engine::Compile(const v1::CompileRequest& re
   }
   if (variants >= static_cast<int>(options_.cache_size_limit)) {
     cache_->Count(v1::CACHE_LIMIT);
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "cache_size_limit (", options_.cache_size_limit, ") reached for key ", key,
-        "; recompile reasons: ", MissReasons(key, variants, misses)));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("cache_size_limit (", options_.cache_size_limit, ") reached for key ", key,
+                     "; recompile reasons: ", MissReasons(key, variants, misses)));
   }
   // CompileMiss counts the miss: the variant may be published by an
   // identical compile before this one gets to run.
   const v1::LookupOutcome outcome = variants == 0 ? v1::FULL_MISS : v1::GUARD_MISS;
-  return CompileMiss(ns, graph, guards, options, key, outcome, std::move(misses),
-                     std::move(times));
+  return CompileMiss(ns, graph, guards, options, key, outcome, std::move(misses), std::move(times));
 }
 
 absl::StatusOr<v1::CompileResponse> Engine::CompileMiss(
@@ -255,7 +255,8 @@ absl::StatusOr<v1::CompileResponse> Engine::CompileMiss(
         resp.set_digest(Sha256Hex(bytes));
       } else {
         cache::PublishRequest pub{ns, key, graph.name(), options.backend(), guards, bytes, misses};
-        ASSIGN_OR_RETURN(std::string digest, times.Time("store", [&] { return cache_->Publish(pub); }));
+        ASSIGN_OR_RETURN(std::string digest,
+                         times.Time("store", [&] { return cache_->Publish(pub); }));
         resp.set_digest(digest);
       }
       for (const auto& p : times.phases()) cache_->RecordPhase(p.phase(), p.micros());
@@ -384,8 +385,7 @@ absl::StatusOr<v1::ListEntriesResponse> Engine::ListEntries(const v1::ListEntrie
   return resp;
 }
 
-void Engine::RecordFailure(const std::string& ns, const std::string& key,
-                           const absl::Status& error,
+void Engine::RecordFailure(const std::string& ns, const std::string& key, const absl::Status& error,
                            const std::map<std::string, std::string>& trace) {
   constexpr size_t kKept = 64;
   const std::string id = FailureId(ns, key);

@@ -61,8 +61,7 @@ class Engine {
   absl::StatusOr<v1::CompileResponse> CompileMiss(const std::string& ns, const ir::Graph& graph,
                                                   const v1::GuardSet& guards,
                                                   const v1::CompileOptions& options,
-                                                  const std::string& key,
-                                                  v1::LookupOutcome outcome,
+                                                  const std::string& key, v1::LookupOutcome outcome,
                                                   std::vector<v1::VariantMiss> misses,
                                                   PhaseTimes times);
   // Reads and parses a verified artifact.
@@ -82,8 +81,7 @@ class Engine {
   std::deque<std::string> failure_order_ ABSL_GUARDED_BY(failures_mu_);
 
   absl::Mutex flights_mu_;
-  absl::flat_hash_map<std::string, std::shared_ptr<Flight>> flights_
-      ABSL_GUARDED_BY(flights_mu_);
+  absl::flat_hash_map<std::string, std::shared_ptr<Flight>> flights_ ABSL_GUARDED_BY(flights_mu_);
 
   // Declared last: destroyed first, so queued jobs finish while the rest lives.
   std::unique_ptr<WorkerPool> pool_;

@@ -10,10 +10,10 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <algorithm>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"

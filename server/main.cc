@@ -29,19 +29,21 @@
 #include "google/protobuf/io/tokenizer.h"
 #include "google/protobuf/text_format.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
-#include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/grpcpp.h"
+#include "grpcpp/health_check_service_interface.h"
 #include "kiln/v1/config.pb.h"
 #include "server/engine.h"
 #include "server/listener.h"
 #include "server/metrics.h"
 #include "server/services.h"
 
-ABSL_FLAG(std::string, listen, "", "address to listen on (default 127.0.0.1:50051; port 0 picks one)");
+ABSL_FLAG(std::string, listen, "",
+          "address to listen on (default 127.0.0.1:50051; port 0 picks one)");
 ABSL_FLAG(std::string, data_dir, "", "RocksDB directory (default $HOME/.local/share/kiln)");
 ABSL_FLAG(std::string, config, "", "text-format kiln.v1.ServerConfig; flags override it");
 ABSL_FLAG(bool, frozen, false, "serve only what is cached; compile nothing");
-ABSL_FLAG(uint64_t, cache_byte_budget, 0, "artifact bytes kept before LRU eviction (default 8 GiB)");
+ABSL_FLAG(uint64_t, cache_byte_budget, 0,
+          "artifact bytes kept before LRU eviction (default 8 GiB)");
 ABSL_FLAG(uint32_t, cache_size_limit, 0, "variants per key (default 8)");
 ABSL_FLAG(uint64_t, max_message_bytes, 0, "largest request accepted (default 64 MiB)");
 ABSL_FLAG(uint32_t, compile_workers, 0, "compile threads (default: cores)");
@@ -65,7 +67,8 @@ namespace {
 class ConfigErrors : public google::protobuf::io::ErrorCollector {
  public:
   void AddError(int line, int column, const std::string& message) override {
-    if (first_.empty()) first_ = absl::StrCat("line ", line + 1, " column ", column + 1, ": ", message);
+    if (first_.empty())
+      first_ = absl::StrCat("line ", line + 1, " column ", column + 1, ": ", message);
   }
   const std::string& first() const { return first_; }
 
@@ -199,8 +202,8 @@ absl::Status Serve() {
   builder.RegisterService(&admin);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr) {
-    return absl::UnavailableError(absl::StrCat("listen: cannot start the server on ",
-                                               config.listen()));
+    return absl::UnavailableError(
+        absl::StrCat("listen: cannot start the server on ", config.listen()));
   }
   listener->Start(server.get());
   auto metrics = std::make_shared<EngineMetrics>(engine.get());
@@ -219,7 +222,8 @@ absl::Status Serve() {
   std::thread flusher([&] {
     while (!stop_flusher.WaitForNotificationWithTimeout(
         absl::Milliseconds(config.stats_flush_millis()))) {
-      if (auto s = cache->FlushUsage(); !s.ok()) std::fprintf(stderr, "kilnd: %s\n", s.ToString().c_str());
+      if (auto s = cache->FlushUsage(); !s.ok())
+        std::fprintf(stderr, "kilnd: %s\n", s.ToString().c_str());
     }
   });
 
@@ -230,7 +234,8 @@ absl::Status Serve() {
   // gRPC's own Shutdown would also wait out idle client connections until
   // its deadline, so the deadline is short once nothing is in flight.
   const absl::Time drain_deadline = absl::Now() + absl::Seconds(30);
-  while (compiler.active() > 0 && absl::Now() < drain_deadline) absl::SleepFor(absl::Milliseconds(5));
+  while (compiler.active() > 0 && absl::Now() < drain_deadline)
+    absl::SleepFor(absl::Milliseconds(5));
   listener->Stop();
   exposer.reset();
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(200));

@@ -42,19 +42,18 @@ std::vector<prometheus::MetricFamily> EngineMetrics::Collect() const {
 
   auto lookups = Family("kiln_lookups_total", "Lookups and compile probes by outcome",
                         prometheus::MetricType::Counter);
-  for (const auto& [outcome, n] : std::vector<std::pair<const char*, uint64_t>>{
-           {"hit", c.hits()},
-           {"guard_miss", c.guard_misses()},
-           {"full_miss", c.full_misses()},
-           {"frozen_miss", c.frozen_misses()},
-           {"cache_limit", c.cache_limit_hits()},
-           {"bypass", c.bypasses()}}) {
+  for (const auto& [outcome, n] :
+       std::vector<std::pair<const char*, uint64_t>>{{"hit", c.hits()},
+                                                     {"guard_miss", c.guard_misses()},
+                                                     {"full_miss", c.full_misses()},
+                                                     {"frozen_miss", c.frozen_misses()},
+                                                     {"cache_limit", c.cache_limit_hits()},
+                                                     {"bypass", c.bypasses()}}) {
     AddValue(&lookups, static_cast<double>(n), {{"outcome", outcome}});
   }
   out.push_back(std::move(lookups));
 
-  for (const auto& [name, help, n] :
-       std::vector<std::tuple<const char*, const char*, uint64_t>>{
+  for (const auto& [name, help, n] : std::vector<std::tuple<const char*, const char*, uint64_t>>{
            {"kiln_compiles_total", "Compiles run", c.compiles()},
            {"kiln_compile_errors_total", "Compiles that failed", c.compile_errors()},
            {"kiln_corrupt_artifacts_total", "Artifacts quarantined", c.corrupt_artifacts()},
@@ -107,9 +106,8 @@ absl::StatusOr<std::unique_ptr<prometheus::Exposer>> ServeMetrics(
     exposer->RegisterCollectable(metrics);
     return exposer;
   } catch (const std::exception& e) {
-    return absl::UnavailableError(
-        absl::StrCat("metrics_listen: cannot serve metrics on ", address.substr(0, 200), ": ",
-                     e.what()));
+    return absl::UnavailableError(absl::StrCat("metrics_listen: cannot serve metrics on ",
+                                               address.substr(0, 200), ": ", e.what()));
   }
 }
 

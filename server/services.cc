@@ -39,9 +39,9 @@ absl::Status Parse(const grpc::ByteBuffer& bytes, uint64_t limit, Req* req) {
   grpc::ByteBuffer copy(bytes);
   grpc::ProtoBufferReader reader(&copy);
   if (!req->ParseFromZeroCopyStream(&reader)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "request does not parse as ", Req::descriptor()->full_name(), " (", bytes.Length(),
-        " bytes)"));
+    return absl::InvalidArgumentError(absl::StrCat("request does not parse as ",
+                                                   Req::descriptor()->full_name(), " (",
+                                                   bytes.Length(), " bytes)"));
   }
   return absl::OkStatus();
 }

@@ -19,9 +19,8 @@
 namespace kiln::server {
 
 class CompilerService final
-    : public v1::Compiler::WithRawCallbackMethod_Compile<
-          v1::Compiler::WithRawCallbackMethod_Lookup<
-              v1::Compiler::WithRawCallbackMethod_GetArtifact<v1::Compiler::Service>>> {
+    : public v1::Compiler::WithRawCallbackMethod_Compile<v1::Compiler::WithRawCallbackMethod_Lookup<
+          v1::Compiler::WithRawCallbackMethod_GetArtifact<v1::Compiler::Service>>> {
  public:
   // `engine` must outlive the service. At most `max_waiting_compiles`
   // Compile requests wait for a result at once; more are RESOURCE_EXHAUSTED.
@@ -49,8 +48,7 @@ class AdminService final : public v1::Admin::Service {
   explicit AdminService(Engine* engine) : engine_(engine) {}
 
   grpc::Status Stats(grpc::ServerContext*, const v1::StatsRequest*, v1::StatsResponse*) override;
-  grpc::Status Freeze(grpc::ServerContext*, const v1::FreezeRequest*,
-                      v1::FreezeResponse*) override;
+  grpc::Status Freeze(grpc::ServerContext*, const v1::FreezeRequest*, v1::FreezeResponse*) override;
   grpc::Status Thaw(grpc::ServerContext*, const v1::ThawRequest*, v1::ThawResponse*) override;
   grpc::Status ListEntries(grpc::ServerContext*, const v1::ListEntriesRequest*,
                            v1::ListEntriesResponse*) override;

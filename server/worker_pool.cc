@@ -37,7 +37,8 @@ void WorkerPool::Loop() {
     std::function<void()> job;
     {
       absl::MutexLock l(&mu_);
-      auto ready = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return stopping_ || !queue_.empty(); };
+      auto ready = [this]()
+                       ABSL_SHARED_LOCKS_REQUIRED(mu_) { return stopping_ || !queue_.empty(); };
       mu_.Await(absl::Condition(&ready));
       if (queue_.empty()) return;  // stopping, and nothing left
       job = std::move(queue_.front());

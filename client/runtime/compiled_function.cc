@@ -31,8 +31,7 @@ absl::StatusOr<std::unique_ptr<Interpreter>> Load(const v1::Graph& proto,
                                                   const std::string& field) {
   absl::StatusOr<ir::Graph> graph = ir::Graph::FromProto(proto);
   if (!graph.ok()) return Annotate(graph.status(), field);
-  absl::StatusOr<std::unique_ptr<Interpreter>> interpreter =
-      Interpreter::Create(*std::move(graph));
+  absl::StatusOr<std::unique_ptr<Interpreter>> interpreter = Interpreter::Create(*std::move(graph));
   if (!interpreter.ok()) return Annotate(interpreter.status(), field);
   return interpreter;
 }
@@ -115,8 +114,7 @@ absl::StatusOr<std::unique_ptr<CompiledFunction>> CompiledFunction::Create(
     if (fn->name_.empty()) fn->name_ = artifact.autograd().forward().name();
     fn->num_inputs_ = fn->forward_.plan->num_inputs();
     RETURN_IF_ERROR(fn->InitAutograd(artifact.autograd(), fn->forward_.plan->num_outputs(),
-                                     "artifact.compiled_backward",
-                                     fn->backward_.plan->num_inputs(),
+                                     "artifact.compiled_backward", fn->backward_.plan->num_inputs(),
                                      fn->backward_.plan->num_outputs()));
     return fn;
   }
@@ -144,10 +142,9 @@ absl::StatusOr<std::unique_ptr<CompiledFunction>> CompiledFunction::Create(
   const ir::Graph& bwd = fn->backward_.interpreter->graph();
   fn->name_ = artifact.graph().name().empty() ? fwd.name() : artifact.graph().name();
   fn->num_inputs_ = static_cast<int>(fwd.inputs().size());
-  RETURN_IF_ERROR(fn->InitAutograd(ag, static_cast<int>(fwd.outputs().size()),
-                                   "artifact.autograd.backward",
-                                   static_cast<int>(bwd.inputs().size()),
-                                   static_cast<int>(bwd.outputs().size())));
+  RETURN_IF_ERROR(fn->InitAutograd(
+      ag, static_cast<int>(fwd.outputs().size()), "artifact.autograd.backward",
+      static_cast<int>(bwd.inputs().size()), static_cast<int>(bwd.outputs().size())));
   return fn;
 }
 
@@ -160,9 +157,9 @@ absl::Status CompiledFunction::InitAutograd(const v1::AutogradGraphs& ag, int fw
   num_outputs_ = ag.num_forward_outputs();
   num_saved_ = ag.saved_size();
   if (num_outputs_ < 0 || num_outputs_ + num_saved_ != fwd_outputs) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "artifact.autograd: num_forward_outputs (", num_outputs_, ") + saved (", num_saved_,
-        ") must equal the forward graph's ", fwd_outputs, " outputs"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("artifact.autograd: num_forward_outputs (", num_outputs_, ") + saved (",
+                     num_saved_, ") must equal the forward graph's ", fwd_outputs, " outputs"));
   }
   if (ag.inputs_need_grad_size() != num_inputs_) {
     return absl::InvalidArgumentError(
@@ -171,9 +168,8 @@ absl::Status CompiledFunction::InitAutograd(const v1::AutogradGraphs& ag, int fw
   }
   if (ag.outputs_receive_grad_size() != num_outputs_) {
     return absl::InvalidArgumentError(
-        absl::StrCat("artifact.autograd.outputs_receive_grad has ",
-                     ag.outputs_receive_grad_size(), " entries; num_forward_outputs is ",
-                     num_outputs_));
+        absl::StrCat("artifact.autograd.outputs_receive_grad has ", ag.outputs_receive_grad_size(),
+                     " entries; num_forward_outputs is ", num_outputs_));
   }
   inputs_need_grad_.assign(ag.inputs_need_grad().begin(), ag.inputs_need_grad().end());
   outputs_receive_grad_.assign(ag.outputs_receive_grad().begin(), ag.outputs_receive_grad().end());
@@ -193,9 +189,9 @@ absl::Status CompiledFunction::InitAutograd(const v1::AutogradGraphs& ag, int fw
   for (int k = 0; k < ag.grad_input_index_size(); ++k) {
     const int i = ag.grad_input_index(k);
     if (i < 0 || i >= num_inputs_ || !inputs_need_grad_[i] || seen[i]) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "artifact.autograd.grad_input_index[", k, "] = ", i,
-          ": not a primal that needs a gradient, or one that already has one"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("artifact.autograd.grad_input_index[", k, "] = ", i,
+                       ": not a primal that needs a gradient, or one that already has one"));
     }
     seen[i] = true;
     grad_input_index_.push_back(i);
@@ -261,14 +257,15 @@ absl::StatusOr<std::vector<at::Tensor>> CompiledFunction::backward(
             : "the artifact was compiled for inference; it has no backward graph"));
   }
   if (static_cast<int>(grad_outputs.size()) != num_outputs_) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("compiled function '", name_, "': backward takes one gradient per forward "
-                     "output (", num_outputs_, "), got ", grad_outputs.size()));
+    return absl::InvalidArgumentError(absl::StrCat("compiled function '", name_,
+                                                   "': backward takes one gradient per forward "
+                                                   "output (",
+                                                   num_outputs_, "), got ", grad_outputs.size()));
   }
   if (saved.owner_ != this || static_cast<int>(saved.tensors_.size()) != num_saved_) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "compiled function '", name_,
-        "': backward needs the Saved returned by a forward of this same function"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("compiled function '", name_,
+                     "': backward needs the Saved returned by a forward of this same function"));
   }
 
   std::vector<at::Tensor> args = saved.tensors_;
@@ -283,10 +280,10 @@ absl::StatusOr<std::vector<at::Tensor>> CompiledFunction::backward(
     }
     const at::ScalarType dtype = c10::typeMetaToScalarType(options.dtype());
     if (g.sizes() != at::IntArrayRef(sizes) || g.scalar_type() != dtype) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "compiled function '", name_, "': grad_outputs[", i, "] is ",
-          c10::toString(g.scalar_type()), SizesString(g.sizes()), "; output ", i, " is ",
-          c10::toString(dtype), SizesString(sizes)));
+      return absl::InvalidArgumentError(
+          absl::StrCat("compiled function '", name_, "': grad_outputs[", i, "] is ",
+                       c10::toString(g.scalar_type()), SizesString(g.sizes()), "; output ", i,
+                       " is ", c10::toString(dtype), SizesString(sizes)));
     }
     // The backward graph was traced with contiguous tangents (as AOTAutograd
     // forces them); a view there would fail on a strided one.

@@ -164,9 +164,8 @@ uint64_t FreshSeed() {
            << (got.defined() ? "got a tensor, want undefined" : "got undefined, want a tensor");
   }
   if (got.sizes() != want.sizes() || got.scalar_type() != want.scalar_type()) {
-    return ::testing::AssertionFailure()
-           << "got " << got.scalar_type() << got.sizes() << ", want " << want.scalar_type()
-           << want.sizes();
+    return ::testing::AssertionFailure() << "got " << got.scalar_type() << got.sizes() << ", want "
+                                         << want.scalar_type() << want.sizes();
   }
   const at::Tensor a = got.detach(), b = want.detach();
   if (!at::isFloatingType(a.scalar_type())) {
@@ -256,8 +255,8 @@ ir::Graph MustFromProto(const v1::Graph& proto) {
 // Every graph file, against libtorch's autograd.
 
 struct GraphCase {
-  std::string file;       // under tests/data/graphs
-  bool all_inputs = false;  // every floating input and parameter requires grad
+  std::string file;                   // under tests/data/graphs
+  bool all_inputs = false;            // every floating input and parameter requires grad
   std::string backend = "aot_eager";  // or "kiln": generated kernels
 };
 
@@ -399,8 +398,8 @@ TEST_P(GraphFileTest, ForwardAndBackwardMatchLibtorchAutograd) {
       EXPECT_FALSE((*got)[i].defined()) << "input " << i << " (" << name << ") needs no grad";
       continue;
     }
-    EXPECT_TRUE(SameGradient((*got)[i], want[i])) << "gradient of input " << i << " (" << name
-                                                  << ")";
+    EXPECT_TRUE(SameGradient((*got)[i], want[i]))
+        << "gradient of input " << i << " (" << name << ")";
   }
 }
 
@@ -418,7 +417,8 @@ ir::TensorMeta Meta(std::vector<int64_t> sizes, v1::DType dtype = v1::FLOAT32,
 // z = native_dropout(x, 0.5, train)[0] * w, x and w requiring grad.
 v1::Graph DropoutGraph() {
   ir::GraphBuilder b("dropout_scale");
-  const ir::ValueId x = b.AddInput(Meta({8, 16}, v1::FLOAT32, true), v1::Placeholder::USER_INPUT, "x");
+  const ir::ValueId x =
+      b.AddInput(Meta({8, 16}, v1::FLOAT32, true), v1::Placeholder::USER_INPUT, "x");
   const ir::ValueId w = b.AddInput(Meta({16}, v1::FLOAT32, true), v1::Placeholder::PARAMETER, "w");
   const std::vector<ir::ValueId> d =
       b.AddNode("aten.native_dropout.default", {ir::Ref(x), ir::Float(0.5), ir::Bool(true)}, {},

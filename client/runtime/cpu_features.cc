@@ -32,8 +32,9 @@ absl::Status CheckCpuSupports(const std::string& isa, const std::function<bool(c
       {"x86-64", {}},
       {"x86-64-v2", {"ssse3", "sse4.2", "popcnt"}},
       {"x86-64-v3", {"ssse3", "sse4.2", "popcnt", "avx2", "fma", "bmi2"}},
-      {"x86-64-v4", {"ssse3", "sse4.2", "popcnt", "avx2", "fma", "bmi2", "avx512f", "avx512bw",
-                     "avx512vl", "avx512dq"}},
+      {"x86-64-v4",
+       {"ssse3", "sse4.2", "popcnt", "avx2", "fma", "bmi2", "avx512f", "avx512bw", "avx512vl",
+        "avx512dq"}},
   };
   auto it = levels->find(isa);
   if (it == levels->end()) return absl::OkStatus();

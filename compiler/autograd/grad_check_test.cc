@@ -667,11 +667,11 @@ std::map<std::string, Case> Cases() {
   c["aten.copy.default"] = [] {
     const int64_t a = Dim(), b = Dim();
     auto check = [](const In& self, const In& src) {
-      return Check("aten.copy.default", {self, src}, {Ref(0), Ref(1)}, {},
-                   {.reference = [](const std::vector<at::Tensor>& in) {
-                     return std::vector<at::Tensor>{
-                         in[1].to(in[0].scalar_type()).expand_as(in[0]).clone()};
-                   }});
+      return Check(
+          "aten.copy.default", {self, src}, {Ref(0), Ref(1)}, {},
+          {.reference = [](const std::vector<at::Tensor>& in) {
+            return std::vector<at::Tensor>{in[1].to(in[0].scalar_type()).expand_as(in[0]).clone()};
+          }});
     };
     bool ok = check(G(Randn({a, b})), G(Randn({b})));
     check(N(Randn({a, b})), G(Transposed(a, b)));

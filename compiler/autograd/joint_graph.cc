@@ -35,10 +35,11 @@ absl::StatusOr<JointGraph> BuildJointGraph(const ir::Graph& fwd, const JointOpti
   JointGraph jg;
   const int n_in = static_cast<int>(fwd.inputs().size());
   const int n_out = static_cast<int>(fwd.outputs().size());
-  if (!options.inputs_need_grad.empty() && static_cast<int>(options.inputs_need_grad.size()) != n_in) {
+  if (!options.inputs_need_grad.empty() &&
+      static_cast<int>(options.inputs_need_grad.size()) != n_in) {
     return absl::InvalidArgumentError(absl::StrCat("inputs_need_grad has ",
-                                                   options.inputs_need_grad.size(),
-                                                   " entries for ", n_in, " inputs"));
+                                                   options.inputs_need_grad.size(), " entries for ",
+                                                   n_in, " inputs"));
   }
   if (!options.outputs_receive_grad.empty() &&
       static_cast<int>(options.outputs_receive_grad.size()) != n_out) {
@@ -53,7 +54,8 @@ absl::StatusOr<JointGraph> BuildJointGraph(const ir::Graph& fwd, const JointOpti
   std::vector<bool> req(fwd.values().size(), false);
   for (int i = 0; i < n_in; ++i) {
     const ir::Value& v = fwd.value(fwd.inputs()[i].value);
-    bool need = options.inputs_need_grad.empty() ? v.meta.requires_grad : options.inputs_need_grad[i];
+    bool need =
+        options.inputs_need_grad.empty() ? v.meta.requires_grad : options.inputs_need_grad[i];
     need = need && IsFloating(v.meta.dtype);
     jg.inputs_need_grad.push_back(need);
     req[fwd.inputs()[i].value] = need;
@@ -62,13 +64,15 @@ absl::StatusOr<JointGraph> BuildJointGraph(const ir::Graph& fwd, const JointOpti
     const ops::OpDef* def = registry.Find(node.target);
     bool any = false;
     for (size_t k = 0; k < node.args.size() + node.kwargs.size(); ++k) {
-      const ir::Argument& a = k < node.args.size() ? node.args[k] : node.kwargs[k - node.args.size()];
+      const ir::Argument& a =
+          k < node.args.size() ? node.args[k] : node.kwargs[k - node.args.size()];
       std::string param = a.name;
       if (param.empty() && def != nullptr) {
         const ir::OpSchema* schema = ir::FindSchema(node.target);
         if (schema != nullptr && k < schema->params.size()) param = schema->params[k].name;
       }
-      if (def != nullptr && std::count(def->nondifferentiable.begin(), def->nondifferentiable.end(), param)) {
+      if (def != nullptr &&
+          std::count(def->nondifferentiable.begin(), def->nondifferentiable.end(), param)) {
         continue;
       }
       for (ValueId id : ParamValues(&a)) any = any || (id != kNoValue && req[id]);
@@ -97,15 +101,15 @@ absl::StatusOr<JointGraph> BuildJointGraph(const ir::Graph& fwd, const JointOpti
       grad[fwd_value] = g;
       return absl::OkStatus();
     }
-    ASSIGN_OR_RETURN(std::vector<ValueId> sum,
-                     ops::Emit(b, registry, "aten.add.Tensor",
-                               {ir::Ref(grad[fwd_value]), ir::Ref(g)}));
+    ASSIGN_OR_RETURN(std::vector<ValueId> sum, ops::Emit(b, registry, "aten.add.Tensor",
+                                                         {ir::Ref(grad[fwd_value]), ir::Ref(g)}));
     grad[fwd_value] = sum[0];
     return absl::OkStatus();
   };
   for (int i = 0; i < n_out; ++i) {
     const ValueId out = fwd.outputs()[i];
-    bool receives = options.outputs_receive_grad.empty() ? req[out] : options.outputs_receive_grad[i];
+    bool receives =
+        options.outputs_receive_grad.empty() ? req[out] : options.outputs_receive_grad[i];
     receives = receives && req[out];
     jg.outputs_receive_grad.push_back(receives);
     if (!receives) continue;
@@ -127,9 +131,9 @@ absl::StatusOr<JointGraph> BuildJointGraph(const ir::Graph& fwd, const JointOpti
     if (!flows) continue;
     const ops::OpDef* def = registry.Find(node.target);
     if (def == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "node '", node.name, "': ", node.target,
-          " is not in the op registry, and a gradient must flow through it"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("node '", node.name, "': ", node.target,
+                       " is not in the op registry, and a gradient must flow through it"));
     }
     if (!def->derivative) {
       return absl::InvalidArgumentError(absl::StrCat("node '", node.name, "': ", node.target,
@@ -140,15 +144,18 @@ absl::StatusOr<JointGraph> BuildJointGraph(const ir::Graph& fwd, const JointOpti
     const ir::Node& copy = b.nodes()[i];  // forward node i, copied first and in order
     auto call = ops::OpCall::Bind(node.target, copy.args, copy.kwargs, meta_of);
     if (!call.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat("node '", node.name, "': ", call.status().message()));
+      return absl::InvalidArgumentError(
+          absl::StrCat("node '", node.name, "': ", call.status().message()));
     }
     call->set_node_name(node.name);
     // The forward values each parameter binds (for accumulation).
-    auto fwd_call = ops::OpCall::Bind(node.target, node.args, node.kwargs,
-                                      [&fwd](ValueId v) -> const ir::TensorMeta& { return fwd.value(v).meta; });
+    auto fwd_call =
+        ops::OpCall::Bind(node.target, node.args, node.kwargs,
+                          [&fwd](ValueId v) -> const ir::TensorMeta& { return fwd.value(v).meta; });
     if (!fwd_call.ok()) return fwd_call.status();
     auto needs_grad = [&](const std::string& param) {
-      if (std::count(def->nondifferentiable.begin(), def->nondifferentiable.end(), param)) return false;
+      if (std::count(def->nondifferentiable.begin(), def->nondifferentiable.end(), param))
+        return false;
       for (ValueId id : ParamValues(fwd_call->Find(param))) {
         if (id != kNoValue && req[id]) return true;
       }
@@ -164,9 +171,9 @@ absl::StatusOr<JointGraph> BuildJointGraph(const ir::Graph& fwd, const JointOpti
     for (const auto& [param, gs] : ctx.grads()) {
       std::vector<ValueId> targets = ParamValues(fwd_call->Find(param));
       if (targets.size() != gs.size()) {
-        return absl::InternalError(absl::StrCat("derivative of ", call->Where(), " gave ", gs.size(),
-                                                " gradients for '", param, "', which binds ",
-                                                targets.size(), " tensors"));
+        return absl::InternalError(absl::StrCat("derivative of ", call->Where(), " gave ",
+                                                gs.size(), " gradients for '", param,
+                                                "', which binds ", targets.size(), " tensors"));
       }
       for (size_t k = 0; k < gs.size(); ++k) {
         if (targets[k] != kNoValue) RETURN_IF_ERROR(accumulate(targets[k], gs[k]));

@@ -201,7 +201,8 @@ absl::StatusOr<Partition> PartitionJointGraph(const JointGraph& joint,
 
   // Tangent-dependent values belong to the backward.
   std::vector<bool> backward(nv, false);
-  for (size_t i = joint.num_primals; i < g.inputs().size(); ++i) backward[g.inputs()[i].value] = true;
+  for (size_t i = joint.num_primals; i < g.inputs().size(); ++i)
+    backward[g.inputs()[i].value] = true;
   for (const ir::Node& node : g.nodes()) {
     bool td = false;
     for (ValueId u : ir::Graph::Operands(node)) td = td || backward[u];
@@ -249,7 +250,8 @@ absl::StatusOr<Partition> PartitionJointGraph(const JointGraph& joint,
     for (ValueId v = 0; v < nv; ++v) {
       if (backward[v]) continue;
       const ir::Value& val = g.value(v);
-      net.AddEdge(2 * v, 2 * v + 1, std::max<int64_t>(1, ValueBytes(val.meta, options.symbolic_size_hint)));
+      net.AddEdge(2 * v, 2 * v + 1,
+                  std::max<int64_t>(1, ValueBytes(val.meta, options.symbolic_size_hint)));
       bool recomputable = false;
       if (val.producer >= 0) {
         const ir::Node& node = g.nodes()[val.producer];
@@ -283,14 +285,16 @@ absl::StatusOr<Partition> PartitionJointGraph(const JointGraph& joint,
     p.saved_bytes += ValueBytes(g.value(v).meta, options.symbolic_size_hint);
   }
   fwd_outputs.insert(fwd_outputs.end(), saved_values.begin(), saved_values.end());
-  ASSIGN_OR_RETURN(p.forward, Extract(g, absl::StrCat(g.name(), "_forward"), primals, fwd_outputs,
-                                      nullptr));
+  ASSIGN_OR_RETURN(p.forward,
+                   Extract(g, absl::StrCat(g.name(), "_forward"), primals, fwd_outputs, nullptr));
   bw_inputs = saved_values;
-  for (size_t i = joint.num_primals; i < g.inputs().size(); ++i) bw_inputs.push_back(g.inputs()[i].value);
-  for (size_t i = joint.num_forward_outputs; i < g.outputs().size(); ++i) grads.push_back(g.outputs()[i]);
+  for (size_t i = joint.num_primals; i < g.inputs().size(); ++i)
+    bw_inputs.push_back(g.inputs()[i].value);
+  for (size_t i = joint.num_forward_outputs; i < g.outputs().size(); ++i)
+    grads.push_back(g.outputs()[i]);
   std::vector<int> bw_nodes;
-  ASSIGN_OR_RETURN(p.backward, Extract(g, absl::StrCat(g.name(), "_backward"), bw_inputs, grads,
-                                       &bw_nodes));
+  ASSIGN_OR_RETURN(p.backward,
+                   Extract(g, absl::StrCat(g.name(), "_backward"), bw_inputs, grads, &bw_nodes));
   for (int i : bw_nodes) {
     const ir::Node& node = g.nodes()[i];
     if (joint.forward_nodes.contains(node.name) && !node.outputs.empty()) {

@@ -54,7 +54,8 @@ ir::Graph PointwiseChain(int steps) {
   ir::GraphBuilder b("chain");
   ir::ValueId x = b.AddInput(Meta({64, 64}, true), v1::Placeholder::USER_INPUT, "x");
   ir::ValueId v = x;
-  for (int i = 0; i < steps; ++i) v = Op(b, i % 2 ? "aten.sin.default" : "aten.cos.default", {Ref(v)});
+  for (int i = 0; i < steps; ++i)
+    v = Op(b, i % 2 ? "aten.sin.default" : "aten.cos.default", {Ref(v)});
   b.AddOutput(Op(b, "aten.sum.default", {Ref(v)}));
   return std::move(b).Build();
 }
@@ -111,7 +112,8 @@ TEST(PartitionTest, SavesWhatTheBackwardComparesForEquality) {
   const std::string tanh = b.value(t).name;
   b.AddOutput(Op(b, "aten.amax.default", {Ref(t), ir::Ints({-1}), ir::Bool(false)}));
   Partition p = Split(std::move(b).Build());
-  EXPECT_NE(std::find(p.saved.begin(), p.saved.end(), tanh), p.saved.end()) << absl::StrJoin(p.saved, ",") << " / " << absl::StrJoin(p.recomputed, ",");
+  EXPECT_NE(std::find(p.saved.begin(), p.saved.end(), tanh), p.saved.end())
+      << absl::StrJoin(p.saved, ",") << " / " << absl::StrJoin(p.recomputed, ",");
   EXPECT_FALSE(HasTarget(p.backward, "aten.tanh.default"));
 }
 

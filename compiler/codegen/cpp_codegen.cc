@@ -318,14 +318,22 @@ enum class CType { kF32, kF64, kI64, kI32, kI16, kI8, kU8, kBool };
 
 const char* CName(CType t) {
   switch (t) {
-    case CType::kF32: return "float";
-    case CType::kF64: return "double";
-    case CType::kI64: return "int64_t";
-    case CType::kI32: return "int32_t";
-    case CType::kI16: return "int16_t";
-    case CType::kI8: return "int8_t";
-    case CType::kU8: return "uint8_t";
-    case CType::kBool: return "bool";
+    case CType::kF32:
+      return "float";
+    case CType::kF64:
+      return "double";
+    case CType::kI64:
+      return "int64_t";
+    case CType::kI32:
+      return "int32_t";
+    case CType::kI16:
+      return "int16_t";
+    case CType::kI8:
+      return "int8_t";
+    case CType::kU8:
+      return "uint8_t";
+    case CType::kBool:
+      return "bool";
   }
   return "?";
 }
@@ -335,14 +343,22 @@ bool IsFloat(CType t) { return t == CType::kF32 || t == CType::kF64; }
 // Rank for promotion of comparison operands.
 int Rank(CType t) {
   switch (t) {
-    case CType::kBool: return 0;
-    case CType::kU8: return 1;
-    case CType::kI8: return 2;
-    case CType::kI16: return 3;
-    case CType::kI32: return 4;
-    case CType::kI64: return 5;
-    case CType::kF32: return 6;
-    case CType::kF64: return 7;
+    case CType::kBool:
+      return 0;
+    case CType::kU8:
+      return 1;
+    case CType::kI8:
+      return 2;
+    case CType::kI16:
+      return 3;
+    case CType::kI32:
+      return 4;
+    case CType::kI64:
+      return 5;
+    case CType::kF32:
+      return 6;
+    case CType::kF64:
+      return 7;
   }
   return 0;
 }
@@ -351,14 +367,22 @@ absl::StatusOr<CType> ComputeType(v1::DType dtype) {
   switch (dtype) {
     case v1::FLOAT32:
     case v1::FLOAT16:
-    case v1::BFLOAT16: return CType::kF32;
-    case v1::FLOAT64: return CType::kF64;
-    case v1::INT64: return CType::kI64;
-    case v1::INT32: return CType::kI32;
-    case v1::INT16: return CType::kI16;
-    case v1::INT8: return CType::kI8;
-    case v1::UINT8: return CType::kU8;
-    case v1::BOOL: return CType::kBool;
+    case v1::BFLOAT16:
+      return CType::kF32;
+    case v1::FLOAT64:
+      return CType::kF64;
+    case v1::INT64:
+      return CType::kI64;
+    case v1::INT32:
+      return CType::kI32;
+    case v1::INT16:
+      return CType::kI16;
+    case v1::INT8:
+      return CType::kI8;
+    case v1::UINT8:
+      return CType::kU8;
+    case v1::BOOL:
+      return CType::kBool;
     default:
       return absl::InvalidArgumentError(
           absl::StrCat("dtype ", v1::DType_Name(dtype), " is not supported by the C++ backend"));
@@ -369,8 +393,10 @@ absl::StatusOr<CType> ComputeType(v1::DType dtype) {
 const char* StorageName(v1::DType dtype) {
   switch (dtype) {
     case v1::FLOAT16:
-    case v1::BFLOAT16: return "uint16_t";
-    case v1::BOOL: return "uint8_t";
+    case v1::BFLOAT16:
+      return "uint16_t";
+    case v1::BOOL:
+      return "uint8_t";
     default: {
       absl::StatusOr<CType> t = ComputeType(dtype);
       return t.ok() ? CName(*t) : "?";
@@ -381,10 +407,14 @@ const char* StorageName(v1::DType dtype) {
 // storage element -> compute value.
 std::string FromStorage(v1::DType dtype, const std::string& x) {
   switch (dtype) {
-    case v1::FLOAT16: return absl::StrCat("kiln_f16_to_f32(", x, ")");
-    case v1::BFLOAT16: return absl::StrCat("kiln_bf16_to_f32(", x, ")");
-    case v1::BOOL: return absl::StrCat("(", x, " != 0)");
-    default: return x;
+    case v1::FLOAT16:
+      return absl::StrCat("kiln_f16_to_f32(", x, ")");
+    case v1::BFLOAT16:
+      return absl::StrCat("kiln_bf16_to_f32(", x, ")");
+    case v1::BOOL:
+      return absl::StrCat("(", x, " != 0)");
+    default:
+      return x;
   }
 }
 
@@ -399,7 +429,8 @@ std::string ToStorage(v1::DType dtype, CType from, const std::string& x) {
       return absl::StrCat("kiln_f32_to_bf16(",
                           from == CType::kF32 ? x : absl::StrCat("static_cast<float>(", x, ")"),
                           ")");
-    case v1::BOOL: return absl::StrCat("static_cast<uint8_t>(", x, " != 0)");
+    case v1::BOOL:
+      return absl::StrCat("static_cast<uint8_t>(", x, " != 0)");
     default: {
       const char* storage = StorageName(dtype);
       absl::StatusOr<CType> t = ComputeType(dtype);
@@ -445,7 +476,8 @@ std::string Literal(double v, CType t) {
       if (t == CType::kF32) s += "f";
       return s[0] == '-' ? absl::StrCat("(", s, ")") : s;
     }
-    case CType::kBool: return v != 0 ? "true" : "false";
+    case CType::kBool:
+      return v != 0 ? "true" : "false";
     default: {
       // Converting a double outside int64's range is undefined: clamp first.
       const double clamped = std::clamp(v, -9223372036854775808.0, 9223372036854774784.0);
@@ -471,13 +503,13 @@ bool IsIdentifier(absl::string_view s) {
 // C++ keyword.
 bool IsReservedName(const std::string& name) {
   static const char* const kWords[] = {
-      "o",           "i",        "l",       "c",       "d",     "winv",    "outer_n", "inner_n",
-      "s",           "m",        "q",       "k",       "f",     "u",       "dl",
-      "buffers",     "symbols",  "std",     "int",     "float", "double",  "char",    "bool",
-      "auto",        "const",    "for",     "if",      "else",  "do",      "while",   "return",
-      "new",         "delete",   "this",    "case",    "class", "struct",  "true",    "false",
-      "static_cast", "and",      "or",      "not",     "xor",   "int64_t", "uint8_t", "uint16_t",
-      "uint32_t",    "uint64_t", "int32_t", "int16_t", "int8_t"};
+      "o",        "i",       "l",       "c",     "d",       "winv",    "outer_n",  "inner_n",
+      "s",        "m",       "q",       "k",     "f",       "u",       "dl",       "buffers",
+      "symbols",  "std",     "int",     "float", "double",  "char",    "bool",     "auto",
+      "const",    "for",     "if",      "else",  "do",      "while",   "return",   "new",
+      "delete",   "this",    "case",    "class", "struct",  "true",    "false",    "static_cast",
+      "and",      "or",      "not",     "xor",   "int64_t", "uint8_t", "uint16_t", "uint32_t",
+      "uint64_t", "int32_t", "int16_t", "int8_t"};
   for (const char* w : kWords) {
     if (name == w) return true;
   }
@@ -492,10 +524,9 @@ bool IsReservedName(const std::string& name) {
   for (size_t k = letters; k < name.size(); ++k) {
     if (!absl::ascii_isdigit(name[k])) return false;
   }
-  static const char* const kPrefixes[] = {"t",   "b",   "p",  "e",  "o",  "i",   "acc",
-                                          "nan", "buf", "wm", "wq", "wn", "wml", "wql",
-                                          "wc",  "in",  "rc", "pf", "accl", "nanl",
-                                          "c",   "accd", "wmd", "wqd", "wkl"};
+  static const char* const kPrefixes[] = {
+      "t",   "b",  "p",  "e",  "o",  "i",    "acc",  "nan", "buf",  "wm",  "wq",  "wn", "wml",
+      "wql", "wc", "in", "rc", "pf", "accl", "nanl", "c",   "accd", "wmd", "wqd", "wkl"};
   const std::string prefix = name.substr(0, letters);
   for (const char* p : kPrefixes) {
     if (prefix == p) return true;
@@ -842,9 +873,13 @@ class KernelEmitter {
       size_t want = 0;
       switch (s.kind) {
         case StmtKind::kLoad:
-        case StmtKind::kConstant: want = 0; break;
+        case StmtKind::kConstant:
+          want = 0;
+          break;
         case StmtKind::kReduce:
-        case StmtKind::kStore: want = 1; break;
+        case StmtKind::kStore:
+          want = 1;
+          break;
         case StmtKind::kOp: {
           auto it = Ops().find(s.op);
           if (it == Ops().end()) return StmtError(j, absl::StrCat("unknown op '", s.op, "'"));
@@ -1157,7 +1192,8 @@ class KernelEmitter {
         return absl::StrCat(addr, " = ", ToStorage(k_.buffers[s.buffer].dtype, type_[a], Val(a)),
                             ";");
       }
-      case StmtKind::kReduce: break;
+      case StmtKind::kReduce:
+        break;
     }
     return StmtError(j, "internal: a reduction is not a plain statement");
   }
@@ -1187,8 +1223,8 @@ class KernelEmitter {
       absl::StrAppend(out, Pad(depth), WelfordState(t), " wm", w, " = 0, wq", w,
                       " = 0;  // mean, M2\n", Pad(depth), "int64_t wn", w, " = 0;\n");
       if (pass.mode == SweepMode::kChunked) {
-        absl::StrAppend(out, Pad(depth), T, " wml", w, "[", kLanes, "] = {}, wql", w, "[",
-                        kLanes, "] = {};  // per lane\n");
+        absl::StrAppend(out, Pad(depth), T, " wml", w, "[", kLanes, "] = {}, wql", w, "[", kLanes,
+                        "] = {};  // per lane\n");
       }
       if (FoldsIntoDouble(j)) {
         absl::StrAppend(out, Pad(depth), "double wmd", w, "[", kLanes, "] = {}, wqd", w, "[",
@@ -1228,7 +1264,8 @@ class KernelEmitter {
         if (IsFloat(t)) absl::StrAppend(out, Pad(depth), "int nan", j, " = 0;\n");
         break;
       }
-      default: break;
+      default:
+        break;
     }
   }
 
@@ -1270,7 +1307,8 @@ class KernelEmitter {
   std::string Combine(int j, const std::string& acc, const std::string& nan,
                       const std::string& value, const std::string& is_nan) const {
     switch (k_.stmts[j].reduce) {
-      case ReduceOp::kSum: return absl::StrCat(acc, " += ", value, ";");
+      case ReduceOp::kSum:
+        return absl::StrCat(acc, " += ", value, ";");
       case ReduceOp::kMax:
       case ReduceOp::kMin: {
         const char* cmp = k_.stmts[j].reduce == ReduceOp::kMax ? ">" : "<";
@@ -1279,7 +1317,8 @@ class KernelEmitter {
         if (IsFloat(type_[j])) absl::StrAppend(&line, " ", nan, " |= ", is_nan, ";");
         return line;
       }
-      default: return "";
+      default:
+        return "";
     }
   }
 
@@ -1290,14 +1329,17 @@ class KernelEmitter {
       const Stmt& s = k_.stmts[j];
       if (s.kind != StmtKind::kReduce || IsWelford(s)) continue;
       switch (s.reduce) {
-        case ReduceOp::kSum: absl::StrAppend(&pragma, " reduction(+:acc", j, ")"); break;
+        case ReduceOp::kSum:
+          absl::StrAppend(&pragma, " reduction(+:acc", j, ")");
+          break;
         case ReduceOp::kMax:
         case ReduceOp::kMin:
           absl::StrAppend(&pragma, " reduction(", s.reduce == ReduceOp::kMax ? "max" : "min",
                           ":acc", j, ")");
           if (IsFloat(type_[j])) absl::StrAppend(&pragma, " reduction(|:nan", j, ")");
           break;
-        default: break;
+        default:
+          break;
       }
     }
     return pragma + "\n";
@@ -1364,10 +1406,10 @@ class KernelEmitter {
         // block's lanes are folded into the double lanes and restarted.
         const int d = folds.empty() ? depth : depth + 1;
         if (!folds.empty()) {
-          absl::StrAppend(out, Pad(depth), "for (int64_t c0 = 0; c0 < ", wc, "; c0 += ",
-                          kFoldChunks, ") {\n", Pad(d), "const int64_t c1 = std::min<int64_t>(",
-                          wc, ", c0 + ", kFoldChunks, ");\n", Pad(d),
-                          "for (int64_t c = c0; c < c1; ++c) {\n");
+          absl::StrAppend(out, Pad(depth), "for (int64_t c0 = 0; c0 < ", wc,
+                          "; c0 += ", kFoldChunks, ") {\n", Pad(d),
+                          "const int64_t c1 = std::min<int64_t>(", wc, ", c0 + ", kFoldChunks,
+                          ");\n", Pad(d), "for (int64_t c = c0; c < c1; ++c) {\n");
         } else {
           absl::StrAppend(out, Pad(d), "for (int64_t c = 0; c < ", wc, "; ++c) {\n");
         }
@@ -1421,10 +1463,10 @@ class KernelEmitter {
         for (int j : pass.inner) {
           const Stmt& s = k_.stmts[j];
           if (s.kind != StmtKind::kReduce || IsWelford(s)) continue;
-          const std::string line = Combine(
-              j, absl::StrCat("acc", j), absl::StrCat("nan", j),
-              absl::StrCat(FoldsIntoDouble(j) ? "accd" : "accl", j, "[l]"),
-              absl::StrCat("nanl", j, "[l]"));
+          const std::string line =
+              Combine(j, absl::StrCat("acc", j), absl::StrCat("nan", j),
+                      absl::StrCat(FoldsIntoDouble(j) ? "accd" : "accl", j, "[l]"),
+                      absl::StrCat("nanl", j, "[l]"));
           absl::StrAppend(out, Pad(depth), "for (int l = 0; l < ", L, "; ++l) { ", line, " }\n");
         }
         return absl::OkStatus();
@@ -1492,9 +1534,9 @@ class KernelEmitter {
                                                              std::string* out) {
     std::vector<std::string> names;
     if (pass.number == 0 || k_.outer.empty() || k_.inner.size() != 1) return names;
-    static const std::set<std::string> kHeavy = {"exp",     "log",     "log1p", "expm1",
-                                                 "sin",     "cos",     "tanh",  "erf",
-                                                 "sigmoid", "silu",    "gelu",  "gelu_tanh"};
+    static const std::set<std::string> kHeavy = {"exp",     "log",  "log1p", "expm1",
+                                                 "sin",     "cos",  "tanh",  "erf",
+                                                 "sigmoid", "silu", "gelu",  "gelu_tanh"};
     auto spare_bandwidth = [&](const Pass& p) {
       bool heavy = false, stores = false;
       for (int j : p.inner) {
@@ -1551,8 +1593,8 @@ class KernelEmitter {
   void FoldBlock(int j, int depth, std::string* out) const {
     const int L = kLanes;
     if (!IsWelford(k_.stmts[j])) {
-      absl::StrAppend(out, Pad(depth), "for (int l = 0; l < ", L, "; ++l) { accd", j,
-                      "[l] += accl", j, "[l]; accl", j, "[l] = 0; }\n");
+      absl::StrAppend(out, Pad(depth), "for (int l = 0; l < ", L, "; ++l) { accd", j, "[l] += accl",
+                      j, "[l]; accl", j, "[l] = 0; }\n");
       return;
     }
     // Chan's merge of the block (c1 - c0 chunks; its mean is the shift plus
@@ -1759,7 +1801,7 @@ class KernelEmitter {
   std::vector<std::string> base_;  // per access: the row's base offset ("0", "b3")
   std::vector<Pass> passes_;
   std::set<int> used_symbols_;
-  std::set<int> reciprocal_;  // divisions inside a sweep by a row-invariant value
+  std::set<int> reciprocal_;                    // divisions inside a sweep by a row-invariant value
   std::map<std::string, std::string> hoisted_;  // C++ expression -> local name
   std::vector<std::string> hoisted_decls_;
 };
@@ -1872,9 +1914,8 @@ absl::StatusOr<CommandResult> RunCommand(const std::vector<std::string>& argv,
     }
   }
   if (timed_out) {
-    return absl::DeadlineExceededError(
-        absl::StrCat(argv[0], " ran past its time limit of ", absl::FormatDuration(timeout),
-                     " and was killed"));
+    return absl::DeadlineExceededError(absl::StrCat(
+        argv[0], " ran past its time limit of ", absl::FormatDuration(timeout), " and was killed"));
   }
   return result;
 }
@@ -1909,11 +1950,9 @@ class CppBackend : public CodegenBackend {
     ASSIGN_OR_RETURN(TempFile so, TempFile::Create(options_.scratch_dir, ".so"));
     RETURN_IF_ERROR(WriteFile(src.path(), source));
     const std::vector<std::string> argv = {
-        options_.compiler,
-        "-O3",
+        options_.compiler, "-O3",
         absl::StrCat("-march=", options_.isa.empty() ? "native" : options_.isa),
-        options_.openmp ? "-fopenmp" : "-fopenmp-simd",
-        "-fno-math-errno",
+        options_.openmp ? "-fopenmp" : "-fopenmp-simd", "-fno-math-errno",
         // Floating-point operations never trap (kernels do not enable FP
         // exceptions): lets gcc turn kiln_exp's range selects into blends.
         "-fno-trapping-math",
@@ -1924,13 +1963,7 @@ class CppBackend : public CodegenBackend {
         "-ffp-contract=off",
         // Unroll-and-jam of a chunk loop around an `omp simd` lane loop
         // leaves the lane loop scalar (the Welford sweep gets 2x slower).
-        "-fno-loop-unroll-and-jam",
-        "-shared",
-        "-fPIC",
-        "-o",
-        so.path(),
-        src.path(),
-        "-lmvec"};
+        "-fno-loop-unroll-and-jam", "-shared", "-fPIC", "-o", so.path(), src.path(), "-lmvec"};
     const std::string command = absl::StrJoin(argv, " ");
     ASSIGN_OR_RETURN(CommandResult run, RunCommand(argv, options_.timeout));
     if (!WIFEXITED(run.wait_status) || WEXITSTATUS(run.wait_status) != 0) {

@@ -496,8 +496,8 @@ TEST(CppCodegen, FloatExpIsWithinOneAndAThirdUlp) {
   std::vector<float> xs(N + 6), got(N + 6);
   for (int64_t k = 0; k < N; ++k) xs[k] = -90.0f + 0.001f * static_cast<float>(k);
   const float inf = std::numeric_limits<float>::infinity();
-  const float specials[] = {std::numeric_limits<float>::quiet_NaN(), inf, -inf, 0.0f, -0.0f,
-                            88.72f};
+  const float specials[] = {
+      std::numeric_limits<float>::quiet_NaN(), inf, -inf, 0.0f, -0.0f, 88.72f};
   std::copy(std::begin(specials), std::end(specials), xs.begin() + N);
   Call(module->Fn("exp_sweep"), {xs.data(), got.data()});
   double worst = 0;

@@ -19,16 +19,15 @@ std::string GraphBuilder::UniqueName(std::string wanted, const char* prefix) {
 ValueId GraphBuilder::AddInput(const TensorMeta& meta, v1::Placeholder::Kind kind,
                                std::string name) {
   ValueId id = static_cast<ValueId>(values_.size());
-  values_.push_back(Value{UniqueName(std::move(name), "in"), meta, -1,
-                          static_cast<int32_t>(inputs_.size())});
+  values_.push_back(
+      Value{UniqueName(std::move(name), "in"), meta, -1, static_cast<int32_t>(inputs_.size())});
   inputs_.push_back(Input{id, kind});
   return id;
 }
 
 std::vector<ValueId> GraphBuilder::AddNode(std::string target, std::vector<Argument> args,
                                            std::vector<Argument> kwargs,
-                                           std::vector<TensorMeta> output_metas,
-                                           std::string name,
+                                           std::vector<TensorMeta> output_metas, std::string name,
                                            std::vector<std::string> output_names) {
   Node node;
   node.target = std::move(target);
@@ -38,7 +37,7 @@ std::vector<ValueId> GraphBuilder::AddNode(std::string target, std::vector<Argum
   const int32_t index = static_cast<int32_t>(nodes_.size());
   for (size_t j = 0; j < output_metas.size(); ++j) {
     ValueId id = static_cast<ValueId>(values_.size());
-    std::string out_name = j < output_names.size() ? output_names[j]
+    std::string out_name = j < output_names.size()    ? output_names[j]
                            : output_metas.size() == 1 ? absl::StrCat(node.name, "_v")
                                                       : absl::StrCat(node.name, "_v", j);
     values_.push_back(Value{UniqueName(out_name, "v"), std::move(output_metas[j]), index,

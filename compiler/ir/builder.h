@@ -26,9 +26,8 @@ class GraphBuilder {
   // one output per entry of `output_metas`; returns the output values.
   // `output_names`, when given, names the outputs (made unique).
   std::vector<ValueId> AddNode(std::string target, std::vector<Argument> args,
-                               std::vector<Argument> kwargs,
-                               std::vector<TensorMeta> output_metas, std::string name = "",
-                               std::vector<std::string> output_names = {});
+                               std::vector<Argument> kwargs, std::vector<TensorMeta> output_metas,
+                               std::string name = "", std::vector<std::string> output_names = {});
   void AddOutput(ValueId value) { outputs_.push_back(value); }
 
   // Adds a copy of `node` of graph `from` (same target, arguments, names and

@@ -54,7 +54,8 @@ std::vector<std::string> ValueHashes(const Graph& g) {
                 } else if constexpr (std::is_same_v<T, SymInt>) {
                   absl::StrAppend(&e, k.is_constant() ? "i" : "e", k.ToString());
                 } else if constexpr (std::is_same_v<T, std::vector<SymInt>>) {
-                  for (const auto& x : k) absl::StrAppend(&e, x.is_constant() ? "i" : "e", x.ToString(), ",");
+                  for (const auto& x : k)
+                    absl::StrAppend(&e, x.is_constant() ? "i" : "e", x.ToString(), ",");
                 } else if constexpr (std::is_same_v<T, Device>) {
                   absl::StrAppend(&e, k.type, ":", k.index);
                 } else if constexpr (std::is_same_v<T, ValueId> ||
@@ -94,9 +95,9 @@ std::vector<std::string> ValueHashes(const Graph& g) {
 }  // namespace
 
 bool IsRandomTarget(absl::string_view target) {
-  for (absl::string_view op : {"dropout", "bernoulli", "aten.rand", "normal", "uniform",
-                               "multinomial", "exponential", "geometric", "cauchy",
-                               "log_normal", "random_"}) {
+  for (absl::string_view op :
+       {"dropout", "bernoulli", "aten.rand", "normal", "uniform", "multinomial", "exponential",
+        "geometric", "cauchy", "log_normal", "random_"}) {
     if (absl::StrContains(target, op)) return true;
   }
   return false;
@@ -184,7 +185,8 @@ void Canonicalize(const Graph& g, v1::Graph* out) {
   }
 
   std::vector<std::string> names(g.values().size());
-  for (size_t i = 0; i < g.inputs().size(); ++i) names[g.inputs()[i].value] = absl::StrCat("arg", i);
+  for (size_t i = 0; i < g.inputs().size(); ++i)
+    names[g.inputs()[i].value] = absl::StrCat("arg", i);
   int next = 0;
   for (int i : order) {
     for (ValueId id : g.nodes()[i].outputs) names[id] = absl::StrCat("v", next++);

@@ -62,10 +62,18 @@ absl::StatusOr<Argument> ArgFromProto(const v1::Argument& p, const NameTable& na
       a.kind = id;
       break;
     }
-    case v1::Argument::kIntValue: a.kind = p.int_value(); break;
-    case v1::Argument::kFloatValue: a.kind = p.float_value(); break;
-    case v1::Argument::kBoolValue: a.kind = p.bool_value(); break;
-    case v1::Argument::kStringValue: a.kind = p.string_value(); break;
+    case v1::Argument::kIntValue:
+      a.kind = p.int_value();
+      break;
+    case v1::Argument::kFloatValue:
+      a.kind = p.float_value();
+      break;
+    case v1::Argument::kBoolValue:
+      a.kind = p.bool_value();
+      break;
+    case v1::Argument::kStringValue:
+      a.kind = p.string_value();
+      break;
     case v1::Argument::kInts:
       a.kind = std::vector<int64_t>(p.ints().values().begin(), p.ints().values().end());
       break;
@@ -88,18 +96,30 @@ absl::StatusOr<Argument> ArgFromProto(const v1::Argument& p, const NameTable& na
       a.kind = std::move(ids);
       break;
     }
-    case v1::Argument::kSymInt: a.kind = SymIntFromProto(p.sym_int()); break;
+    case v1::Argument::kSymInt:
+      a.kind = SymIntFromProto(p.sym_int());
+      break;
     case v1::Argument::kSymInts: {
       std::vector<SymInt> v;
       for (const auto& s : p.sym_ints().values()) v.push_back(SymIntFromProto(s));
       a.kind = std::move(v);
       break;
     }
-    case v1::Argument::kDtype: a.kind = p.dtype(); break;
-    case v1::Argument::kDevice: a.kind = Device{p.device().type(), p.device().index()}; break;
-    case v1::Argument::kMemoryFormat: a.kind = p.memory_format(); break;
-    case v1::Argument::kLayout: a.kind = p.layout(); break;
-    case v1::Argument::kNone: a.kind = None{}; break;
+    case v1::Argument::kDtype:
+      a.kind = p.dtype();
+      break;
+    case v1::Argument::kDevice:
+      a.kind = Device{p.device().type(), p.device().index()};
+      break;
+    case v1::Argument::kMemoryFormat:
+      a.kind = p.memory_format();
+      break;
+    case v1::Argument::kLayout:
+      a.kind = p.layout();
+      break;
+    case v1::Argument::kNone:
+      a.kind = None{};
+      break;
     case v1::Argument::KIND_NOT_SET:
       return absl::InvalidArgumentError(absl::StrCat(where, " has no value (kind not set)"));
   }
@@ -278,9 +298,7 @@ bool IsEmptyList(const Argument::Kind& k) {
       k);
 }
 
-std::string SymInt::ToString() const {
-  return is_constant() ? std::to_string(constant()) : expr();
-}
+std::string SymInt::ToString() const { return is_constant() ? std::to_string(constant()) : expr(); }
 
 SymInt SymIntFromProto(const v1::SymInt& p) {
   if (p.value_case() == v1::SymInt::kExpr) return SymInt{p.expr()};
@@ -344,8 +362,7 @@ absl::StatusOr<Graph> Graph::FromProtoExact(const v1::Graph& proto) {
       return absl::InvalidArgumentError(absl::StrCat("node ", order[k], " has no name"));
     }
     if (!node_names.emplace(pn.name(), true).second) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("node name '", pn.name(), "' is used twice"));
+      return absl::InvalidArgumentError(absl::StrCat("node name '", pn.name(), "' is used twice"));
     }
     for (int j = 0; j < pn.outputs_size(); ++j) {
       ASSIGN_OR_RETURN(ValueId id, define(pn.outputs(j), k, j,
@@ -359,9 +376,9 @@ absl::StatusOr<Graph> Graph::FromProtoExact(const v1::Graph& proto) {
     node.name = pn.name();
     node.target = pn.target();
     for (int j = 0; j < pn.args_size(); ++j) {
-      ASSIGN_OR_RETURN(Argument a,
-                       ArgFromProto(pn.args(j), names,
-                                    absl::StrCat("node '", pn.name(), "' argument ", j)));
+      ASSIGN_OR_RETURN(
+          Argument a,
+          ArgFromProto(pn.args(j), names, absl::StrCat("node '", pn.name(), "' argument ", j)));
       node.args.push_back(std::move(a));
     }
     for (int j = 0; j < pn.kwargs_size(); ++j) {
@@ -378,7 +395,8 @@ absl::StatusOr<Graph> Graph::FromProtoExact(const v1::Graph& proto) {
     g.nodes_.push_back(std::move(node));
   }
   for (int i = 0; i < proto.outputs_size(); ++i) {
-    ASSIGN_OR_RETURN(ValueId id, Resolve(names, proto.outputs(i), absl::StrCat("graph output ", i)));
+    ASSIGN_OR_RETURN(ValueId id,
+                     Resolve(names, proto.outputs(i), absl::StrCat("graph output ", i)));
     g.outputs_.push_back(id);
   }
   return g;

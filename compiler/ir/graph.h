@@ -60,12 +60,11 @@ struct Device {
 
 // One argument of a node. The alternatives follow v1::Argument's kinds.
 struct Argument {
-  using Kind = std::variant<None, ValueId, int64_t, double, bool, std::string,
-                            std::vector<int64_t>, std::vector<double>,
-                            std::vector<bool>,
-                            std::vector<ValueId>,  // kNoValue stands for None
-                            SymInt, std::vector<SymInt>, v1::DType, Device,
-                            v1::MemoryFormat, v1::Layout>;
+  using Kind =
+      std::variant<None, ValueId, int64_t, double, bool, std::string, std::vector<int64_t>,
+                   std::vector<double>, std::vector<bool>,
+                   std::vector<ValueId>,  // kNoValue stands for None
+                   SymInt, std::vector<SymInt>, v1::DType, Device, v1::MemoryFormat, v1::Layout>;
   std::string name;  // empty for positional arguments
   Kind kind;
 };

@@ -15,21 +15,22 @@ constexpr char kMeta[] =
     R"(meta { dtype: FLOAT32 sizes { int_value: 4 } sizes { int_value: 8 }
               strides { int_value: 8 } strides { int_value: 1 } device { type: "cpu" index: -1 } })";
 
-std::string V(const std::string& name) {
-  return "{ name: \"" + name + "\" " + kMeta + " }";
-}
+std::string V(const std::string& name) { return "{ name: \"" + name + "\" " + kMeta + " }"; }
 
 // x -> relu -> a ; x -> neg -> b ; add(a, b) -> c
 v1::Graph Diamond(bool swap_independent = false, const std::string& prefix = "") {
-  std::string relu = "nodes { name: \"" + prefix + "relu\" target: \"aten.relu.default\" args { tensor: \"" +
-                     prefix + "x\" } outputs " + V(prefix + "a") + " }\n";
-  std::string neg = "nodes { name: \"" + prefix + "neg\" target: \"aten.neg.default\" args { tensor: \"" +
-                    prefix + "x\" } outputs " + V(prefix + "b") + " }\n";
-  std::string text = "name: \"diamond\" inputs { kind: USER_INPUT value " + V(prefix + "x") + " }\n" +
-                     (swap_independent ? neg + relu : relu + neg) +
-                     "nodes { name: \"" + prefix + "add\" target: \"aten.add.Tensor\" args { tensor: \"" +
-                     prefix + "a\" } args { tensor: \"" + prefix + "b\" } kwargs { name: \"alpha\" int_value: 1 } outputs " +
-                     V(prefix + "c") + " }\n" + "outputs: \"" + prefix + "c\"\n";
+  std::string relu = "nodes { name: \"" + prefix +
+                     "relu\" target: \"aten.relu.default\" args { tensor: \"" + prefix +
+                     "x\" } outputs " + V(prefix + "a") + " }\n";
+  std::string neg = "nodes { name: \"" + prefix +
+                    "neg\" target: \"aten.neg.default\" args { tensor: \"" + prefix +
+                    "x\" } outputs " + V(prefix + "b") + " }\n";
+  std::string text = "name: \"diamond\" inputs { kind: USER_INPUT value " + V(prefix + "x") +
+                     " }\n" + (swap_independent ? neg + relu : relu + neg) + "nodes { name: \"" +
+                     prefix + "add\" target: \"aten.add.Tensor\" args { tensor: \"" + prefix +
+                     "a\" } args { tensor: \"" + prefix +
+                     "b\" } kwargs { name: \"alpha\" int_value: 1 } outputs " + V(prefix + "c") +
+                     " }\n" + "outputs: \"" + prefix + "c\"\n";
   v1::Graph g;
   EXPECT_TRUE(google::protobuf::TextFormat::ParseFromString(text, &g)) << text;
   return g;
@@ -52,12 +53,14 @@ TEST(GraphTest, RoundTripsLosslessly) {
   Graph g = MustBuild(p);
   v1::Graph back = g.ToProto();
   // Storage offsets are filled in with their default; everything else is equal.
-  for (auto* in : {back.mutable_inputs(0)->mutable_value()}) in->mutable_meta()->clear_storage_offset();
+  for (auto* in : {back.mutable_inputs(0)->mutable_value()})
+    in->mutable_meta()->clear_storage_offset();
   for (auto& n : *back.mutable_nodes()) {
     for (auto& o : *n.mutable_outputs()) o.mutable_meta()->clear_storage_offset();
   }
   EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(p, back))
-      << p.DebugString() << "\nvs\n" << back.DebugString();
+      << p.DebugString() << "\nvs\n"
+      << back.DebugString();
   // IR -> proto -> IR -> proto is the identity.
   v1::Graph again = MustBuild(g.ToProto()).ToProto();
   EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(g.ToProto(), again));
@@ -85,8 +88,7 @@ TEST(GraphTest, VerifyErrorsNameWhatIsWrong) {
        "'a' is defined twice"},
       {"duplicate node", [](v1::Graph* g) { g->mutable_nodes(1)->set_name("relu"); },
        "node name 'relu' is used twice"},
-      {"cycle",
-       [](v1::Graph* g) { g->mutable_nodes(0)->mutable_args(0)->set_tensor("c"); },
+      {"cycle", [](v1::Graph* g) { g->mutable_nodes(0)->mutable_args(0)->set_tensor("c"); },
        "graph has a cycle: 'relu' -> 'add' -> 'relu'"},
       {"output names nothing", [](v1::Graph* g) { g->set_outputs(0, "zz"); },
        "graph output 0 refers to 'zz'"},
@@ -99,11 +101,18 @@ TEST(GraphTest, VerifyErrorsNameWhatIsWrong) {
        [](v1::Graph* g) { g->mutable_inputs(0)->mutable_value()->mutable_meta()->clear_device(); },
        "input 0 'x': metadata has no device"},
       {"rank mismatch",
-       [](v1::Graph* g) { g->mutable_nodes(0)->mutable_outputs(0)->mutable_meta()->mutable_strides()->RemoveLast(); },
+       [](v1::Graph* g) {
+         g->mutable_nodes(0)->mutable_outputs(0)->mutable_meta()->mutable_strides()->RemoveLast();
+       },
        "node 'relu' output 'a': metadata has 2 sizes but 1 strides"},
       {"bad target", [](v1::Graph* g) { g->mutable_nodes(1)->set_target("neg"); },
        "node 'neg': target 'neg' is not of the form"},
-      {"empty", [](v1::Graph* g) { g->clear_nodes(); g->clear_outputs(); }, "graph is empty"},
+      {"empty",
+       [](v1::Graph* g) {
+         g->clear_nodes();
+         g->clear_outputs();
+       },
+       "graph is empty"},
       {"no outputs", [](v1::Graph* g) { g->clear_outputs(); }, "graph has no outputs"},
       {"kind not set", [](v1::Graph* g) { g->mutable_nodes(1)->mutable_args(0)->clear_kind(); },
        "node 'neg' argument 0 has no value"},
@@ -142,12 +151,18 @@ TEST(CanonicalTest, RenamingAndReorderingKeepTheKey) {
 // consumers: listing them in either order gives the same key.
 TEST(CanonicalTest, IdenticalNodesWithDifferentUsersKeepTheKey) {
   auto build = [](bool swap) {
-    std::string r1 = "nodes { name: \"r1\" target: \"aten.relu.default\" args { tensor: \"x\" } outputs " + V("a") + " }\n";
-    std::string r2 = "nodes { name: \"r2\" target: \"aten.relu.default\" args { tensor: \"x\" } outputs " + V("b") + " }\n";
-    std::string text = "inputs { value " + V("x") + " }\n" + (swap ? r2 + r1 : r1 + r2) +
-                       "nodes { name: \"n\" target: \"aten.neg.default\" args { tensor: \"a\" } outputs " + V("c") + " }\n" +
-                       "nodes { name: \"s\" target: \"aten.sigmoid.default\" args { tensor: \"b\" } outputs " + V("d") + " }\n" +
-                       "outputs: \"c\" outputs: \"d\"";
+    std::string r1 =
+        "nodes { name: \"r1\" target: \"aten.relu.default\" args { tensor: \"x\" } outputs " +
+        V("a") + " }\n";
+    std::string r2 =
+        "nodes { name: \"r2\" target: \"aten.relu.default\" args { tensor: \"x\" } outputs " +
+        V("b") + " }\n";
+    std::string text =
+        "inputs { value " + V("x") + " }\n" + (swap ? r2 + r1 : r1 + r2) +
+        "nodes { name: \"n\" target: \"aten.neg.default\" args { tensor: \"a\" } outputs " +
+        V("c") + " }\n" +
+        "nodes { name: \"s\" target: \"aten.sigmoid.default\" args { tensor: \"b\" } outputs " +
+        V("d") + " }\n" + "outputs: \"c\" outputs: \"d\"";
     v1::Graph g;
     EXPECT_TRUE(google::protobuf::TextFormat::ParseFromString(text, &g));
     return g;
@@ -159,8 +174,14 @@ TEST(CanonicalTest, IdenticalNodesWithDifferentUsersKeepTheKey) {
 // Two independent dropouts: their order is their meaning (one generator).
 TEST(CanonicalTest, RandomOpsKeepProgramOrder) {
   auto build = [](bool swap) {
-    std::string d1 = "nodes { name: \"d1\" target: \"aten.native_dropout.default\" args { tensor: \"x\" } args { float_value: 0.1 } args { bool_value: true } outputs " + V("a") + " outputs " + V("am") + " }\n";
-    std::string d2 = "nodes { name: \"d2\" target: \"aten.native_dropout.default\" args { tensor: \"x\" } args { float_value: 0.5 } args { bool_value: true } outputs " + V("b") + " outputs " + V("bm") + " }\n";
+    std::string d1 =
+        "nodes { name: \"d1\" target: \"aten.native_dropout.default\" args { tensor: \"x\" } args "
+        "{ float_value: 0.1 } args { bool_value: true } outputs " +
+        V("a") + " outputs " + V("am") + " }\n";
+    std::string d2 =
+        "nodes { name: \"d2\" target: \"aten.native_dropout.default\" args { tensor: \"x\" } args "
+        "{ float_value: 0.5 } args { bool_value: true } outputs " +
+        V("b") + " outputs " + V("bm") + " }\n";
     std::string text = "inputs { value " + V("x") + " }\n" + (swap ? d2 + d1 : d1 + d2) +
                        "outputs: \"a\" outputs: \"b\"";
     v1::Graph g;
@@ -182,16 +203,41 @@ TEST(CanonicalTest, EveryFieldChangesTheKey) {
   std::vector<std::pair<std::string, std::function<void(v1::Graph*)>>> graph_changes = {
       {"op", [](v1::Graph* g) { g->mutable_nodes(0)->set_target("aten.sigmoid.default"); }},
       {"argument", [](v1::Graph* g) { g->mutable_nodes(2)->mutable_kwargs(0)->set_int_value(2); }},
-      {"argument kind", [](v1::Graph* g) { g->mutable_nodes(2)->mutable_kwargs(0)->set_float_value(1.0); }},
-      {"argument order", [](v1::Graph* g) { g->mutable_nodes(2)->mutable_args()->SwapElements(0, 1); }},
-      {"dtype", [](v1::Graph* g) { g->mutable_nodes(0)->mutable_outputs(0)->mutable_meta()->set_dtype(v1::FLOAT16); }},
-      {"input dtype", [](v1::Graph* g) { g->mutable_inputs(0)->mutable_value()->mutable_meta()->set_dtype(v1::FLOAT64); }},
-      {"size", [](v1::Graph* g) { g->mutable_inputs(0)->mutable_value()->mutable_meta()->mutable_sizes(0)->set_int_value(5); }},
-      {"symbolic size", [](v1::Graph* g) { g->mutable_inputs(0)->mutable_value()->mutable_meta()->mutable_sizes(0)->set_expr("s0"); }},
-      {"stride", [](v1::Graph* g) { g->mutable_nodes(1)->mutable_outputs(0)->mutable_meta()->mutable_strides(1)->set_int_value(2); }},
-      {"device", [](v1::Graph* g) { g->mutable_inputs(0)->mutable_value()->mutable_meta()->mutable_device()->set_type("cuda"); }},
-      {"requires_grad", [](v1::Graph* g) { g->mutable_inputs(0)->mutable_value()->mutable_meta()->set_requires_grad(true); }},
-      {"input kind", [](v1::Graph* g) { g->mutable_inputs(0)->set_kind(v1::Placeholder::PARAMETER); }},
+      {"argument kind",
+       [](v1::Graph* g) { g->mutable_nodes(2)->mutable_kwargs(0)->set_float_value(1.0); }},
+      {"argument order",
+       [](v1::Graph* g) { g->mutable_nodes(2)->mutable_args()->SwapElements(0, 1); }},
+      {"dtype",
+       [](v1::Graph* g) {
+         g->mutable_nodes(0)->mutable_outputs(0)->mutable_meta()->set_dtype(v1::FLOAT16);
+       }},
+      {"input dtype",
+       [](v1::Graph* g) {
+         g->mutable_inputs(0)->mutable_value()->mutable_meta()->set_dtype(v1::FLOAT64);
+       }},
+      {"size",
+       [](v1::Graph* g) {
+         g->mutable_inputs(0)->mutable_value()->mutable_meta()->mutable_sizes(0)->set_int_value(5);
+       }},
+      {"symbolic size",
+       [](v1::Graph* g) {
+         g->mutable_inputs(0)->mutable_value()->mutable_meta()->mutable_sizes(0)->set_expr("s0");
+       }},
+      {"stride",
+       [](v1::Graph* g) {
+         g->mutable_nodes(1)->mutable_outputs(0)->mutable_meta()->mutable_strides(1)->set_int_value(
+             2);
+       }},
+      {"device",
+       [](v1::Graph* g) {
+         g->mutable_inputs(0)->mutable_value()->mutable_meta()->mutable_device()->set_type("cuda");
+       }},
+      {"requires_grad",
+       [](v1::Graph* g) {
+         g->mutable_inputs(0)->mutable_value()->mutable_meta()->set_requires_grad(true);
+       }},
+      {"input kind",
+       [](v1::Graph* g) { g->mutable_inputs(0)->set_kind(v1::Placeholder::PARAMETER); }},
       {"output", [](v1::Graph* g) { g->set_outputs(0, "a"); }},
       {"extra output", [](v1::Graph* g) { g->add_outputs("b"); }},
   };
@@ -203,11 +249,17 @@ TEST(CanonicalTest, EveryFieldChangesTheKey) {
   Graph g = MustBuild(Diamond());
   std::vector<std::pair<std::string, std::function<void(v1::CompileOptions*)>>> option_changes = {
       {"backend", [](v1::CompileOptions* o) { o->set_backend("aot_eager"); }},
-      {"option", [](v1::CompileOptions* o) { auto* x = o->add_options(); x->set_name("mode"); x->set_value("max"); }},
+      {"option",
+       [](v1::CompileOptions* o) {
+         auto* x = o->add_options();
+         x->set_name("mode");
+         x->set_value("max");
+       }},
       {"device type", [](v1::CompileOptions* o) { o->mutable_target()->set_device_type("cuda"); }},
       {"isa", [](v1::CompileOptions* o) { o->mutable_target()->set_cpu_isa("x86-64-v3"); }},
       {"sm arch", [](v1::CompileOptions* o) { o->mutable_target()->set_sm_arch("sm_90"); }},
-      {"cuda version", [](v1::CompileOptions* o) { o->mutable_target()->set_cuda_version("13.0"); }},
+      {"cuda version",
+       [](v1::CompileOptions* o) { o->mutable_target()->set_cuda_version("13.0"); }},
   };
   for (const auto& [what, mutate] : option_changes) {
     v1::CompileOptions o;

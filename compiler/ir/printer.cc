@@ -46,7 +46,8 @@ std::string ArgString(const Argument& a, const Graph& g) {
         } else if constexpr (std::is_same_v<T, v1::DType>) {
           absl::StrAppend(&s, "torch.", absl::AsciiStrToLower(v1::DType_Name(k)));
         } else if constexpr (std::is_same_v<T, Device>) {
-          absl::StrAppend(&s, "device('", k.type, k.index >= 0 ? absl::StrCat(":", k.index) : "", "')");
+          absl::StrAppend(&s, "device('", k.type, k.index >= 0 ? absl::StrCat(":", k.index) : "",
+                          "')");
         } else if constexpr (std::is_same_v<T, v1::MemoryFormat>) {
           absl::StrAppend(&s, "torch.", absl::AsciiStrToLower(v1::MemoryFormat_Name(k)));
         } else if constexpr (std::is_same_v<T, v1::Layout>) {
@@ -61,19 +62,32 @@ std::string ArgString(const Argument& a, const Graph& g) {
 
 std::string DTypeShortName(v1::DType dtype) {
   switch (dtype) {
-    case v1::FLOAT32: return "f32";
-    case v1::FLOAT64: return "f64";
-    case v1::FLOAT16: return "f16";
-    case v1::BFLOAT16: return "bf16";
-    case v1::INT64: return "i64";
-    case v1::INT32: return "i32";
-    case v1::INT16: return "i16";
-    case v1::INT8: return "i8";
-    case v1::UINT8: return "u8";
-    case v1::BOOL: return "b8";
-    case v1::COMPLEX64: return "c64";
-    case v1::COMPLEX128: return "c128";
-    default: return "?";
+    case v1::FLOAT32:
+      return "f32";
+    case v1::FLOAT64:
+      return "f64";
+    case v1::FLOAT16:
+      return "f16";
+    case v1::BFLOAT16:
+      return "bf16";
+    case v1::INT64:
+      return "i64";
+    case v1::INT32:
+      return "i32";
+    case v1::INT16:
+      return "i16";
+    case v1::INT8:
+      return "i8";
+    case v1::UINT8:
+      return "u8";
+    case v1::BOOL:
+      return "b8";
+    case v1::COMPLEX64:
+      return "c64";
+    case v1::COMPLEX128:
+      return "c128";
+    default:
+      return "?";
   }
 }
 

@@ -124,13 +124,15 @@ constexpr const char* kSchemas[] = {
 
     // Reductions.
     "sum(Tensor self, *, ScalarType? dtype=None) -> Tensor",
-    "sum.dim_IntList(Tensor self, int[1]? dim, bool keepdim=False, *, ScalarType? dtype=None) -> Tensor",
+    "sum.dim_IntList(Tensor self, int[1]? dim, bool keepdim=False, *, ScalarType? dtype=None) -> "
+    "Tensor",
     "mean(Tensor self, *, ScalarType? dtype=None) -> Tensor",
     "mean.dim(Tensor self, int[1]? dim, bool keepdim=False, *, ScalarType? dtype=None) -> Tensor",
     "amax(Tensor self, int[1] dim=[], bool keepdim=False) -> Tensor",
     "amin(Tensor self, int[1] dim=[], bool keepdim=False) -> Tensor",
     "max.dim(Tensor self, int dim, bool keepdim=False) -> (Tensor values, Tensor indices)",
-    "var.correction(Tensor self, int[1]? dim=None, *, Scalar? correction=None, bool keepdim=False) -> Tensor",
+    "var.correction(Tensor self, int[1]? dim=None, *, Scalar? correction=None, bool keepdim=False) "
+    "-> Tensor",
     "var_mean.correction(Tensor self, int[1]? dim=None, *, Scalar? correction=None, "
     "bool keepdim=False) -> (Tensor, Tensor)",
     "argmax(Tensor self, int? dim=None, bool keepdim=False) -> Tensor",
@@ -149,9 +151,11 @@ constexpr const char* kSchemas[] = {
     "Tensor running_mean, Tensor running_var, bool training, float momentum, float eps) "
     "-> (Tensor, Tensor, Tensor, Tensor running_mean_out, Tensor running_var_out)",
     "_native_batch_norm_legit_no_training(Tensor input, Tensor? weight, Tensor? bias, "
-    "Tensor running_mean, Tensor running_var, float momentum, float eps) -> (Tensor, Tensor, Tensor)",
+    "Tensor running_mean, Tensor running_var, float momentum, float eps) -> (Tensor, Tensor, "
+    "Tensor)",
     "native_dropout(Tensor input, float p, bool? train) -> (Tensor, Tensor)",
-    "nll_loss_forward(Tensor self, Tensor target, Tensor? weight, int reduction, SymInt ignore_index) "
+    "nll_loss_forward(Tensor self, Tensor target, Tensor? weight, int reduction, SymInt "
+    "ignore_index) "
     "-> (Tensor output, Tensor total_weight)",
 
     // Views and shape manipulation.
@@ -191,7 +195,8 @@ constexpr const char* kSchemas[] = {
     "int[2] dilation=1, bool ceil_mode=False) -> (Tensor, Tensor)",
     "avg_pool2d(Tensor self, int[2] kernel_size, int[2] stride=[], int[2] padding=0, "
     "bool ceil_mode=False, bool count_include_pad=True, int? divisor_override=None) -> Tensor",
-    "embedding(Tensor weight, Tensor indices, SymInt padding_idx=-1, bool scale_grad_by_freq=False, "
+    "embedding(Tensor weight, Tensor indices, SymInt padding_idx=-1, bool "
+    "scale_grad_by_freq=False, "
     "bool sparse=False) -> Tensor",
 
     // Backward.
@@ -201,15 +206,19 @@ constexpr const char* kSchemas[] = {
     "sigmoid_backward(Tensor grad_output, Tensor output) -> Tensor",
     "_softmax_backward_data(Tensor grad_output, Tensor output, int dim, ScalarType input_dtype) "
     "-> Tensor",
-    "_log_softmax_backward_data(Tensor grad_output, Tensor output, int dim, ScalarType input_dtype) "
+    "_log_softmax_backward_data(Tensor grad_output, Tensor output, int dim, ScalarType "
+    "input_dtype) "
     "-> Tensor",
-    "native_layer_norm_backward(Tensor grad_out, Tensor input, SymInt[] normalized_shape, Tensor mean, "
+    "native_layer_norm_backward(Tensor grad_out, Tensor input, SymInt[] normalized_shape, Tensor "
+    "mean, "
     "Tensor rstd, Tensor? weight, Tensor? bias, bool[3] output_mask) -> (Tensor, Tensor, Tensor)",
-    "native_batch_norm_backward(Tensor grad_out, Tensor input, Tensor? weight, Tensor? running_mean, "
+    "native_batch_norm_backward(Tensor grad_out, Tensor input, Tensor? weight, Tensor? "
+    "running_mean, "
     "Tensor? running_var, Tensor? save_mean, Tensor? save_invstd, bool train, float eps, "
     "bool[3] output_mask) -> (Tensor, Tensor, Tensor)",
     "convolution_backward(Tensor grad_output, Tensor input, Tensor weight, SymInt[]? bias_sizes, "
-    "SymInt[] stride, SymInt[] padding, SymInt[] dilation, bool transposed, SymInt[] output_padding, "
+    "SymInt[] stride, SymInt[] padding, SymInt[] dilation, bool transposed, SymInt[] "
+    "output_padding, "
     "SymInt groups, bool[3] output_mask) -> (Tensor, Tensor, Tensor)",
     "max_pool2d_with_indices_backward(Tensor grad_output, Tensor self, int[2] kernel_size, "
     "int[2] stride, int[2] padding, int[2] dilation, bool ceil_mode, Tensor indices) -> Tensor",
@@ -218,7 +227,8 @@ constexpr const char* kSchemas[] = {
     "embedding_dense_backward(Tensor grad_output, Tensor indices, SymInt num_weights, "
     "SymInt padding_idx, bool scale_grad_by_freq) -> Tensor",
     "native_dropout_backward(Tensor grad_output, Tensor mask, float scale) -> Tensor",
-    "nll_loss_backward(Tensor grad_output, Tensor self, Tensor target, Tensor? weight, int reduction, "
+    "nll_loss_backward(Tensor grad_output, Tensor self, Tensor target, Tensor? weight, int "
+    "reduction, "
     "SymInt ignore_index, Tensor total_weight) -> Tensor",
 };
 
@@ -315,7 +325,8 @@ absl::StatusOr<SchemaType> ConsumeType(absl::string_view* s) {
   if (absl::StartsWith(*s, "(")) {  // alias annotation: "(a)", "(a!)", "(a -> *)"
     size_t close = MatchingClose(*s, 0);
     if (close == absl::string_view::npos) {
-      return absl::InvalidArgumentError(absl::StrCat("unbalanced alias annotation in '", whole, "'"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("unbalanced alias annotation in '", whole, "'"));
     }
     s->remove_prefix(close + 1);
   }
@@ -360,7 +371,8 @@ absl::StatusOr<SchemaParam> ParseParam(absl::string_view text) {
   if (absl::ConsumePrefix(&rest, "=")) {
     rest = absl::StripAsciiWhitespace(rest);
     if (rest.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat("parameter '", text, "' has an empty default"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("parameter '", text, "' has an empty default"));
     }
     p.default_value = std::string(rest);
   } else if (!rest.empty()) {
@@ -488,15 +500,13 @@ bool Holds(const Argument::Kind& k) {
   return std::holds_alternative<T>(k);
 }
 
-
 bool AcceptsList(const SchemaType& t, const Argument::Kind& k) {
   using B = SchemaType::Base;
   if (IsEmptyList(k)) return true;
   switch (t.base) {
     case B::kTensor:
       if (const auto* ids = std::get_if<std::vector<ValueId>>(&k)) {
-        return t.element_optional ||
-               std::find(ids->begin(), ids->end(), kNoValue) == ids->end();
+        return t.element_optional || std::find(ids->begin(), ids->end(), kNoValue) == ids->end();
       }
       return false;
     case B::kInt:
@@ -517,23 +527,32 @@ bool Accepts(const SchemaType& t, const Argument::Kind& k) {
   if (Holds<None>(k)) return t.optional;
   if (t.is_list) return AcceptsList(t, k);
   switch (t.base) {
-    case B::kTensor: return Holds<ValueId>(k);
+    case B::kTensor:
+      return Holds<ValueId>(k);
     case B::kInt:
-    case B::kSymInt: return Holds<int64_t>(k) || Holds<SymInt>(k);
-    case B::kFloat: return Holds<double>(k) || Holds<int64_t>(k);
-    case B::kBool: return Holds<bool>(k);
+    case B::kSymInt:
+      return Holds<int64_t>(k) || Holds<SymInt>(k);
+    case B::kFloat:
+      return Holds<double>(k) || Holds<int64_t>(k);
+    case B::kBool:
+      return Holds<bool>(k);
     case B::kScalar:
       return Holds<int64_t>(k) || Holds<double>(k) || Holds<bool>(k) || Holds<SymInt>(k);
-    case B::kScalarType: return Holds<v1::DType>(k);
-    case B::kLayout: return Holds<v1::Layout>(k);
-    case B::kDevice: return Holds<Device>(k);
-    case B::kMemoryFormat: return Holds<v1::MemoryFormat>(k);
-    case B::kStr: return Holds<std::string>(k);
-    case B::kGenerator: return false;  // only None, handled above
+    case B::kScalarType:
+      return Holds<v1::DType>(k);
+    case B::kLayout:
+      return Holds<v1::Layout>(k);
+    case B::kDevice:
+      return Holds<Device>(k);
+    case B::kMemoryFormat:
+      return Holds<v1::MemoryFormat>(k);
+    case B::kStr:
+      return Holds<std::string>(k);
+    case B::kGenerator:
+      return false;  // only None, handled above
   }
   return false;
 }
-
 
 std::string Plural(int n, absl::string_view word) {
   return absl::StrCat(n, " ", word, n == 1 ? "" : "s");
@@ -597,9 +616,9 @@ absl::Status CheckArguments(const Node& node, const Graph& /*graph*/) {
 
   const int num_positional = schema->num_positional();
   if (static_cast<int>(node.args.size()) > num_positional) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(at_node, ": ", node.target, " takes ", Plural(num_positional, "positional argument"),
-                     ", got ", node.args.size()));
+    return absl::InvalidArgumentError(absl::StrCat(at_node, ": ", node.target, " takes ",
+                                                   Plural(num_positional, "positional argument"),
+                                                   ", got ", node.args.size()));
   }
   auto check_kind = [&](const SchemaParam& p, const Argument& a,
                         const std::string& which) -> absl::Status {

@@ -75,7 +75,7 @@ struct OpSchema {
   std::string name;      // "add"
   std::string overload;  // "Tensor"; empty for the default overload
   std::vector<SchemaParam> params;
-  int num_returns = 1;   // 1 for "-> Tensor", 3 for "-> (Tensor, Tensor, Tensor)"
+  int num_returns = 1;  // 1 for "-> Tensor", 3 for "-> (Tensor, Tensor, Tensor)"
 
   // The node target spelling: "aten.add.Tensor", "aten.relu.default".
   std::string target() const;

@@ -94,8 +94,8 @@ absl::Status CheckAssertedMetadata(const Node& node, const Graph& graph) {
     return nullptr;
   };
   auto mismatch = [&](absl::string_view field, const std::string& says, const std::string& is) {
-    return absl::InvalidArgumentError(absl::StrCat(where, ": ", field, " is asserted to be ",
-                                                   says, ", but '", v.name, "' has ", is));
+    return absl::InvalidArgumentError(absl::StrCat(where, ": ", field, " is asserted to be ", says,
+                                                   ", but '", v.name, "' has ", is));
   };
   if (const Argument* a = named("dtype"); a && std::holds_alternative<v1::DType>(a->kind)) {
     const v1::DType d = std::get<v1::DType>(a->kind);
@@ -103,7 +103,8 @@ absl::Status CheckAssertedMetadata(const Node& node, const Graph& graph) {
   }
   if (const Argument* a = named("device"); a && std::holds_alternative<Device>(a->kind)) {
     const Device& d = std::get<Device>(a->kind);
-    const bool same_index = d.index < 0 || v.meta.device_index < 0 || d.index == v.meta.device_index;
+    const bool same_index =
+        d.index < 0 || v.meta.device_index < 0 || d.index == v.meta.device_index;
     if (d.type != v.meta.device_type || !same_index) {
       return mismatch("device", absl::StrCat(d.type, ":", d.index),
                       absl::StrCat(v.meta.device_type, ":", v.meta.device_index));
@@ -127,8 +128,7 @@ absl::Status CheckAssertedMetadata(const Node& node, const Graph& graph) {
     }
     for (size_t d = 0; d < said.size(); ++d) {
       if (said[d].is_constant() && actual[d].is_constant() && !(said[d] == actual[d])) {
-        return mismatch(absl::StrCat(field, "[", d, "]"), said[d].ToString(),
-                        actual[d].ToString());
+        return mismatch(absl::StrCat(field, "[", d, "]"), said[d].ToString(), actual[d].ToString());
       }
     }
     return absl::OkStatus();
@@ -201,8 +201,8 @@ absl::StatusOr<std::optional<v1::Graph>> RewriteTorchConventions(const Graph& gr
     const Node& node = graph.nodes()[k];
     if (node.target == kAssertMetadata) {
       if (!node.outputs.empty()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "node '", node.name, "' (", kAssertMetadata, ") returns nothing, node has outputs"));
+        return absl::InvalidArgumentError(absl::StrCat("node '", node.name, "' (", kAssertMetadata,
+                                                       ") returns nothing, node has outputs"));
       }
       if (absl::Status s = CheckAssertedMetadata(node, graph); !s.ok()) return s;
       proto();
@@ -231,11 +231,11 @@ absl::StatusOr<std::optional<v1::Graph>> RewriteTorchConventions(const Graph& gr
       break;
     }
     for (const NumberInTensor& where : numbers) {
-      v1::Argument* arg = where.keyword ? pn.mutable_kwargs(where.index)
-                                        : pn.mutable_args(where.index);
+      v1::Argument* arg =
+          where.keyword ? pn.mutable_kwargs(where.index) : pn.mutable_args(where.index);
       const std::string value = fresh->Make(absl::StrCat(node.name, "_scalar"));
-      added.push_back(ScalarTensorNode(*arg, fresh->Make(absl::StrCat(value, "_node")), value,
-                                       device));
+      added.push_back(
+          ScalarTensorNode(*arg, fresh->Make(absl::StrCat(value, "_node")), value, device));
       arg->set_tensor(value);
     }
   }

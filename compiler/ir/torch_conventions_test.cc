@@ -13,17 +13,15 @@ namespace kiln::ir {
 namespace {
 
 std::string Meta(const std::string& dtype, const std::string& sizes_strides) {
-  return "meta { dtype: " + dtype + " " + sizes_strides +
-         " device { type: \"cpu\" index: -1 } }";
+  return "meta { dtype: " + dtype + " " + sizes_strides + " device { type: \"cpu\" index: -1 } }";
 }
 const std::string kVec = "sizes { int_value: 4 } strides { int_value: 1 }";
 
 // Inputs x (float32 [4]) and n (int64 [4]); `nodes` in proto text; returns o.
 v1::Graph Parse(const std::string& nodes) {
-  const std::string text =
-      "inputs { value { name: \"x\" " + Meta("FLOAT32", kVec) + " } }\n" +
-      "inputs { value { name: \"n\" " + Meta("INT64", kVec) + " } }\n" + nodes +
-      "\noutputs: \"o\"\n";
+  const std::string text = "inputs { value { name: \"x\" " + Meta("FLOAT32", kVec) + " } }\n" +
+                           "inputs { value { name: \"n\" " + Meta("INT64", kVec) + " } }\n" +
+                           nodes + "\noutputs: \"o\"\n";
   v1::Graph g;
   EXPECT_TRUE(google::protobuf::TextFormat::ParseFromString(text, &g)) << text;
   return g;
@@ -35,9 +33,10 @@ std::string Out(const std::string& name, const std::string& dtype = "FLOAT32") {
 
 TEST(TorchConventionsTest, NumberInATensorOverloadMovesToTheScalarOverload) {
   // aten.add.Tensor(x, 1e-06), as torch 2's decompositions record it.
-  auto g = Graph::FromProto(Parse(
-      "nodes { name: \"add\" target: \"aten.add.Tensor\" args { tensor: \"x\" } "
-      "args { float_value: 1e-06 } " + Out("o") + " }"));
+  auto g = Graph::FromProto(
+      Parse("nodes { name: \"add\" target: \"aten.add.Tensor\" args { tensor: \"x\" } "
+            "args { float_value: 1e-06 } " +
+            Out("o") + " }"));
   ASSERT_TRUE(g.ok()) << g.status();
   ASSERT_EQ(g->nodes().size(), 1u);
   EXPECT_EQ(g->nodes()[0].target, "aten.add.Scalar");
@@ -45,23 +44,28 @@ TEST(TorchConventionsTest, NumberInATensorOverloadMovesToTheScalarOverload) {
 }
 
 TEST(TorchConventionsTest, SameKeyAsTheScalarSpelling) {
-  auto torch2 = Graph::FromProto(Parse(
-      "nodes { name: \"mul\" target: \"aten.mul.Tensor\" args { tensor: \"x\" } "
-      "args { int_value: 3 } " + Out("o") + " }"));
-  auto schema = Graph::FromProto(Parse(
-      "nodes { name: \"mul\" target: \"aten.mul.Scalar\" args { tensor: \"x\" } "
-      "args { int_value: 3 } " + Out("o") + " }"));
+  auto torch2 = Graph::FromProto(
+      Parse("nodes { name: \"mul\" target: \"aten.mul.Tensor\" args { tensor: \"x\" } "
+            "args { int_value: 3 } " +
+            Out("o") + " }"));
+  auto schema = Graph::FromProto(
+      Parse("nodes { name: \"mul\" target: \"aten.mul.Scalar\" args { tensor: \"x\" } "
+            "args { int_value: 3 } " +
+            Out("o") + " }"));
   ASSERT_TRUE(torch2.ok() && schema.ok());
   EXPECT_EQ(CacheKey(*torch2, v1::CompileOptions()), CacheKey(*schema, v1::CompileOptions()));
 }
 
 TEST(TorchConventionsTest, NumberWithNoScalarOverloadBecomesAZeroDimTensor) {
   // sub.Tensor(1, x): no overload takes a Scalar first; maximum has none.
-  auto g = Graph::FromProto(Parse(
-      "nodes { name: \"rsub\" target: \"aten.sub.Tensor\" args { float_value: 1.0 } "
-      "args { tensor: \"x\" } " + Out("r") + " }\n"
-      "nodes { name: \"max\" target: \"aten.maximum.default\" args { tensor: \"n\" } "
-      "args { int_value: 0 } " + Out("o", "INT64") + " }"));
+  auto g = Graph::FromProto(
+      Parse("nodes { name: \"rsub\" target: \"aten.sub.Tensor\" args { float_value: 1.0 } "
+            "args { tensor: \"x\" } " +
+            Out("r") +
+            " }\n"
+            "nodes { name: \"max\" target: \"aten.maximum.default\" args { tensor: \"n\" } "
+            "args { int_value: 0 } " +
+            Out("o", "INT64") + " }"));
   ASSERT_TRUE(g.ok()) << g.status();
   EXPECT_TRUE(Verify(*g).ok()) << Verify(*g);
   const std::string printed = PrintReadable(*g);
@@ -83,7 +87,8 @@ TEST(TorchConventionsTest, AnOptionalTensorParameterStillRefusesANumber) {
   auto g = Graph::FromProto(Parse(
       "nodes { name: \"ln\" target: \"aten.native_layer_norm.default\" args { tensor: \"x\" } "
       "args { ints { values: 4 } } args { int_value: 0 } args { none {} } "
-      "args { float_value: 1e-5 } " + Out("o") + Out("m") + Out("r") + " }"));
+      "args { float_value: 1e-5 } " +
+      Out("o") + Out("m") + Out("r") + " }"));
   ASSERT_TRUE(g.ok()) << g.status();
   EXPECT_EQ(Verify(*g).message(),
             "node 'ln' argument 2 'weight': aten.native_layer_norm.default takes Tensor?, got an "
@@ -94,24 +99,24 @@ TEST(TorchConventionsTest, AssertTensorMetadataIsCheckedThenDropped) {
   const std::string relu =
       "nodes { name: \"relu\" target: \"aten.relu.default\" args { tensor: \"x\" } " + Out("o") +
       " }\n";
-  auto ok = Graph::FromProto(Parse(
-      relu + "nodes { name: \"check\" target: \"aten._assert_tensor_metadata.default\" "
-             "args { tensor: \"o\" } args { none {} } args { none {} } "
-             "args { dtype: FLOAT32 } kwargs { name: \"device\" device { type: \"cpu\" "
-             "index: -1 } } }"));
+  auto ok = Graph::FromProto(
+      Parse(relu + "nodes { name: \"check\" target: \"aten._assert_tensor_metadata.default\" "
+                   "args { tensor: \"o\" } args { none {} } args { none {} } "
+                   "args { dtype: FLOAT32 } kwargs { name: \"device\" device { type: \"cpu\" "
+                   "index: -1 } } }"));
   ASSERT_TRUE(ok.ok()) << ok.status();
   ASSERT_EQ(ok->nodes().size(), 1u);
   EXPECT_EQ(ok->nodes()[0].target, "aten.relu.default");
 
-  auto bad_dtype = Graph::FromProto(Parse(
-      relu + "nodes { name: \"check\" target: \"aten._assert_tensor_metadata.default\" "
-             "args { tensor: \"o\" } kwargs { name: \"dtype\" dtype: FLOAT16 } }"));
+  auto bad_dtype = Graph::FromProto(
+      Parse(relu + "nodes { name: \"check\" target: \"aten._assert_tensor_metadata.default\" "
+                   "args { tensor: \"o\" } kwargs { name: \"dtype\" dtype: FLOAT16 } }"));
   EXPECT_EQ(bad_dtype.status().message(),
             "node 'check' (aten._assert_tensor_metadata.default): dtype is asserted to be "
             "FLOAT16, but 'o' has FLOAT32");
-  auto bad_size = Graph::FromProto(Parse(
-      relu + "nodes { name: \"check\" target: \"aten._assert_tensor_metadata.default\" "
-             "args { tensor: \"o\" } args { ints { values: 5 } } }"));
+  auto bad_size = Graph::FromProto(
+      Parse(relu + "nodes { name: \"check\" target: \"aten._assert_tensor_metadata.default\" "
+                   "args { tensor: \"o\" } args { ints { values: 5 } } }"));
   EXPECT_EQ(bad_size.status().message(),
             "node 'check' (aten._assert_tensor_metadata.default): size[0] is asserted to be 5, "
             "but 'o' has 4");

@@ -37,8 +37,8 @@ absl::Status VerifyMeta(const Value& v, const std::string& where) {
   if (m.dtype == v1::DTYPE_UNSPECIFIED) return err("metadata has no dtype");
   if (m.device_type.empty()) return err("metadata has no device");
   if (m.strides.size() != m.sizes.size()) {
-    return err(absl::StrCat("metadata has ", m.sizes.size(), " sizes but ", m.strides.size(),
-                            " strides"));
+    return err(
+        absl::StrCat("metadata has ", m.sizes.size(), " sizes but ", m.strides.size(), " strides"));
   }
   if (static_cast<int64_t>(m.sizes.size()) > kMaxRank) {
     return err(absl::StrCat("rank ", m.sizes.size(), " is over the limit of ", kMaxRank));
@@ -49,8 +49,8 @@ absl::Status VerifyMeta(const Value& v, const std::string& where) {
     if (s.is_constant() ? s.constant() < 0 : s.expr().empty()) {
       return err(absl::StrCat("size[", d, "] is ", s.is_constant() ? s.ToString() : "empty"));
     }
-    if (s.is_constant() && (__builtin_mul_overflow(elements, s.constant(), &elements) ||
-                            elements > kMaxElements)) {
+    if (s.is_constant() &&
+        (__builtin_mul_overflow(elements, s.constant(), &elements) || elements > kMaxElements)) {
       return err(absl::StrCat("the sizes multiply to more than ", kMaxElements,
                               " elements (the limit per tensor) at size[", d, "]"));
     }
@@ -64,8 +64,8 @@ absl::Status VerifyMeta(const Value& v, const std::string& where) {
   }
   const SymInt& offset = m.storage_offset;
   if (offset.is_constant() && (offset.constant() < 0 || offset.constant() > kMaxElements)) {
-    return err(absl::StrCat("storage offset ", offset.constant(), " is outside [0, ",
-                            kMaxElements, "]"));
+    return err(
+        absl::StrCat("storage offset ", offset.constant(), " is outside [0, ", kMaxElements, "]"));
   }
   return absl::OkStatus();
 }

@@ -45,11 +45,16 @@ std::string IndexString(const Index& index) {
 
 const char* ReduceName(ReduceOp op) {
   switch (op) {
-    case ReduceOp::kSum: return "sum";
-    case ReduceOp::kMax: return "max";
-    case ReduceOp::kMin: return "min";
-    case ReduceOp::kWelfordMean: return "welford_mean";
-    case ReduceOp::kWelfordM2: return "welford_m2";
+    case ReduceOp::kSum:
+      return "sum";
+    case ReduceOp::kMax:
+      return "max";
+    case ReduceOp::kMin:
+      return "min";
+    case ReduceOp::kWelfordMean:
+      return "welford_mean";
+    case ReduceOp::kWelfordM2:
+      return "welford_m2";
   }
   return "?";
 }

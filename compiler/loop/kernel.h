@@ -63,7 +63,7 @@ enum class ReduceOp { kSum, kMax, kMin, kWelfordMean, kWelfordM2 };
 struct Stmt {
   StmtKind kind = StmtKind::kOp;
   int pass = 0;
-  bool inner = true;  // inside the sweep (false: outer level, after it)
+  bool inner = true;              // inside the sweep (false: outer level, after it)
   v1::DType dtype = v1::FLOAT32;  // of the result (loads: the buffer's)
   // kOp: one of the scalar ops below; args are statement indices.
   //   unary:  neg abs exp log log1p expm1 sqrt rsqrt reciprocal sin cos tanh
@@ -87,9 +87,9 @@ struct KernelBuffer {
 };
 
 struct Kernel {
-  std::string name;                 // unique in its module: "kernel_3"
-  std::vector<ir::SymInt> outer;    // sizes of the outer (parallel) dimensions
-  std::vector<ir::SymInt> inner;    // sizes of the inner (swept) dimensions
+  std::string name;               // unique in its module: "kernel_3"
+  std::vector<ir::SymInt> outer;  // sizes of the outer (parallel) dimensions
+  std::vector<ir::SymInt> inner;  // sizes of the inner (swept) dimensions
   int passes = 1;
   std::vector<Stmt> stmts;
   std::vector<KernelBuffer> buffers;

@@ -47,12 +47,12 @@ struct GVal {
 
 struct Group {
   int item = 0;
-  SymSizes full;                 // the iteration space in graph coordinates
-  std::vector<int> reduced;      // reduced dimensions of `full`; empty: pointwise
+  SymSizes full;             // the iteration space in graph coordinates
+  std::vector<int> reduced;  // reduced dimensions of `full`; empty: pointwise
   std::vector<GVal> vals;
   std::vector<KernelBuffer> buffers;
   std::map<std::string, int> buffer_index;
-  std::map<ValueId, int> value_of;   // graph value -> GVal
+  std::map<ValueId, int> value_of;  // graph value -> GVal
   std::map<ValueId, Level> level_of;
   std::set<ValueId> stored;
   std::vector<std::string> nodes;
@@ -75,8 +75,7 @@ struct Group {
 
 bool SameSizes(const SymSizes& a, const SymSizes& b) { return a == b; }
 
-std::optional<int64_t> ConstantNumel(
-    const google::protobuf::RepeatedPtrField<v1::SymInt>& sizes) {
+std::optional<int64_t> ConstantNumel(const google::protobuf::RepeatedPtrField<v1::SymInt>& sizes) {
   int64_t n = 1;
   for (const auto& s : sizes) {
     if (s.value_case() != v1::SymInt::kIntValue) return std::nullopt;
@@ -109,22 +108,31 @@ bool TwoPassMoments(const ir::TensorMeta& in, const std::vector<int>& dims) {
   return n <= kTwoPassMaxRow;
 }
 
-v1::DType Compute(v1::DType t) {
-  return (t == v1::FLOAT16 || t == v1::BFLOAT16) ? v1::FLOAT32 : t;
-}
+v1::DType Compute(v1::DType t) { return (t == v1::FLOAT16 || t == v1::BFLOAT16) ? v1::FLOAT32 : t; }
 
 // The rank of each element type for promotion among operands of one op.
 int Rank(v1::DType t) {
   switch (t) {
-    case v1::BOOL: return 0;
-    case v1::UINT8: case v1::INT8: return 1;
-    case v1::INT16: return 2;
-    case v1::INT32: return 3;
-    case v1::INT64: return 4;
-    case v1::FLOAT16: case v1::BFLOAT16: return 5;
-    case v1::FLOAT32: return 6;
-    case v1::FLOAT64: return 7;
-    default: return 8;
+    case v1::BOOL:
+      return 0;
+    case v1::UINT8:
+    case v1::INT8:
+      return 1;
+    case v1::INT16:
+      return 2;
+    case v1::INT32:
+      return 3;
+    case v1::INT64:
+      return 4;
+    case v1::FLOAT16:
+    case v1::BFLOAT16:
+      return 5;
+    case v1::FLOAT32:
+      return 6;
+    case v1::FLOAT64:
+      return 7;
+    default:
+      return 8;
   }
 }
 
@@ -206,9 +214,9 @@ class Lowerer {
   const ops::Registry& r_;
   std::vector<Item> items_;
   std::vector<Group> groups_;
-  std::map<ValueId, int> producer_item_;  // graph inputs are absent (-1)
-  std::map<ValueId, int> group_of_;       // values computed inside a group
-  std::map<ValueId, Alias> alias_;        // views of materialized values
+  std::map<ValueId, int> producer_item_;   // graph inputs are absent (-1)
+  std::map<ValueId, int> group_of_;        // values computed inside a group
+  std::map<ValueId, Alias> alias_;         // views of materialized values
   std::map<ValueId, ValueId> reshape_of_;  // order-preserving view -> the value it views
   std::vector<std::string> decisions_;
 };
@@ -219,22 +227,23 @@ class Lowerer {
 absl::StatusOr<Level> Lowerer::Classify(const Group& grp, const SymSizes& sizes) const {
   if (SameSizes(sizes, grp.full)) return Level::kFull;
   if (grp.reduced.empty()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("its shape [", ops::SizesToString(sizes), "] is not the kernel's [",
-                     ops::SizesToString(grp.full), "]"));
+    return absl::FailedPreconditionError(absl::StrCat("its shape [", ops::SizesToString(sizes),
+                                                      "] is not the kernel's [",
+                                                      ops::SizesToString(grp.full), "]"));
   }
   SymSizes keep = grp.full, flat;
   for (int d : grp.reduced) keep[d] = SymInt{int64_t{1}};
   for (size_t d = 0; d < grp.full.size(); ++d) {
-    if (std::find(grp.reduced.begin(), grp.reduced.end(), static_cast<int>(d)) == grp.reduced.end()) {
+    if (std::find(grp.reduced.begin(), grp.reduced.end(), static_cast<int>(d)) ==
+        grp.reduced.end()) {
       flat.push_back(grp.full[d]);
     }
   }
   if (SameSizes(sizes, keep)) return Level::kRowKeep;
   if (SameSizes(sizes, flat)) return Level::kRowFlat;
-  return absl::FailedPreconditionError(absl::StrCat(
-      "its shape [", ops::SizesToString(sizes), "] is neither the kernel's [",
-      ops::SizesToString(grp.full), "] nor one value per row"));
+  return absl::FailedPreconditionError(
+      absl::StrCat("its shape [", ops::SizesToString(sizes), "] is neither the kernel's [",
+                   ops::SizesToString(grp.full), "] nor one value per row"));
 }
 
 // Outer dimensions: the non-reduced dims of `full` (all but the last for a
@@ -278,8 +287,8 @@ void Lowerer::MarkStored(ValueId v) {
 absl::StatusOr<int> Lowerer::Operand(Group& grp, ValueId v, Level level, const SymSizes& out) {
   const ir::TensorMeta& m = g_.value(v).meta;
   if (!Supported(m.dtype)) {
-    return absl::FailedPreconditionError(absl::StrCat("'", g_.value(v).name, "' has dtype ",
-                                                      v1::DType_Name(m.dtype)));
+    return absl::FailedPreconditionError(
+        absl::StrCat("'", g_.value(v).name, "' has dtype ", v1::DType_Name(m.dtype)));
   }
   // Computed in this kernel: it must vary the way the consumer expects.
   auto in = grp.value_of.find(v);
@@ -296,8 +305,8 @@ absl::StatusOr<int> Lowerer::Operand(Group& grp, ValueId v, Level level, const S
   }
   // An order-preserving view of a value of this kernel, in the kernel's
   // shape: the value itself.
-  if (auto r = reshape_of_.find(v); r != reshape_of_.end() && level == Level::kFull &&
-                                    SameSizes(m.sizes, grp.full)) {
+  if (auto r = reshape_of_.find(v);
+      r != reshape_of_.end() && level == Level::kFull && SameSizes(m.sizes, grp.full)) {
     auto base = grp.value_of.find(r->second);
     if (base != grp.value_of.end() && grp.level_of[r->second] == Level::kFull) return base->second;
   }
@@ -309,8 +318,9 @@ absl::StatusOr<int> Lowerer::Operand(Group& grp, ValueId v, Level level, const S
     offset = a->second.offset;
   }
   if (ProducerItem(v) >= grp.item || ProducerItem(root) >= grp.item) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "'", g_.value(v).name, "' is produced after this kernel or by it (fusing would form a cycle)"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("'", g_.value(v).name,
+                     "' is produced after this kernel or by it (fusing would form a cycle)"));
   }
   if (auto b = grp.buffer_index.find(g_.value(root).name);
       b != grp.buffer_index.end() && grp.buffers[b->second].written) {
@@ -319,7 +329,8 @@ absl::StatusOr<int> Lowerer::Operand(Group& grp, ValueId v, Level level, const S
   }
   // Strides over the consumer's output dims (right-aligned broadcasting).
   if (m.sizes.size() > out.size()) {
-    return absl::FailedPreconditionError(absl::StrCat("'", g_.value(v).name, "' has a higher rank"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("'", g_.value(v).name, "' has a higher rank"));
   }
   std::vector<SymInt> over(out.size(), SymInt{int64_t{0}});
   const size_t lead = out.size() - m.sizes.size();
@@ -363,7 +374,8 @@ bool Divides(const SymInt& p, const SymInt& q) {
 // grows on the side whose product divides the other's). The `from` run
 // must step as one (each stride the next one times the next size), and the
 // `to` run splits that step. Size-1 dims of `to` get stride 0.
-std::optional<SymSizes> Restride(const SymSizes& from, const SymSizes& strides, const SymSizes& to) {
+std::optional<SymSizes> Restride(const SymSizes& from, const SymSizes& strides,
+                                 const SymSizes& to) {
   if (ops::ConstantSizes(from) && ops::ConstantSizes(strides) && ops::ConstantSizes(to)) {
     return ops::ViewStrides(from, strides, to);
   }
@@ -404,7 +416,7 @@ std::optional<SymSizes> Restride(const SymSizes& from, const SymSizes& strides, 
 }
 
 std::optional<Lowerer::ReshapeUndo> Lowerer::ReshapeFor(Group& grp, int node_index,
-                                                         const SymSizes& to) {
+                                                        const SymSizes& to) {
   // The node must read an order-preserving view, of shape `to`, of a value
   // of this kernel.
   bool reads_view = false;
@@ -517,16 +529,18 @@ const std::map<std::string, PointwiseRule>& PointwiseRules() {
         return b.Ar(op, {x}, t);
       };
     };
-    for (const char* op : {"neg", "abs", "exp", "log", "log1p", "expm1", "sqrt", "rsqrt",
-                           "reciprocal", "sin", "cos", "tanh", "sigmoid", "relu", "erf", "sign",
-                           "floor", "ceil", "silu"}) {
+    for (const char* op :
+         {"neg", "abs", "exp", "log", "log1p", "expm1", "sqrt", "rsqrt", "reciprocal", "sin", "cos",
+          "tanh", "sigmoid", "relu", "erf", "sign", "floor", "ceil", "silu"}) {
       unary(absl::StrCat("aten.", op, ".default"), op);
     }
-    (*m)["aten.logical_not.default"] = [](Builder& b, const ops::OpCall&, v1::DType) -> absl::StatusOr<int> {
+    (*m)["aten.logical_not.default"] = [](Builder& b, const ops::OpCall&,
+                                          v1::DType) -> absl::StatusOr<int> {
       ASSIGN_OR_RETURN(int x, b.T("self"));
       return b.Op("not", {b.Cast(x, v1::BOOL)}, v1::BOOL);
     };
-    (*m)["aten.gelu.default"] = [](Builder& b, const ops::OpCall& c, v1::DType t) -> absl::StatusOr<int> {
+    (*m)["aten.gelu.default"] = [](Builder& b, const ops::OpCall& c,
+                                   v1::DType t) -> absl::StatusOr<int> {
       ASSIGN_OR_RETURN(int x, b.T("self"));
       const ir::Argument* a = c.Find("approximate");
       const std::string* approx = a ? std::get_if<std::string>(&a->kind) : nullptr;
@@ -534,7 +548,7 @@ const std::map<std::string, PointwiseRule>& PointwiseRules() {
     };
     for (const char* id : {"clone", "alias", "detach", "lift_fresh_copy"}) {
       (*m)[absl::StrCat("aten.", id, ".default")] = [](Builder& b, const ops::OpCall&,
-                                                        v1::DType t) -> absl::StatusOr<int> {
+                                                       v1::DType t) -> absl::StatusOr<int> {
         ASSIGN_OR_RETURN(int x, b.T("self"));
         return b.Cast(x, Compute(t));
       };
@@ -551,8 +565,9 @@ const std::map<std::string, PointwiseRule>& PointwiseRules() {
     auto binary = [m](const std::string& name, const std::string& op, bool alpha, bool reverse) {
       for (const char* overload : {"Tensor", "Scalar"}) {
         const bool scalar = std::string(overload) == "Scalar";
-        (*m)[absl::StrCat("aten.", name, ".", overload)] =
-            [op, alpha, reverse, scalar](Builder& b, const ops::OpCall& c, v1::DType t) -> absl::StatusOr<int> {
+        (*m)[absl::StrCat("aten.", name, ".", overload)] = [op, alpha, reverse, scalar](
+                                                               Builder& b, const ops::OpCall& c,
+                                                               v1::DType t) -> absl::StatusOr<int> {
           ASSIGN_OR_RETURN(int x, b.T("self"));
           int y;
           if (scalar) {
@@ -575,23 +590,27 @@ const std::map<std::string, PointwiseRule>& PointwiseRules() {
     binary("rsub", "sub", true, true);
     binary("mul", "mul", false, false);
     binary("div", "div", false, false);
-    (*m)["aten.maximum.default"] = [](Builder& b, const ops::OpCall&, v1::DType t) -> absl::StatusOr<int> {
+    (*m)["aten.maximum.default"] = [](Builder& b, const ops::OpCall&,
+                                      v1::DType t) -> absl::StatusOr<int> {
       ASSIGN_OR_RETURN(int x, b.T("self"));
       ASSIGN_OR_RETURN(int y, b.T("other"));
       return b.Ar("max", {x, y}, t);
     };
-    (*m)["aten.minimum.default"] = [](Builder& b, const ops::OpCall&, v1::DType t) -> absl::StatusOr<int> {
+    (*m)["aten.minimum.default"] = [](Builder& b, const ops::OpCall&,
+                                      v1::DType t) -> absl::StatusOr<int> {
       ASSIGN_OR_RETURN(int x, b.T("self"));
       ASSIGN_OR_RETURN(int y, b.T("other"));
       return b.Ar("min", {x, y}, t);
     };
-    (*m)["aten.pow.Tensor_Scalar"] = [](Builder& b, const ops::OpCall&, v1::DType t) -> absl::StatusOr<int> {
+    (*m)["aten.pow.Tensor_Scalar"] = [](Builder& b, const ops::OpCall&,
+                                        v1::DType t) -> absl::StatusOr<int> {
       ASSIGN_OR_RETURN(int x, b.T("self"));
       ASSIGN_OR_RETURN(double e, b.S("exponent"));
       if (e == 2.0) return b.Ar("mul", {x, x}, t);
       return b.Ar("pow", {x, b.C(e, t)}, t);
     };
-    (*m)["aten.pow.Tensor_Tensor"] = [](Builder& b, const ops::OpCall&, v1::DType t) -> absl::StatusOr<int> {
+    (*m)["aten.pow.Tensor_Tensor"] = [](Builder& b, const ops::OpCall&,
+                                        v1::DType t) -> absl::StatusOr<int> {
       ASSIGN_OR_RETURN(int x, b.T("self"));
       ASSIGN_OR_RETURN(int y, b.T("exponent"));
       return b.Ar("pow", {x, y}, t);
@@ -623,19 +642,23 @@ const std::map<std::string, PointwiseRule>& PointwiseRules() {
         return b.Op(op, {b.Cast(x, v1::BOOL), b.Cast(y, v1::BOOL)}, v1::BOOL);
       };
     }
-    (*m)["aten.where.self"] = [](Builder& b, const ops::OpCall&, v1::DType t) -> absl::StatusOr<int> {
+    (*m)["aten.where.self"] = [](Builder& b, const ops::OpCall&,
+                                 v1::DType t) -> absl::StatusOr<int> {
       ASSIGN_OR_RETURN(int c, b.T("condition"));
       ASSIGN_OR_RETURN(int x, b.T("self"));
       ASSIGN_OR_RETURN(int y, b.T("other"));
-      return b.Op("where", {b.Cast(c, v1::BOOL), b.Cast(x, Compute(t)), b.Cast(y, Compute(t))}, Compute(t));
+      return b.Op("where", {b.Cast(c, v1::BOOL), b.Cast(x, Compute(t)), b.Cast(y, Compute(t))},
+                  Compute(t));
     };
-    (*m)["aten.masked_fill.Scalar"] = [](Builder& b, const ops::OpCall&, v1::DType t) -> absl::StatusOr<int> {
+    (*m)["aten.masked_fill.Scalar"] = [](Builder& b, const ops::OpCall&,
+                                         v1::DType t) -> absl::StatusOr<int> {
       ASSIGN_OR_RETURN(int x, b.T("self"));
       ASSIGN_OR_RETURN(int mask, b.T("mask"));
       ASSIGN_OR_RETURN(double v, b.S("value"));
       return b.Op("where", {b.Cast(mask, v1::BOOL), b.C(v, t), b.Cast(x, Compute(t))}, Compute(t));
     };
-    (*m)["aten.clamp.default"] = [](Builder& b, const ops::OpCall& c, v1::DType t) -> absl::StatusOr<int> {
+    (*m)["aten.clamp.default"] = [](Builder& b, const ops::OpCall& c,
+                                    v1::DType t) -> absl::StatusOr<int> {
       ASSIGN_OR_RETURN(int x, b.T("self"));
       x = b.Cast(x, Compute(t));
       if (!c.IsNone("min")) {
@@ -648,26 +671,30 @@ const std::map<std::string, PointwiseRule>& PointwiseRules() {
       }
       return x;
     };
-    (*m)["aten.threshold_backward.default"] = [](Builder& b, const ops::OpCall&, v1::DType t) -> absl::StatusOr<int> {
+    (*m)["aten.threshold_backward.default"] = [](Builder& b, const ops::OpCall&,
+                                                 v1::DType t) -> absl::StatusOr<int> {
       ASSIGN_OR_RETURN(int g, b.T("grad_output"));
       ASSIGN_OR_RETURN(int x, b.T("self"));
       ASSIGN_OR_RETURN(double th, b.S("threshold"));
       int keep = b.Op("le", {b.Cast(x, Compute(t)), b.C(th, t)}, v1::BOOL);
       return b.Op("where", {keep, b.C(0, t), b.Cast(g, Compute(t))}, Compute(t));
     };
-    (*m)["aten.tanh_backward.default"] = [](Builder& b, const ops::OpCall&, v1::DType t) -> absl::StatusOr<int> {
+    (*m)["aten.tanh_backward.default"] = [](Builder& b, const ops::OpCall&,
+                                            v1::DType t) -> absl::StatusOr<int> {
       ASSIGN_OR_RETURN(int g, b.T("grad_output"));
       ASSIGN_OR_RETURN(int y, b.T("output"));
       int yy = b.Ar("mul", {y, y}, t);
       return b.Ar("mul", {g, b.Ar("sub", {b.C(1, t), yy}, t)}, t);
     };
-    (*m)["aten.sigmoid_backward.default"] = [](Builder& b, const ops::OpCall&, v1::DType t) -> absl::StatusOr<int> {
+    (*m)["aten.sigmoid_backward.default"] = [](Builder& b, const ops::OpCall&,
+                                               v1::DType t) -> absl::StatusOr<int> {
       ASSIGN_OR_RETURN(int g, b.T("grad_output"));
       ASSIGN_OR_RETURN(int y, b.T("output"));
       int one_minus = b.Ar("sub", {b.C(1, t), y}, t);
       return b.Ar("mul", {g, b.Ar("mul", {y, one_minus}, t)}, t);
     };
-    (*m)["aten.gelu_backward.default"] = [](Builder& b, const ops::OpCall& c, v1::DType t) -> absl::StatusOr<int> {
+    (*m)["aten.gelu_backward.default"] = [](Builder& b, const ops::OpCall& c,
+                                            v1::DType t) -> absl::StatusOr<int> {
       ASSIGN_OR_RETURN(int g, b.T("grad_output"));
       ASSIGN_OR_RETURN(int x, b.T("self"));
       const ir::Argument* a = c.Find("approximate");
@@ -679,29 +706,49 @@ const std::map<std::string, PointwiseRule>& PointwiseRules() {
         // d/dx 0.5 x (1 + tanh(k (x + 0.044715 x^3))), k = sqrt(2 / pi)
         const double k = 0.7978845608028654, kappa = 0.044715;
         int x2 = b.Op("mul", {x, x}, ct);
-        int inner = b.Op("mul", {b.C(k, ct), b.Op("add", {x, b.Op("mul", {b.C(kappa, ct), b.Op("mul", {x2, x}, ct)}, ct)}, ct)}, ct);
+        int inner = b.Op(
+            "mul",
+            {b.C(k, ct),
+             b.Op("add", {x, b.Op("mul", {b.C(kappa, ct), b.Op("mul", {x2, x}, ct)}, ct)}, ct)},
+            ct);
         int th = b.Op("tanh", {inner}, ct);
         int left = b.Op("mul", {b.C(0.5, ct), b.Op("add", {b.C(1, ct), th}, ct)}, ct);
         int sech2 = b.Op("sub", {b.C(1, ct), b.Op("mul", {th, th}, ct)}, ct);
-        int dinner = b.Op("mul", {b.C(k, ct), b.Op("add", {b.C(1, ct), b.Op("mul", {b.C(3 * kappa, ct), x2}, ct)}, ct)}, ct);
-        int right = b.Op("mul", {b.Op("mul", {b.C(0.5, ct), x}, ct), b.Op("mul", {sech2, dinner}, ct)}, ct);
+        int dinner = b.Op(
+            "mul",
+            {b.C(k, ct), b.Op("add", {b.C(1, ct), b.Op("mul", {b.C(3 * kappa, ct), x2}, ct)}, ct)},
+            ct);
+        int right =
+            b.Op("mul", {b.Op("mul", {b.C(0.5, ct), x}, ct), b.Op("mul", {sech2, dinner}, ct)}, ct);
         d = b.Op("add", {left, right}, ct);
       } else {
         // Phi(x) + x phi(x)
-        int cdf = b.Op("mul", {b.C(0.5, ct), b.Op("add", {b.C(1, ct), b.Op("erf", {b.Op("mul", {x, b.C(0.7071067811865476, ct)}, ct)}, ct)}, ct)}, ct);
-        int pdf = b.Op("mul", {b.Op("exp", {b.Op("mul", {b.C(-0.5, ct), b.Op("mul", {x, x}, ct)}, ct)}, ct), b.C(0.3989422804014327, ct)}, ct);
+        int cdf = b.Op("mul",
+                       {b.C(0.5, ct),
+                        b.Op("add",
+                             {b.C(1, ct),
+                              b.Op("erf", {b.Op("mul", {x, b.C(0.7071067811865476, ct)}, ct)}, ct)},
+                             ct)},
+                       ct);
+        int pdf =
+            b.Op("mul",
+                 {b.Op("exp", {b.Op("mul", {b.C(-0.5, ct), b.Op("mul", {x, x}, ct)}, ct)}, ct),
+                  b.C(0.3989422804014327, ct)},
+                 ct);
         d = b.Op("add", {cdf, b.Op("mul", {x, pdf}, ct)}, ct);
       }
       return b.Ar("mul", {g, d}, t);
     };
-    (*m)["aten.native_dropout_backward.default"] = [](Builder& b, const ops::OpCall&, v1::DType t) -> absl::StatusOr<int> {
+    (*m)["aten.native_dropout_backward.default"] = [](Builder& b, const ops::OpCall&,
+                                                      v1::DType t) -> absl::StatusOr<int> {
       ASSIGN_OR_RETURN(int g, b.T("grad_output"));
       ASSIGN_OR_RETURN(int mask, b.T("mask"));
       ASSIGN_OR_RETURN(double scale, b.S("scale"));
       int kept = b.Cast(b.Cast(mask, v1::BOOL), Compute(t));
       return b.Ar("mul", {b.Ar("mul", {g, kept}, t), b.C(scale, t)}, t);
     };
-    (*m)["aten.fill.Scalar"] = [](Builder& b, const ops::OpCall& c, v1::DType t) -> absl::StatusOr<int> {
+    (*m)["aten.fill.Scalar"] = [](Builder& b, const ops::OpCall& c,
+                                  v1::DType t) -> absl::StatusOr<int> {
       ASSIGN_OR_RETURN(double v, c.Double("value"));
       return b.C(v, t);
     };
@@ -720,7 +767,8 @@ absl::StatusOr<bool> Lowerer::TryPointwise(int node_index) {
   const ir::TensorMeta& out = g_.value(node.outputs[0]).meta;
   if (!Supported(out.dtype)) return false;
   auto meta_of = [this](ValueId v) -> const ir::TensorMeta& { return g_.value(v).meta; };
-  ASSIGN_OR_RETURN(ops::OpCall call, ops::OpCall::Bind(node.target, node.args, node.kwargs, meta_of));
+  ASSIGN_OR_RETURN(ops::OpCall call,
+                   ops::OpCall::Bind(node.target, node.args, node.kwargs, meta_of));
   call.set_node_name(node.name);
 
   // Try the open kernels, newest first; the first legal one wins.
@@ -740,8 +788,9 @@ absl::StatusOr<bool> Lowerer::TryPointwise(int node_index) {
     }
     const size_t mark = grp.vals.size();
     const size_t buffers_mark = grp.buffers.size();
-    Builder b(this, grp, *level, out.sizes,
-              [&](ValueId v) { return Operand(grp, v, *level, out.sizes); }, call);
+    Builder b(
+        this, grp, *level, out.sizes, [&](ValueId v) { return Operand(grp, v, *level, out.sizes); },
+        call);
     auto result = rule->second(b, call, out.dtype);
     if (!result.ok()) {
       if (refusal.empty()) refusal = absl::StrCat("kernel_", gi, ": ", result.status().message());
@@ -773,16 +822,17 @@ absl::StatusOr<bool> Lowerer::TryPointwise(int node_index) {
   const int gi = static_cast<int>(groups_.size()) - 1;
   items_.push_back(Item{Item::kGroup, gi, -1});
   Group& fresh = groups_[gi];
-  Builder b(this, fresh, Level::kFull, out.sizes,
-            [&](ValueId v) { return Operand(fresh, v, Level::kFull, out.sizes); }, call);
+  Builder b(
+      this, fresh, Level::kFull, out.sizes,
+      [&](ValueId v) { return Operand(fresh, v, Level::kFull, out.sizes); }, call);
   auto result = rule->second(b, call, out.dtype);
   if (!result.ok()) {
     // Not lowerable after all (an operand dtype, a rank): run it through ATen.
     groups_.pop_back();
     items_.pop_back();
     if (!absl::IsFailedPrecondition(result.status())) return result.status();
-    decisions_.push_back(absl::StrCat("extern: ", node.name, " (", node.target, "): ",
-                                      result.status().message()));
+    decisions_.push_back(
+        absl::StrCat("extern: ", node.name, " (", node.target, "): ", result.status().message()));
     return false;
   }
   const ValueId v = node.outputs[0];
@@ -803,15 +853,23 @@ struct ReductionSpec {
 
 absl::StatusOr<bool> Lowerer::TryReduction(int node_index) {
   const ir::Node& node = g_.nodes()[node_index];
-  static const std::set<std::string> kReductions = {
-      "aten.sum.dim_IntList", "aten.sum.default", "aten.mean.dim", "aten.mean.default",
-      "aten.amax.default", "aten.amin.default", "aten.var.correction", "aten._softmax.default",
-      "aten._log_softmax.default", "aten.native_layer_norm.default"};
+  static const std::set<std::string> kReductions = {"aten.sum.dim_IntList",
+                                                    "aten.sum.default",
+                                                    "aten.mean.dim",
+                                                    "aten.mean.default",
+                                                    "aten.amax.default",
+                                                    "aten.amin.default",
+                                                    "aten.var.correction",
+                                                    "aten._softmax.default",
+                                                    "aten._log_softmax.default",
+                                                    "aten.native_layer_norm.default"};
   if (!kReductions.count(node.target)) return false;
   auto meta_of = [this](ValueId v) -> const ir::TensorMeta& { return g_.value(v).meta; };
-  ASSIGN_OR_RETURN(ops::OpCall call, ops::OpCall::Bind(node.target, node.args, node.kwargs, meta_of));
+  ASSIGN_OR_RETURN(ops::OpCall call,
+                   ops::OpCall::Bind(node.target, node.args, node.kwargs, meta_of));
   call.set_node_name(node.name);
-  ASSIGN_OR_RETURN(ValueId input, call.Tensor(node.target == "aten.native_layer_norm.default" ? "input" : "self"));
+  ASSIGN_OR_RETURN(ValueId input,
+                   call.Tensor(node.target == "aten.native_layer_norm.default" ? "input" : "self"));
   const ir::TensorMeta& in = g_.value(input).meta;
   const int rank = static_cast<int>(in.sizes.size());
   if (rank == 0 || !Supported(in.dtype) || ops::IsFloating(in.dtype) == false) return false;
@@ -866,7 +924,9 @@ absl::StatusOr<bool> Lowerer::TryReduction(int node_index) {
     if (!SameSizes(grp.full, in.sizes)) {
       reshaped = ReshapeFor(grp, node_index, in.sizes);
       if (!reshaped) {
-        if (refusal.empty()) refusal = absl::StrCat("kernel_", k, ": its space [", ops::SizesToString(grp.full), "] differs");
+        if (refusal.empty())
+          refusal = absl::StrCat("kernel_", k, ": its space [", ops::SizesToString(grp.full),
+                                 "] differs");
         continue;
       }
     }
@@ -883,7 +943,8 @@ absl::StatusOr<bool> Lowerer::TryReduction(int node_index) {
     const size_t mark = grp.vals.size(), bmark = grp.buffers.size();
     auto probe = Operand(grp, input, Level::kFull, in.sizes);
     grp.vals.resize(mark);
-    for (size_t j = bmark; j < grp.buffers.size(); ++j) grp.buffer_index.erase(grp.buffers[j].value);
+    for (size_t j = bmark; j < grp.buffers.size(); ++j)
+      grp.buffer_index.erase(grp.buffers[j].value);
     grp.buffers.resize(bmark);
     if (!probe.ok()) {
       grp.reduced = saved_reduced;
@@ -911,8 +972,12 @@ absl::StatusOr<bool> Lowerer::TryReduction(int node_index) {
   const v1::DType ct = Compute(out_t);
   // Values of this reduction, built with the pointwise helpers.
   auto make = [&](Level level) {
-    return Builder(this, grp, level, in.sizes,
-                   [&, level](ValueId v) { return Operand(grp, v, level, level == Level::kFull ? in.sizes : g_.value(v).meta.sizes); }, call);
+    return Builder(
+        this, grp, level, in.sizes,
+        [&, level](ValueId v) {
+          return Operand(grp, v, level, level == Level::kFull ? in.sizes : g_.value(v).meta.sizes);
+        },
+        call);
   };
   auto reduce = [&](int x, ReduceOp op, Level level) {
     GVal v;
@@ -923,7 +988,9 @@ absl::StatusOr<bool> Lowerer::TryReduction(int node_index) {
     v.level = level;
     return Add(grp, std::move(v));
   };
-  auto load_input = [&]() -> absl::StatusOr<int> { return Operand(grp, input, Level::kFull, in.sizes); };
+  auto load_input = [&]() -> absl::StatusOr<int> {
+    return Operand(grp, input, Level::kFull, in.sizes);
+  };
   auto finish = [&](std::vector<std::pair<ValueId, std::pair<int, Level>>> outs) {
     for (auto& [v, id_level] : outs) {
       grp.value_of[v] = id_level.first;
@@ -932,10 +999,11 @@ absl::StatusOr<bool> Lowerer::TryReduction(int node_index) {
       producer_item_[v] = grp.item;
     }
     grp.nodes.push_back(node.name);
-    decisions_.push_back(fresh ? absl::StrCat("new kernel_", gi, ": ", node.name, " (", node.target, ")",
-                                              refusal.empty() ? "" : absl::StrCat("; not fused: ", refusal))
-                               : absl::StrCat("fuse: ", node.name, " (", node.target,
-                                              ") into kernel_", gi, " (reduction)"));
+    decisions_.push_back(
+        fresh ? absl::StrCat("new kernel_", gi, ": ", node.name, " (", node.target, ")",
+                             refusal.empty() ? "" : absl::StrCat("; not fused: ", refusal))
+              : absl::StrCat("fuse: ", node.name, " (", node.target, ") into kernel_", gi,
+                             " (reduction)"));
   };
 
   ASSIGN_OR_RETURN(int x, load_input());
@@ -965,7 +1033,9 @@ absl::StatusOr<bool> Lowerer::TryReduction(int node_index) {
   if (node.target == "aten.sum.dim_IntList" || node.target == "aten.sum.default") {
     finish({{node.outputs[0], {reduce(full.Cast(x, ct), ReduceOp::kSum, row), row}}});
   } else if (node.target == "aten.amax.default" || node.target == "aten.amin.default") {
-    finish({{node.outputs[0], {reduce(x, node.target == "aten.amax.default" ? ReduceOp::kMax : ReduceOp::kMin, row), row}}});
+    finish({{node.outputs[0],
+             {reduce(x, node.target == "aten.amax.default" ? ReduceOp::kMax : ReduceOp::kMin, row),
+              row}}});
   } else if (node.target == "aten.mean.dim" || node.target == "aten.mean.default") {
     // sum / n, as ATen computes it (a row with an inf has an inf mean; a
     // Welford update would make it NaN).
@@ -1082,9 +1152,9 @@ absl::StatusOr<Kernel> Lowerer::EmitKernel(int gi) {
   // Once `out` is stored over it, the buffer holds `out`: passes after
   // that read `out` from it rather than recompute it from the buffer (a
   // second softmax over a stored first one would divide twice).
-  std::map<int, int> reload_after;                  // reload GVal -> kept GVal
+  std::map<int, int> reload_after;                   // reload GVal -> kept GVal
   std::vector<std::pair<int, ValueId>> keep_stores;  // kept GVal -> buffer of value
-  std::map<int, int> final_reload;                  // out GVal -> its reload
+  std::map<int, int> final_reload;                   // out GVal -> its reload
   for (const Group::KeepInOutput& k : grp.keep_in_output) {
     auto v = grp.value_of.find(k.value);
     if (!grp.stored.count(k.value) || v == grp.value_of.end() || v->second != k.out) continue;
@@ -1119,7 +1189,8 @@ absl::StatusOr<Kernel> Lowerer::EmitKernel(int gi) {
       const bool a_row = vals[a].level != Level::kFull;
       p = std::max(p, pass_of(a) + (a_row && !v_row ? 1 : 0));
     }
-    if (auto r = reload_after.find(i); r != reload_after.end()) p = std::max(p, pass_of(r->second) + 1);
+    if (auto r = reload_after.find(i); r != reload_after.end())
+      p = std::max(p, pass_of(r->second) + 1);
     return pass[i] = p;
   };
   for (size_t i = 0; i < vals.size(); ++i) pass_of(static_cast<int>(i));
@@ -1219,7 +1290,8 @@ absl::StatusOr<Kernel> Lowerer::EmitKernel(int gi) {
   for (int i = 0; i < static_cast<int>(k.stmts.size()); ++i) {
     for (int a : k.stmts[i].args) {
       if (a < 0 || a >= i) {
-        return absl::InternalError(absl::StrCat(k.name, ": statement ", i, " reads an undefined value"));
+        return absl::InternalError(
+            absl::StrCat(k.name, ": statement ", i, " reads an undefined value"));
       }
     }
   }
@@ -1317,7 +1389,8 @@ void Lowerer::BuildPlan(LoweredGraph* out) {
   std::map<std::string, std::string> root_of;  // view -> root
   for (int i = 0; i < plan.steps_size(); ++i) {
     const v1::PlanStep& s = plan.steps(i);
-    if (s.has_launch()) for (const auto& b : s.launch().buffers()) note(b, i);
+    if (s.has_launch())
+      for (const auto& b : s.launch().buffers()) note(b, i);
     if (s.has_view()) {
       note(s.view().base(), i);
       root_of[s.view().value()] = s.view().base();
@@ -1325,7 +1398,9 @@ void Lowerer::BuildPlan(LoweredGraph* out) {
     if (s.has_extern_call()) {
       for (const auto& a : s.extern_call().node().args()) {
         if (a.has_tensor()) note(a.tensor(), i);
-        if (a.has_tensors()) for (const auto& n : a.tensors().names()) if (!n.empty()) note(n, i);
+        if (a.has_tensors())
+          for (const auto& n : a.tensors().names())
+            if (!n.empty()) note(n, i);
       }
       for (const auto& a : s.extern_call().node().kwargs()) {
         if (a.has_tensor()) note(a.tensor(), i);
@@ -1386,7 +1461,8 @@ absl::StatusOr<LoweredGraph> Lowerer::Run() {
   for (int i = 0; i < static_cast<int>(g_.nodes().size()); ++i) {
     const ir::Node& node = g_.nodes()[i];
     if (IsView(node) && !node.outputs.empty()) {
-      ValueId base = ir::Graph::Operands(node).empty() ? ir::kNoValue : ir::Graph::Operands(node)[0];
+      ValueId base =
+          ir::Graph::Operands(node).empty() ? ir::kNoValue : ir::Graph::Operands(node)[0];
       if (base != ir::kNoValue) {
         // An order-preserving view of a value a kernel computes may be read
         // inside that kernel (see ReshapeFor); a reader elsewhere reads it
@@ -1412,7 +1488,7 @@ absl::StatusOr<LoweredGraph> Lowerer::Run() {
         if (auto a = alias_.find(base); a != alias_.end()) root = a->second.root;
         for (ValueId v : node.outputs) {
           alias_[v] = Alias{root, ops::SymSub(g_.value(v).meta.storage_offset,
-                                               g_.value(root).meta.storage_offset)};
+                                              g_.value(root).meta.storage_offset)};
           producer_item_[v] = std::max(ProducerItem(base), ProducerItem(root));
         }
         decisions_.push_back(absl::StrCat("view: ", node.name, " (", node.target, ") reads '",
@@ -1433,7 +1509,8 @@ absl::StatusOr<LoweredGraph> Lowerer::Run() {
     for (ValueId v : node.outputs) producer_item_[v] = static_cast<int>(items_.size()) - 1;
     // Kernels opened before an extern stay open: later nodes may still join
     // them when they read nothing the extern produces.
-    decisions_.push_back(absl::StrCat("extern: ", node.name, " (", node.target, ") runs through ATen"));
+    decisions_.push_back(
+        absl::StrCat("extern: ", node.name, " (", node.target, ") runs through ATen"));
   }
   for (ValueId v : g_.outputs()) {
     MarkStored(v);

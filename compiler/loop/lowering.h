@@ -47,8 +47,8 @@ namespace kiln::loop {
 
 struct LoweredGraph {
   std::vector<Kernel> kernels;
-  v1::ExecutionPlan plan;       // modules not filled in; launches name kernels by symbol
-  std::vector<std::string> symbols;  // symbol order of the kernel ABI
+  v1::ExecutionPlan plan;              // modules not filled in; launches name kernels by symbol
+  std::vector<std::string> symbols;    // symbol order of the kernel ABI
   std::vector<std::string> decisions;  // "fuse: ...", "refuse: ...", "extern: ..."
 };
 

@@ -44,8 +44,9 @@ LoweredGraph LayerNorm(const ir::TensorMeta& x_meta) {
   p.sizes = {d};
   ir::ValueId w = b.AddInput(p, v1::Placeholder::PARAMETER, "w");
   ir::ValueId bias = b.AddInput(p, v1::Placeholder::PARAMETER, "b");
-  b.AddOutput(Op(b, "aten.native_layer_norm.default",
-                 {Ref(x), ir::Argument{"", std::vector<ir::SymInt>{d}}, Ref(w), Ref(bias), ir::Float(1e-5)}));
+  b.AddOutput(Op(
+      b, "aten.native_layer_norm.default",
+      {Ref(x), ir::Argument{"", std::vector<ir::SymInt>{d}}, Ref(w), Ref(bias), ir::Float(1e-5)}));
   return Lower(std::move(b).Build());
 }
 

@@ -21,8 +21,8 @@ absl::StatusOr<std::vector<ir::ValueId>> DerivativeContext::OpN(const std::strin
                                                                 std::vector<ir::Argument> kwargs) {
   auto out = Emit(builder_, registry_, target, std::move(args), std::move(kwargs));
   if (!out.ok()) {
-    return absl::Status(out.status().code(),
-                        absl::StrCat("derivative of ", call_.Where(), ": ", out.status().message()));
+    return absl::Status(out.status().code(), absl::StrCat("derivative of ", call_.Where(), ": ",
+                                                          out.status().message()));
   }
   return out;
 }
@@ -32,8 +32,8 @@ absl::StatusOr<ir::ValueId> DerivativeContext::Op(const std::string& target,
                                                   std::vector<ir::Argument> kwargs) {
   ASSIGN_OR_RETURN(std::vector<ir::ValueId> out, OpN(target, std::move(args), std::move(kwargs)));
   if (out.size() != 1) {
-    return absl::InternalError(absl::StrCat("derivative of ", call_.Where(), ": ", target,
-                                            " has ", out.size(), " outputs, expected 1"));
+    return absl::InternalError(absl::StrCat("derivative of ", call_.Where(), ": ", target, " has ",
+                                            out.size(), " outputs, expected 1"));
   }
   return out[0];
 }
@@ -53,11 +53,12 @@ absl::StatusOr<ir::ValueId> DerivativeContext::SumToSize(ir::ValueId grad, ir::T
   }
   ir::ValueId out = grad;
   if (!keep.empty()) {
-    ASSIGN_OR_RETURN(out, Op("aten.sum.dim_IntList",
-                             {ir::Ref(out), ir::Ints(keep), ir::Bool(true)}));
+    ASSIGN_OR_RETURN(out,
+                     Op("aten.sum.dim_IntList", {ir::Ref(out), ir::Ints(keep), ir::Bool(true)}));
   }
   if (!dims.empty()) {
-    ASSIGN_OR_RETURN(out, Op("aten.sum.dim_IntList", {ir::Ref(out), ir::Ints(dims), ir::Bool(false)}));
+    ASSIGN_OR_RETURN(out,
+                     Op("aten.sum.dim_IntList", {ir::Ref(out), ir::Ints(dims), ir::Bool(false)}));
   }
   if (meta(out).dtype != like.dtype) {
     ASSIGN_OR_RETURN(out, Op("aten._to_copy.default", {ir::Ref(out)},

@@ -1033,8 +1033,9 @@ void RegisterViews(Registry* r) {
   Def(r, "aten.as_strided.default", SelfRule([](Ctx& c, ValueId g) -> Val {
         ASSIGN_OR_RETURN(ValueId self, c.call().Tensor("self"));
         ASSIGN_OR_RETURN(ValueId zeros, c.Op("aten.zeros_like.default", {Ref(self)}));
-        return c.Op("aten.as_strided_scatter.default",
-                    {Ref(zeros), Ref(g), Arg(c, "size"), Arg(c, "stride"), Arg(c, "storage_offset")});
+        return c.Op(
+            "aten.as_strided_scatter.default",
+            {Ref(zeros), Ref(g), Arg(c, "size"), Arg(c, "stride"), Arg(c, "storage_offset")});
       }));
   Def(r, "aten.transpose.int", SelfRule([](Ctx& c, ValueId g) {
         return c.Op("aten.transpose.int", {Ref(g), Arg(c, "dim0"), Arg(c, "dim1")});

@@ -88,9 +88,7 @@ std::string Markdown(const Registry& registry) {
 }
 
 // Size queries: the clients fold them into SymInt arguments.
-bool IsSizeQuery(const std::string& target) {
-  return target.rfind("aten.sym_", 0) == 0;
-}
+bool IsSizeQuery(const std::string& target) { return target.rfind("aten.sym_", 0) == 0; }
 
 // How kiln serves an op of the core opset.
 std::string Served(const std::string& target, const OpDef* op) {
@@ -123,8 +121,8 @@ std::string CoreOpset(const Registry& registry, const std::vector<std::string>& 
     size_queries += IsSizeQuery(t) ? 1 : 0;
   }
   std::string out = absl::StrCat(
-      "\n## ", heading, "\n\n", core.size(), " ops: ", known, " in the registry, ",
-      size_queries, " size queries, ", core.size() - known - size_queries,
+      "\n## ", heading, "\n\n", core.size(), " ops: ", known, " in the registry, ", size_queries,
+      " size queries, ", core.size() - known - size_queries,
       " without a rule. An op without a rule still runs: the `eager` backend and the forward "
       "of an inference graph call it through ATen and trust the client's metadata for its "
       "results; a graph in which a gradient must flow through it is refused with "

@@ -69,7 +69,8 @@ absl::StatusOr<OpCall> OpCall::Bind(const std::string& target,
   }
   const auto& params = call.schema_->params;
   if (static_cast<int>(args.size()) > call.schema_->num_positional()) {
-    return absl::InvalidArgumentError(absl::StrCat(target, " takes ", call.schema_->num_positional(),
+    return absl::InvalidArgumentError(absl::StrCat(target, " takes ",
+                                                   call.schema_->num_positional(),
                                                    " positional arguments, got ", args.size()));
   }
   for (size_t i = 0; i < args.size(); ++i) {
@@ -256,9 +257,10 @@ absl::StatusOr<std::vector<ir::ValueId>> Emit(ir::GraphBuilder& b, const Registr
                                               const std::string& target,
                                               std::vector<ir::Argument> args,
                                               std::vector<ir::Argument> kwargs) {
-  ASSIGN_OR_RETURN(std::vector<ir::TensorMeta> metas,
-                   InferMetas(registry, target, args, kwargs,
-                              [&b](ir::ValueId v) -> const ir::TensorMeta& { return b.value(v).meta; }));
+  ASSIGN_OR_RETURN(
+      std::vector<ir::TensorMeta> metas,
+      InferMetas(registry, target, args, kwargs,
+                 [&b](ir::ValueId v) -> const ir::TensorMeta& { return b.value(v).meta; }));
   return b.AddNode(target, std::move(args), std::move(kwargs), std::move(metas));
 }
 
@@ -286,9 +288,9 @@ absl::Status CheckMetadata(const Registry& registry, const ir::Graph& graph) {
       const ir::Value& v = graph.value(node.outputs[j]);
       const ir::TensorMeta& want = (*metas)[j];
       auto bad = [&](absl::string_view field, const std::string& have, const std::string& expect) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "node '", node.name, "' (", node.target, ") output ", j, " '", v.name, "': ", field,
-            " is ", have, " in the graph, but the op gives ", expect));
+        return absl::InvalidArgumentError(
+            absl::StrCat("node '", node.name, "' (", node.target, ") output ", j, " '", v.name,
+                         "': ", field, " is ", have, " in the graph, but the op gives ", expect));
       };
       if (v.meta.dtype != want.dtype) {
         return bad("dtype", v1::DType_Name(v.meta.dtype), v1::DType_Name(want.dtype));

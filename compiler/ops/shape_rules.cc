@@ -895,10 +895,10 @@ absl::StatusOr<Metas> Split(const OpCall& c) {
   }
   const int64_t chunks = k == 0 ? 1 : std::max<int64_t>(n / k + (n % k != 0), 1);
   if (chunks > ir::kMaxOutputsPerNode) {
-    return ArgError(c, "split_size",
-                    absl::StrCat("is ", k, " over a dimension of size ", n, ": ", chunks,
-                                 " outputs, over the limit of ", ir::kMaxOutputsPerNode,
-                                 " per node"));
+    return ArgError(
+        c, "split_size",
+        absl::StrCat("is ", k, " over a dimension of size ", n, ": ", chunks,
+                     " outputs, over the limit of ", ir::kMaxOutputsPerNode, " per node"));
   }
   Metas out;
   for (int64_t i = 0; i < chunks; ++i) {
@@ -921,8 +921,10 @@ absl::StatusOr<Metas> Unbind(const OpCall& c) {
   }
   if (size.constant() > ir::kMaxOutputsPerNode) {
     return ArgError(c, "dim",
-                    absl::StrCat("is a dimension of size ", size.constant(), ": as many outputs, "
-                                 "over the limit of ", ir::kMaxOutputsPerNode, " per node"));
+                    absl::StrCat("is a dimension of size ", size.constant(),
+                                 ": as many outputs, "
+                                 "over the limit of ",
+                                 ir::kMaxOutputsPerNode, " per node"));
   }
   Metas out;
   for (int64_t i = 0; i < size.constant(); ++i) {

@@ -1336,8 +1336,8 @@ TEST(CheckMetadata, AlteredDtypeOrSizeIsNamed) {
 // kiln_ops_doc lists every registry op (registered as its own ctest).
 
 TEST(OpsDocTool, ListsEveryRegistryOp) {
-  const std::string command = absl::StrCat(KILN_OPS_DOC_PATH, " ", KILN_SOURCE_DIR,
-                                           "/compiler/ops/core_aten_ops.txt");
+  const std::string command =
+      absl::StrCat(KILN_OPS_DOC_PATH, " ", KILN_SOURCE_DIR, "/compiler/ops/core_aten_ops.txt");
   std::unique_ptr<FILE, int (*)(FILE*)> pipe(popen(command.c_str(), "r"), pclose);
   ASSERT_NE(pipe, nullptr);
   std::string out;
@@ -1345,8 +1345,8 @@ TEST(OpsDocTool, ListsEveryRegistryOp) {
   size_t n;
   while ((n = fread(buf, 1, sizeof(buf), pipe.get())) > 0) out.append(buf, n);
   EXPECT_EQ(pclose(pipe.release()), 0);
-  EXPECT_THAT(out, HasSubstr(
-                       "build/bin/kiln_ops_doc compiler/ops/core_aten_ops.txt > docs/ops.md"));
+  EXPECT_THAT(out,
+              HasSubstr("build/bin/kiln_ops_doc compiler/ops/core_aten_ops.txt > docs/ops.md"));
   for (const OpDef* d : DefaultRegistry().All()) {
     EXPECT_THAT(out, HasSubstr(absl::StrCat("| `", d->target, "` |"))) << d->target;
   }
@@ -1364,7 +1364,8 @@ TEST(OpsDocTool, ListsEveryRegistryOp) {
   EXPECT_GT(core_ops, 150);
   // docs/ops.md is this output: regenerated whenever the registry changes.
   std::ifstream doc(absl::StrCat(KILN_SOURCE_DIR, "/docs/ops.md"));
-  const std::string committed((std::istreambuf_iterator<char>(doc)), std::istreambuf_iterator<char>());
+  const std::string committed((std::istreambuf_iterator<char>(doc)),
+                              std::istreambuf_iterator<char>());
   EXPECT_EQ(committed, out) << "docs/ops.md is stale: build/bin/kiln_ops_doc "
                                "compiler/ops/core_aten_ops.txt > docs/ops.md";
 }

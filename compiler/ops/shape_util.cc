@@ -33,7 +33,6 @@ int64_t SaturatingMul(int64_t a, int64_t b) {
                             : std::numeric_limits<int64_t>::min();
 }
 
-
 using ir::SymInt;
 
 // Text made only of identifiers, integers and '*': a product that can be

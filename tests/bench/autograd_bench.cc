@@ -46,7 +46,8 @@ ir::Graph MlpStack(int blocks) {
 ir::Graph PointwiseChain(int nodes) {
   ir::GraphBuilder b("chain");
   ir::ValueId v = b.AddInput(Meta({64, 64}, true), v1::Placeholder::USER_INPUT, "x");
-  for (int i = 0; i < nodes - 1; ++i) v = Op(b, i % 2 ? "aten.sin.default" : "aten.cos.default", {ir::Ref(v)});
+  for (int i = 0; i < nodes - 1; ++i)
+    v = Op(b, i % 2 ? "aten.sin.default" : "aten.cos.default", {ir::Ref(v)});
   b.AddOutput(Op(b, "aten.sum.default", {ir::Ref(v)}));
   return std::move(b).Build();
 }

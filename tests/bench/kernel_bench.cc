@@ -10,8 +10,8 @@
 // interpreter: the ops eager PyTorch dispatches to). Both sides get the same
 // fresh random inputs; the median of --reps timed runs, taken in blocks of
 // 10 that alternate between kiln, eager and the copy (see MedianMs).
-#include <ATen/core/Tensor.h>
 #include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
 #include <ATen/ops/allclose.h>
 #include <ATen/ops/empty_like.h>
 #include <ATen/ops/randn.h>
@@ -146,10 +146,10 @@ void Run(const Case& c, int reps) {
   for (const auto& t : *got) bytes += static_cast<double>(t.nbytes());
   at::Tensor src = at::randn({static_cast<int64_t>(bytes / 8)});
   at::Tensor dst = at::empty_like(src);
-  const std::vector<double> ms = MedianMs({[&] { (void)(*exec)->Run(c.inputs); },
-                                           [&] { (void)(*interp)->Run(c.inputs); },
-                                           [&] { dst.copy_(src); }},  // reads and writes `bytes`
-                                          reps);
+  const std::vector<double> ms =
+      MedianMs({[&] { (void)(*exec)->Run(c.inputs); }, [&] { (void)(*interp)->Run(c.inputs); },
+                [&] { dst.copy_(src); }},  // reads and writes `bytes`
+               reps);
   const double kiln_ms = ms[0], eager_ms = ms[1], copy_ms = ms[2];
   const double gbps = bytes / (kiln_ms * 1e-3) / 1e9;
   const double copy_gbps = bytes / (copy_ms * 1e-3) / 1e9;
@@ -180,8 +180,10 @@ int main(int argc, char** argv) {
     auto x = b.AddInput(Meta({n, d}), v1::Placeholder::USER_INPUT, "x");
     auto w = b.AddInput(Meta({d}), v1::Placeholder::PARAMETER, "w");
     auto bias = b.AddInput(Meta({d}), v1::Placeholder::PARAMETER, "b");
-    b.AddOutput(Op(b, "aten.native_layer_norm.default", {Ref(x), ir::Ints({d}), Ref(w), Ref(bias), ir::Float(1e-5)}));
-    cases.push_back({"LayerNorm", std::move(b).Build(), {randn({n, d}), randn({d}), randn({d})}, true});
+    b.AddOutput(Op(b, "aten.native_layer_norm.default",
+                   {Ref(x), ir::Ints({d}), Ref(w), Ref(bias), ir::Float(1e-5)}));
+    cases.push_back(
+        {"LayerNorm", std::move(b).Build(), {randn({n, d}), randn({d}), randn({d})}, true});
   }
   {
     ir::GraphBuilder b("rms_norm");
@@ -189,7 +191,8 @@ int main(int argc, char** argv) {
     auto w = b.AddInput(Meta({d}), v1::Placeholder::PARAMETER, "w");
     auto sq = Op(b, "aten.pow.Tensor_Scalar", {Ref(x), ir::Float(2.0)});
     auto m = Op(b, "aten.mean.dim", {Ref(sq), ir::Ints({-1}), ir::Bool(true)});
-    auto r = Op(b, "aten.rsqrt.default", {Ref(Op(b, "aten.add.Scalar", {Ref(m), ir::Float(1e-6)}))});
+    auto r =
+        Op(b, "aten.rsqrt.default", {Ref(Op(b, "aten.add.Scalar", {Ref(m), ir::Float(1e-6)}))});
     auto y = Op(b, "aten.mul.Tensor", {Ref(x), Ref(r)});
     b.AddOutput(Op(b, "aten.mul.Tensor", {Ref(y), Ref(w)}));
     cases.push_back({"RMSNorm", std::move(b).Build(), {randn({n, d}), randn({d})}, true});
@@ -218,7 +221,10 @@ int main(int argc, char** argv) {
     auto h = Op(b, "aten.mm.default", {Ref(x), Ref(w)});
     h = Op(b, "aten.add.Tensor", {Ref(h), Ref(bias)});
     b.AddOutput(Op(b, "aten.gelu.default", {Ref(h)}));
-    cases.push_back({"GELU after matmul", std::move(b).Build(), {randn({m, d}), randn({d, d}), randn({d})}, false});
+    cases.push_back({"GELU after matmul",
+                     std::move(b).Build(),
+                     {randn({m, d}), randn({d, d}), randn({d})},
+                     false});
   }
   {
     ir::GraphBuilder b("mlp_block");
@@ -231,23 +237,30 @@ int main(int argc, char** argv) {
     auto w2 = b.AddInput(Meta({d, d}), v1::Placeholder::PARAMETER, "w2");
     auto h = Op(b, "aten.mm.default", {Ref(x), Ref(w1)});
     h = Op(b, "aten.add.Tensor", {Ref(h), Ref(b1)});
-    h = Op(b, "aten.native_layer_norm.default", {Ref(h), ir::Ints({d}), Ref(g), Ref(beta), ir::Float(1e-5)});
+    h = Op(b, "aten.native_layer_norm.default",
+           {Ref(h), ir::Ints({d}), Ref(g), Ref(beta), ir::Float(1e-5)});
     h = Op(b, "aten.gelu.default", {Ref(h)});
     h = Op(b, "aten.mm.default", {Ref(h), Ref(w2)});
     b.AddOutput(Op(b, "aten.add.Tensor", {Ref(x), Ref(h)}));
-    cases.push_back({"MLP block", std::move(b).Build(),
-                     {randn({m, d}), randn({d, d}), randn({d}), randn({d}), randn({d}), randn({d, d})}, false});
+    cases.push_back(
+        {"MLP block",
+         std::move(b).Build(),
+         {randn({m, d}), randn({d, d}), randn({d}), randn({d}), randn({d}), randn({d, d})},
+         false});
   }
   std::printf(
       "kiln_kernel_bench: activations [%lld, %lld] float32, median of %d runs, %d threads, "
       "kernels for -march=%s\n\n",
       static_cast<long long>(n), static_cast<long long>(d), reps, at::get_num_threads(),
       absl::GetFlag(FLAGS_isa).c_str());
-  std::printf("| graph | kernels | eager ms | kiln ms | speed-up | kiln GB/s | copy GB/s | of copy | compile ms (no g++) | g++ ms |\n");
+  std::printf(
+      "| graph | kernels | eager ms | kiln ms | speed-up | kiln GB/s | copy GB/s | of copy | "
+      "compile ms (no g++) | g++ ms |\n");
   std::printf("|---|---|---|---|---|---|---|---|---|---|\n");
   const std::vector<std::string> only = absl::GetFlag(FLAGS_graphs);
   for (const Case& c : cases) {
-    if (only.empty() || std::find(only.begin(), only.end(), c.graph.name()) != only.end()) Run(c, reps);
+    if (only.empty() || std::find(only.begin(), only.end(), c.graph.name()) != only.end())
+      Run(c, reps);
   }
   return 0;
 }

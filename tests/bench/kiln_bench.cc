@@ -157,8 +157,10 @@ int main(int argc, char** argv) {
   }
   std::printf("kiln_bench against %s (%u hardware threads)\n\n", address.c_str(),
               std::thread::hardware_concurrency());
-  std::printf("| what | p50 µs (1 client) | p99 µs (1 client) | hits/s (%d clients) | key µs (client, once per graph) |\n",
-              absl::GetFlag(FLAGS_clients));
+  std::printf(
+      "| what | p50 µs (1 client) | p99 µs (1 client) | hits/s (%d clients) | key µs (client, once "
+      "per graph) |\n",
+      absl::GetFlag(FLAGS_clients));
   std::printf("|---|---|---|---|---|\n");
   kiln::LookupBench(address, 100);
   kiln::LookupBench(address, 1000);

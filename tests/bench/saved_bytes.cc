@@ -4,8 +4,8 @@
 // value the backward reads.
 //
 //   build/bin/kiln_saved_bytes [--json] [DIR]
-#include <cstdio>
 #include <algorithm>
+#include <cstdio>
 #include <filesystem>
 #include <string>
 
@@ -32,7 +32,9 @@ int main(int argc, char** argv) {
   if (json) {
     std::printf("[\n");
   } else {
-    std::printf("| graph | forward nodes | save everything read (bytes) | min-cut (bytes) | saved values | recomputed |\n");
+    std::printf(
+        "| graph | forward nodes | save everything read (bytes) | min-cut (bytes) | saved values | "
+        "recomputed |\n");
     std::printf("|---|---|---|---|---|---|\n");
   }
   bool first = true;

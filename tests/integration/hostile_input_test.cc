@@ -2,18 +2,18 @@
 // INVALID_ARGUMENT naming the limit or the field, quickly, with a short
 // message, through Compile and through Lookup; kilnd keeps answering health
 // checks throughout and its peak memory stays bounded.
-#include <gtest/gtest.h>
 #include <arpa/inet.h>
+#include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <fstream>
 #include <cstdio>
+#include <fstream>
 #include <functional>
-#include <tuple>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -28,8 +28,7 @@ namespace kiln::testing {
 namespace {
 
 std::string Meta(const std::string& sizes, const std::string& strides) {
-  return "meta { dtype: FLOAT32 " + sizes + " " + strides +
-         " device { type: \"cpu\" index: -1 } }";
+  return "meta { dtype: FLOAT32 " + sizes + " " + strides + " device { type: \"cpu\" index: -1 } }";
 }
 
 std::string Ints(const std::string& field, const std::vector<std::string>& values) {
@@ -60,9 +59,7 @@ v1::Graph OneNode(const std::vector<std::string>& sizes, const std::vector<std::
   return g;
 }
 
-std::string Nested(int depth) {
-  return std::string(depth, '(') + "s0" + std::string(depth, ')');
-}
+std::string Nested(int depth) { return std::string(depth, '(') + "s0" + std::string(depth, ')'); }
 
 // kilnd's peak resident memory (VmHWM), in KiB.
 int64_t PeakRssKib(pid_t pid) {
@@ -113,7 +110,9 @@ TEST(HostileInputTest, EveryBadGraphIsRefusedByNameAndKilndKeepsServing) {
        },
        "outputs, over the limit of 4096 per node"},
       {"unbind of a dimension of 10^12",
-       [&] { return OneNode({"1000000000000", "2"}, {"2", "1"}, "aten.unbind.int", ""); },
+       [&] {
+         return OneNode({"1000000000000", "2"}, {"2", "1"}, "aten.unbind.int", "");
+       },
        "over the limit of 4096 per node"},
       {"100,000 nested parentheses in a size",
        [&] { return OneNode({Nested(100000)}, {"1"}, "aten.relu.default", ""); },
@@ -135,9 +134,7 @@ TEST(HostileInputTest, EveryBadGraphIsRefusedByNameAndKilndKeepsServing) {
        [&] { return OneNode({"4"}, {"-9223372036854775807"}, "aten.relu.default", ""); },
        "stride[0] is -9223372036854775807, beyond the limit"},
       {"5000 outputs on one node",
-       [&] {
-         return OneNode({"8"}, {"1"}, "aten.split.Tensor", "args { int_value: 1 }", 5000);
-       },
+       [&] { return OneNode({"8"}, {"1"}, "aten.split.Tensor", "args { int_value: 1 }", 5000); },
        "has 5000 outputs, over the limit of 4096 per node"},
   };
 

@@ -1,7 +1,7 @@
 // kilnd end to end: the real daemon on loopback over a real RocksDB in a
 // temporary directory, driven through kiln::Client.
-#include <gtest/gtest.h>
 #include <arpa/inet.h>
+#include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -79,7 +79,8 @@ TEST(KilndTest, CompileThenHitFromASecondClient) {
   EXPECT_EQ(stats->variants(), 1u);
   EXPECT_GT(stats->bytes(), 0u);
   bool saw_verify = false;
-  for (const auto& p : stats->phases()) saw_verify |= p.phase() == "verify" && p.histogram().count() == 1;
+  for (const auto& p : stats->phases())
+    saw_verify |= p.phase() == "verify" && p.histogram().count() == 1;
   EXPECT_TRUE(saw_verify);
   EXPECT_EQ(kilnd.Terminate(), 0);
 }
@@ -311,19 +312,28 @@ TEST(KilndTest, BadInputIsRefusedByNameAndTheServerKeepsServing) {
   };
   const std::vector<Case> cases = {
       {"dangling reference",
-       [](v1::CompileRequest* r) { r->mutable_graph()->mutable_nodes(1)->mutable_args(0)->set_tensor("ghost"); },
+       [](v1::CompileRequest* r) {
+         r->mutable_graph()->mutable_nodes(1)->mutable_args(0)->set_tensor("ghost");
+       },
        "node 'op1' argument 0 refers to 'ghost'"},
       {"cycle",
-       [](v1::CompileRequest* r) { r->mutable_graph()->mutable_nodes(0)->mutable_args(0)->set_tensor("t2"); },
+       [](v1::CompileRequest* r) {
+         r->mutable_graph()->mutable_nodes(0)->mutable_args(0)->set_tensor("t2");
+       },
        "graph has a cycle"},
       {"empty graph", [](v1::CompileRequest* r) { r->mutable_graph()->Clear(); }, "graph is empty"},
       {"missing metadata",
-       [](v1::CompileRequest* r) { r->mutable_graph()->mutable_nodes(2)->mutable_outputs(0)->clear_meta(); },
+       [](v1::CompileRequest* r) {
+         r->mutable_graph()->mutable_nodes(2)->mutable_outputs(0)->clear_meta();
+       },
        "node 'op2' output 0 't2' has no metadata"},
-      {"output names nothing", [](v1::CompileRequest* r) { r->mutable_graph()->set_outputs(0, "t99"); },
+      {"output names nothing",
+       [](v1::CompileRequest* r) { r->mutable_graph()->set_outputs(0, "t99"); },
        "graph output 0 refers to 't99'"},
       {"argument kind",
-       [](v1::CompileRequest* r) { r->mutable_graph()->mutable_nodes(2)->mutable_args(1)->set_string_value("two"); },
+       [](v1::CompileRequest* r) {
+         r->mutable_graph()->mutable_nodes(2)->mutable_args(1)->set_string_value("two");
+       },
        "node 'op2' argument 1"},
       {"nonsense guard",
        [](v1::CompileRequest* r) {
@@ -357,12 +367,19 @@ TEST(KilndTest, BadInputIsRefusedByNameAndTheServerKeepsServing) {
        "over max_message_bytes (20000)"},
       {"metadata against the op's shape rule",
        [](v1::CompileRequest* r) {
-         r->mutable_graph()->mutable_nodes(1)->mutable_outputs(0)->mutable_meta()->set_dtype(v1::FLOAT16);
+         r->mutable_graph()->mutable_nodes(1)->mutable_outputs(0)->mutable_meta()->set_dtype(
+             v1::FLOAT16);
        },
-       "node 'op1' (aten.neg.default) output 0 't1': dtype is FLOAT16 in the graph, but the op gives FLOAT32"},
+       "node 'op1' (aten.neg.default) output 0 't1': dtype is FLOAT16 in the graph, but the op "
+       "gives FLOAT32"},
       {"wrong size",
        [](v1::CompileRequest* r) {
-         r->mutable_graph()->mutable_nodes(0)->mutable_outputs(0)->mutable_meta()->mutable_sizes(1)->set_int_value(15);
+         r->mutable_graph()
+             ->mutable_nodes(0)
+             ->mutable_outputs(0)
+             ->mutable_meta()
+             ->mutable_sizes(1)
+             ->set_int_value(15);
        },
        "size[1] is 15 in the graph, but the op gives 16"},
   };
@@ -371,7 +388,8 @@ TEST(KilndTest, BadInputIsRefusedByNameAndTheServerKeepsServing) {
     v1::CompileRequest r = good;
     k.mutate(&r);
     auto resp = c->Compile(r);
-    EXPECT_EQ(resp.status().code(), absl::StatusCode::kInvalidArgument) << k.what << ": " << resp.status();
+    EXPECT_EQ(resp.status().code(), absl::StatusCode::kInvalidArgument)
+        << k.what << ": " << resp.status();
     EXPECT_TRUE(Contains(resp.status().message(), k.expect)) << k.what << ": " << resp.status();
     EXPECT_TRUE(c->Health().ok()) << k.what;
   }
@@ -659,7 +677,8 @@ TEST(KilndTest, PrometheusMetricsFollowTheCounters) {
   EXPECT_TRUE(Contains(metrics, "kiln_cache_variants 1\n")) << metrics;
   EXPECT_TRUE(Contains(metrics, "kiln_compile_phase_seconds_count{phase=\"verify\"} 1\n"))
       << metrics;
-  EXPECT_TRUE(Contains(metrics, "kiln_compile_phase_seconds_bucket{phase=\"verify\",le=\"+Inf\"} 1"))
+  EXPECT_TRUE(
+      Contains(metrics, "kiln_compile_phase_seconds_bucket{phase=\"verify\",le=\"+Inf\"} 1"))
       << metrics;
   EXPECT_EQ(kilnd.Terminate(), 0);
 }
