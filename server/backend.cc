@@ -69,6 +69,8 @@ class KilnBackend final : public Backend {
     cpp.isa = input.options.target().cpu_isa();
     cpp.scratch_dir = options_.scratch_dir;
     cpp.timeout = options_.native_compile_timeout;
+    cpp.cancel = input.cancel;
+    cpp.compiler = options_.native_compiler;
     std::unique_ptr<codegen::CodegenBackend> backend = codegen::MakeCppBackend(cpp);
 
     bool training = false;

@@ -7,6 +7,7 @@
 #ifndef KILN_SERVER_BACKEND_H_
 #define KILN_SERVER_BACKEND_H_
 
+#include <atomic>
 #include <map>
 #include <memory>
 #include <string>
@@ -52,6 +53,9 @@ struct CompileInput {
   // Debug trace files, written as the stages run (so a failed compile still
   // leaves what it got as far as); the engine puts them in the artifact.
   std::map<std::string, std::string>* trace;
+  // Set when nobody waits for the result any more: a backend stops at the
+  // next point it checks (the native compiler is killed) with CANCELLED.
+  const std::atomic<bool>* cancel = nullptr;
 };
 
 class Backend {
@@ -77,6 +81,7 @@ std::unique_ptr<Backend> MakeEagerBackend();
 struct BackendOptions {
   std::string scratch_dir = "/tmp";                            // sources and objects while g++ runs
   absl::Duration native_compile_timeout = absl::Seconds(120);  // per g++ run
+  std::string native_compiler = "g++";                         // searched in PATH
 };
 
 // Backends by name.

@@ -1,5 +1,7 @@
 #include "server/engine.h"
 
+#include <malloc.h>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "cache/guards.h"
@@ -93,7 +95,8 @@ absl::StatusOr<v1::Artifact> Engine::LoadArtifact(const std::string& digest) {
   return artifact;
 }
 
-absl::StatusOr<v1::CompileResponse> Engine::Compile(const v1::CompileRequest& req) {
+absl::StatusOr<v1::CompileResponse> Engine::Compile(const v1::CompileRequest& req,
+                                                    const CallerGone& gone) {
   const std::string& ns = req.namespace_();
   RETURN_IF_ERROR(cache::ValidateNamespace(ns));
   PhaseTimes times;
@@ -117,7 +120,7 @@ absl::StatusOr<v1::CompileResponse> Engine::Compile(const v1::CompileRequest& re
           "frozen: a bypass_cache request would compile, and a frozen server compiles nothing");
     }
     cache_->Count(v1::BYPASS);
-    return CompileMiss(ns, graph, guards, options, key, v1::BYPASS, {}, std::move(times));
+    return CompileMiss(ns, graph, guards, options, key, v1::BYPASS, {}, std::move(times), gone);
   }
 
   // Probe the cache: a variant with these very guards, or, when the client
@@ -186,13 +189,14 @@ absl::StatusOr<v1::CompileResponse> Engine::Compile(const v1::CompileRequest& re
   // CompileMiss counts the miss: the variant may be published by an
   // identical compile before this one gets to run.
   const v1::LookupOutcome outcome = variants == 0 ? v1::FULL_MISS : v1::GUARD_MISS;
-  return CompileMiss(ns, graph, guards, options, key, outcome, std::move(misses), std::move(times));
+  return CompileMiss(ns, graph, guards, options, key, outcome, std::move(misses), std::move(times),
+                     gone);
 }
 
 absl::StatusOr<v1::CompileResponse> Engine::CompileMiss(
     const std::string& ns, const ir::Graph& graph, const v1::GuardSet& guards,
     const v1::CompileOptions& options, const std::string& key, v1::LookupOutcome outcome,
-    std::vector<v1::VariantMiss> misses, PhaseTimes times) {
+    std::vector<v1::VariantMiss> misses, PhaseTimes times, const CallerGone& gone) {
   const bool bypass = outcome == v1::BYPASS;
   const std::string guard_bytes = ir::DeterministicBytes(guards);
   const std::string flight_key =
@@ -207,17 +211,19 @@ absl::StatusOr<v1::CompileResponse> Engine::CompileMiss(
       leader = true;
     }
     flight = slot;
+    ++flight->waiters;
   }
   if (!leader) {
     if (!bypass) cache_->Count(outcome);
     cache_->CountSingleFlightJoin();
-    flight->done.WaitForNotification();
-    return flight->result;
+    return AwaitFlight(flight, gone);
   }
 
   ++in_flight_;
-  absl::Notification ran;
-  auto job = [&] {
+  // The job owns copies of what it compiles: every caller may leave before
+  // it ends (their clients gone), and the last to leave cancels it.
+  auto job = [this, flight, flight_key, bypass, guard_bytes, ns, graph, guards, options, key,
+              outcome, misses = std::move(misses), times = std::move(times)]() mutable {
     auto run = [&]() -> absl::StatusOr<v1::CompileResponse> {
       v1::CompileResponse resp;
       resp.set_key(key);
@@ -238,10 +244,14 @@ absl::StatusOr<v1::CompileResponse> Engine::CompileMiss(
         return resp;
       }
       if (!bypass) cache_->Count(outcome);
+      if (flight->cancel.load()) {
+        return absl::CancelledError("every client waiting for this compile went away");
+      }
       ASSIGN_OR_RETURN(const Backend* backend, backends_.Find(options.backend()));
       std::map<std::string, std::string> trace;
-      CompileInput input{graph, guards, options, key, &trace};
+      CompileInput input{graph, guards, options, key, &trace, &flight->cancel};
       auto artifact = backend->Compile(input, &times);
+      if (absl::IsCancelled(artifact.status())) return artifact.status();
       cache_->CountCompile(artifact.ok());
       if (!artifact.ok()) {
         RecordFailure(ns, key, artifact.status(), trace);
@@ -265,21 +275,38 @@ absl::StatusOr<v1::CompileResponse> Engine::CompileMiss(
       return resp;
     };
     flight->result = run();
-    ran.Notify();
+    FinishFlight(flight, flight_key);
   };
-  absl::Status submitted = pool_->Submit(job);
-  if (submitted.ok()) {
-    ran.WaitForNotification();
-  } else {
+  absl::Status submitted = pool_->Submit(std::move(job));
+  if (!submitted.ok()) {
     if (!bypass) cache_->Count(outcome);
     flight->result = submitted;
+    FinishFlight(flight, flight_key);
   }
+  return AwaitFlight(flight, gone);
+}
+
+void Engine::FinishFlight(const std::shared_ptr<Flight>& flight, const std::string& flight_key) {
   {
     absl::MutexLock l(&flights_mu_);
-    flights_.erase(flight_key);
+    auto it = flights_.find(flight_key);
+    if (it != flights_.end() && it->second == flight) flights_.erase(it);
   }
   flight->done.Notify();
   --in_flight_;
+  // A large compile frees most of what it allocated; hand it back to the
+  // system instead of keeping it in the allocator's free lists.
+  malloc_trim(0);
+}
+
+absl::StatusOr<v1::CompileResponse> Engine::AwaitFlight(const std::shared_ptr<Flight>& flight,
+                                                        const CallerGone& gone) {
+  while (!flight->done.WaitForNotificationWithTimeout(absl::Milliseconds(100))) {
+    if (gone && gone()) {
+      if (--flight->waiters == 0) flight->cancel = true;
+      return absl::CancelledError("the client went away before the compile finished");
+    }
+  }
   return flight->result;
 }
 

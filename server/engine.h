@@ -12,6 +12,7 @@
 
 #include <atomic>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -40,7 +41,14 @@ class Engine {
   Engine(const EngineOptions& options, cache::Cache* cache, BackendRegistry backends);
   ~Engine();  // finishes queued compiles
 
-  absl::StatusOr<v1::CompileResponse> Compile(const v1::CompileRequest& request);
+  // Whether the caller stopped waiting (its client went away or its deadline
+  // passed). Polled while a compile runs; may be empty.
+  using CallerGone = std::function<bool()>;
+
+  // A compile whose callers are all gone stops (CANCELLED): its native
+  // compiler is killed.
+  absl::StatusOr<v1::CompileResponse> Compile(const v1::CompileRequest& request,
+                                              const CallerGone& gone = nullptr);
   absl::StatusOr<v1::LookupResponse> Lookup(const v1::LookupRequest& request);
   absl::StatusOr<v1::GetArtifactResponse> GetArtifact(const v1::GetArtifactRequest& request);
 
@@ -56,6 +64,8 @@ class Engine {
   struct Flight {
     absl::Notification done;
     absl::StatusOr<v1::CompileResponse> result;
+    std::atomic<int> waiters{0};      // callers still waiting
+    std::atomic<bool> cancel{false};  // set when the last one leaves
   };
 
   absl::StatusOr<v1::CompileResponse> CompileMiss(const std::string& ns, const ir::Graph& graph,
@@ -63,7 +73,12 @@ class Engine {
                                                   const v1::CompileOptions& options,
                                                   const std::string& key, v1::LookupOutcome outcome,
                                                   std::vector<v1::VariantMiss> misses,
-                                                  PhaseTimes times);
+                                                  PhaseTimes times, const CallerGone& gone);
+  // Publishes the flight's result to its callers and forgets it.
+  void FinishFlight(const std::shared_ptr<Flight>& flight, const std::string& flight_key);
+  // The flight's result, or CANCELLED once `gone` says the caller left.
+  absl::StatusOr<v1::CompileResponse> AwaitFlight(const std::shared_ptr<Flight>& flight,
+                                                  const CallerGone& gone);
   // Reads and parses a verified artifact.
   absl::StatusOr<v1::Artifact> LoadArtifact(const std::string& digest);
 

@@ -71,10 +71,11 @@ grpc::ServerUnaryReactor* CompilerService::Compile(grpc::CallbackServerContext* 
                                                    grpc::ByteBuffer* resp) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   ++active_;
-  absl::Status queued = waiting_compiles_.Submit([this, req, resp, reactor] {
+  absl::Status queued = waiting_compiles_.Submit([this, ctx, req, resp, reactor] {
     grpc::Status s = Serve<v1::CompileRequest, v1::CompileResponse>(
-        *req, max_message_bytes_, resp,
-        [&](const v1::CompileRequest& r) { return engine_->Compile(r); });
+        *req, max_message_bytes_, resp, [&](const v1::CompileRequest& r) {
+          return engine_->Compile(r, [ctx] { return ctx->IsCancelled(); });
+        });
     --active_;
     reactor->Finish(s);
   });

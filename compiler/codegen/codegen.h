@@ -13,6 +13,7 @@
 #ifndef KILN_COMPILER_CODEGEN_CODEGEN_H_
 #define KILN_COMPILER_CODEGEN_CODEGEN_H_
 
+#include <atomic>
 #include <memory>
 #include <string>
 #include <vector>
@@ -54,6 +55,9 @@ struct CppOptions {
   // The compiler is killed (with everything it started) past this, and
   // Compile fails with DEADLINE_EXCEEDED.
   absl::Duration timeout = absl::Seconds(120);
+  // When set and it turns true, the compiler is killed and Compile fails
+  // with CANCELLED. Must outlive Compile.
+  const std::atomic<bool>* cancel = nullptr;
 };
 
 std::unique_ptr<CodegenBackend> MakeCppBackend(const CppOptions& options);

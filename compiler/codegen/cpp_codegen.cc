@@ -1859,7 +1859,7 @@ struct CommandResult {
 // captured, in a process group of its own. Past `timeout` the whole group
 // (g++ and the cc1plus, as and ld it started) is killed: DEADLINE_EXCEEDED.
 absl::StatusOr<CommandResult> RunCommand(const std::vector<std::string>& argv,
-                                         absl::Duration timeout) {
+                                         absl::Duration timeout, const std::atomic<bool>* cancel) {
   int fds[2];
   if (pipe2(fds, O_CLOEXEC) != 0) {
     return absl::InternalError(absl::StrCat("pipe: ", std::strerror(errno)));
@@ -1887,7 +1887,7 @@ absl::StatusOr<CommandResult> RunCommand(const std::vector<std::string>& argv,
   }
   CommandResult result;
   const absl::Time deadline = absl::Now() + timeout;
-  bool timed_out = false;
+  bool timed_out = false, cancelled = false;
   char chunk[4096];
   while (true) {
     const absl::Duration left = deadline - absl::Now();
@@ -1895,8 +1895,15 @@ absl::StatusOr<CommandResult> RunCommand(const std::vector<std::string>& argv,
       timed_out = true;
       break;
     }
+    if (cancel != nullptr && cancel->load()) {
+      cancelled = true;
+      break;
+    }
     pollfd p{fds[0], POLLIN, 0};
-    const int ready = poll(&p, 1, static_cast<int>(absl::ToInt64Milliseconds(left)) + 1);
+    // Wakes at least every 100 ms to look at `cancel`.
+    const int wait_ms = static_cast<int>(
+        std::min<int64_t>(absl::ToInt64Milliseconds(left) + 1, cancel != nullptr ? 100 : 1 << 30));
+    const int ready = poll(&p, 1, wait_ms);
     if (ready < 0 && errno == EINTR) continue;
     if (ready == 0) continue;  // the deadline is checked above
     const ssize_t got = read(fds[0], chunk, sizeof chunk);
@@ -1907,11 +1914,15 @@ absl::StatusOr<CommandResult> RunCommand(const std::vector<std::string>& argv,
     }
   }
   close(fds[0]);
-  if (timed_out) kill(-pid, SIGKILL);
+  if (timed_out || cancelled) kill(-pid, SIGKILL);
   while (waitpid(pid, &result.wait_status, 0) < 0) {
     if (errno != EINTR) {
       return absl::InternalError(absl::StrCat("waitpid: ", std::strerror(errno)));
     }
+  }
+  if (cancelled) {
+    return absl::CancelledError(
+        absl::StrCat(argv[0], " was killed: nobody waits for this compile any more"));
   }
   if (timed_out) {
     return absl::DeadlineExceededError(absl::StrCat(
@@ -1965,7 +1976,7 @@ class CppBackend : public CodegenBackend {
         // leaves the lane loop scalar (the Welford sweep gets 2x slower).
         "-fno-loop-unroll-and-jam", "-shared", "-fPIC", "-o", so.path(), src.path(), "-lmvec"};
     const std::string command = absl::StrJoin(argv, " ");
-    ASSIGN_OR_RETURN(CommandResult run, RunCommand(argv, options_.timeout));
+    ASSIGN_OR_RETURN(CommandResult run, RunCommand(argv, options_.timeout, options_.cancel));
     if (!WIFEXITED(run.wait_status) || WEXITSTATUS(run.wait_status) != 0) {
       const std::string how = WIFEXITED(run.wait_status)
                                   ? absl::StrCat("exit status ", WEXITSTATUS(run.wait_status))

@@ -7,6 +7,7 @@
 #include <netinet/in.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -22,6 +23,7 @@
 #include "absl/time/clock.h"
 #include "client/client.h"
 #include "google/protobuf/text_format.h"
+#include "tests/integration/graphs.h"
 #include "tests/integration/kilnd_process.h"
 
 namespace kiln::testing {
@@ -245,6 +247,49 @@ TEST(HostileInputTest, AConnectionFloodNeverStopsTheListener) {
     if (!serving) absl::SleepFor(absl::Milliseconds(250));
   }
   EXPECT_TRUE(serving) << "kilnd stopped accepting after a connection flood";
+  EXPECT_EQ(kilnd.Terminate(), 0);
+}
+
+// A compile whose only client gave up (deadline) stops: its compiler, and
+// what the compiler started, are killed, and nothing stays in flight.
+TEST(HostileInputTest, ACompileNobodyWaitsForStops) {
+  TempDir dir;
+  const std::string script = dir.path() + "/slow-g++";
+  const std::string marker = dir.path() + "/compiler-child-finished";
+  {
+    std::ofstream f(script);
+    f << "#!/bin/sh\n(sleep 4; touch '" << marker << "') &\nsleep 60\n";
+  }
+  ASSERT_EQ(chmod(script.c_str(), 0755), 0);
+  KilndProcess kilnd(dir.path() + "/data", {"--native_compiler=" + script});
+  ClientOptions o;
+  o.address = kilnd.address();
+  o.deadline = absl::Seconds(1);
+  o.max_attempts = 1;
+  auto c = Client::Connect(o);
+  ASSERT_TRUE(c.ok()) << c.status();
+  v1::CompileRequest r;
+  *r.mutable_graph() = ChainGraph(4);
+  r.mutable_options()->set_backend("kiln");
+  const absl::Time start = absl::Now();
+  auto compiled = (*c)->Compile(r);
+  EXPECT_EQ(compiled.status().code(), absl::StatusCode::kDeadlineExceeded) << compiled.status();
+  o.deadline = absl::Seconds(10);
+  auto admin = Client::Connect(o);
+  ASSERT_TRUE(admin.ok());
+  uint64_t in_flight = 1;
+  while (in_flight != 0 && absl::Now() - start < absl::Seconds(3)) {
+    auto stats = (*admin)->Stats();
+    ASSERT_TRUE(stats.ok()) << stats.status();
+    in_flight = stats->in_flight();
+    if (in_flight != 0) absl::SleepFor(absl::Milliseconds(50));
+  }
+  EXPECT_EQ(in_flight, 0u) << "the compile kept running after its client left";
+  absl::SleepFor(absl::Seconds(5) - (absl::Now() - start));
+  EXPECT_FALSE(std::ifstream(marker).good()) << "the compiler's child outlived the cancel";
+  auto stats = (*admin)->Stats();
+  ASSERT_TRUE(stats.ok());
+  EXPECT_EQ(stats->counters().compile_errors(), 0u);
   EXPECT_EQ(kilnd.Terminate(), 0);
 }
 
