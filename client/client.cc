@@ -118,8 +118,16 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(ClientOptions options) {
       static_cast<int>(std::max<int64_t>(1, absl::ToInt64Milliseconds(options.initial_backoff))));
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, static_cast<int>(LargestBackoffMillis(options)));
 
+  std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
+  if (!options.tls_root_certs.empty()) {
+    grpc::SslCredentialsOptions ssl;
+    ssl.pem_root_certs = options.tls_root_certs;
+    ssl.pem_cert_chain = options.tls_cert;
+    ssl.pem_private_key = options.tls_key;
+    credentials = grpc::SslCredentials(ssl);
+  }
   std::shared_ptr<grpc::Channel> channel =
-      grpc::CreateCustomChannel(options.address, grpc::InsecureChannelCredentials(), args);
+      grpc::CreateCustomChannel(options.address, credentials, args);
   if (channel == nullptr) {
     return absl::InvalidArgumentError(
         absl::StrCat("cannot create a channel to '", options.address, "'"));
@@ -148,6 +156,7 @@ absl::Status Client::Call(const std::function<grpc::Status(grpc::ClientContext*)
   for (int n = 1;; ++n) {
     grpc::ClientContext context;
     context.set_deadline(absl::ToChronoTime(deadline));
+    if (!options_.token.empty()) context.AddMetadata("authorization", "Bearer " + options_.token);
     status = attempt(&context);
     if (status.error_code() != grpc::StatusCode::UNAVAILABLE) break;
     if (n >= options_.max_attempts) break;
@@ -186,9 +195,11 @@ absl::StatusOr<v1::LookupResponse> Client::LookupGraph(const v1::Graph& graph,
   return Lookup(request);
 }
 
-absl::StatusOr<v1::GetArtifactResponse> Client::GetArtifact(const std::string& digest) const {
+absl::StatusOr<v1::GetArtifactResponse> Client::GetArtifact(const std::string& digest,
+                                                            const std::string& ns) const {
   v1::GetArtifactRequest request;
   request.set_digest(digest);
+  request.set_namespace_(ns);
   v1::GetArtifactResponse response;
   RETURN_IF_ERROR(
       Call([&](grpc::ClientContext* c) { return compiler_->GetArtifact(c, request, &response); }));

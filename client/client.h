@@ -52,6 +52,15 @@ struct ClientOptions {
   absl::Duration initial_backoff = absl::Milliseconds(50);
   // Largest message sent or received (artifacts can be large).
   uint64_t max_message_bytes = 256 << 20;
+  // Bearer token sent with every call ("authorization: Bearer <token>");
+  // empty: none.
+  std::string token;
+  // TLS: PEM root certificates the server's certificate must chain to.
+  // Empty: plaintext. With tls_cert/tls_key: a client certificate (mutual
+  // TLS).
+  std::string tls_root_certs;
+  std::string tls_cert;
+  std::string tls_key;
 };
 
 class Client {
@@ -78,7 +87,10 @@ class Client {
                                                  const v1::InputSignature& signature,
                                                  const std::string& ns = "",
                                                  bool include_artifact = false) const;
-  absl::StatusOr<v1::GetArtifactResponse> GetArtifact(const std::string& digest) const;
+  // The artifact `digest`, which a variant of namespace `ns` names (checked
+  // by kilnd when it has tokens).
+  absl::StatusOr<v1::GetArtifactResponse> GetArtifact(const std::string& digest,
+                                                      const std::string& ns = "") const;
 
   // --- Admin service ---
   absl::StatusOr<v1::StatsResponse> Stats() const;

@@ -7,9 +7,11 @@
 // stderr), 2 on a usage error.
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <sstream>
@@ -38,6 +40,9 @@
 
 ABSL_FLAG(std::string, server, "127.0.0.1:50051", "address of kilnd");
 ABSL_FLAG(bool, json, false, "print the response message as protobuf JSON");
+ABSL_FLAG(std::string, token_file, "",
+          "file holding the bearer token to send (default: $KILN_TOKEN, else none)");
+ABSL_FLAG(std::string, tls_ca, "", "PEM root certificates of the server's TLS certificate");
 ABSL_FLAG(std::string, backend, "",
           "backend for compile, lookup and key (eager, aot_eager, kiln); overrides the file's");
 ABSL_FLAG(std::string, namespace, "",
@@ -658,6 +663,21 @@ int Main(int argc, char** argv) {
   ClientOptions options;
   options.address = absl::GetFlag(FLAGS_server);
   options.deadline = absl::GetFlag(FLAGS_deadline);
+  auto read = [](const std::string& path, std::string* out) -> absl::Status {
+    std::ifstream f(path, std::ios::binary);
+    if (!f) return absl::InvalidArgumentError(absl::StrCat("cannot read ", path));
+    out->assign(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+    return absl::OkStatus();
+  };
+  if (const std::string path = absl::GetFlag(FLAGS_token_file); !path.empty()) {
+    if (absl::Status s = read(path, &options.token); !s.ok()) return Fail(s);
+    options.token = std::string(absl::StripAsciiWhitespace(options.token));
+  } else if (const char* token = std::getenv("KILN_TOKEN"); token != nullptr) {
+    options.token = token;
+  }
+  if (const std::string path = absl::GetFlag(FLAGS_tls_ca); !path.empty()) {
+    if (absl::Status s = read(path, &options.tls_root_certs); !s.ok()) return Fail(s);
+  }
   auto client = Client::Connect(options);
   if (!client.ok()) return Fail(client.status());
   const absl::Status status = command->remote(**client, inv);

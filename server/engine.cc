@@ -377,10 +377,24 @@ absl::StatusOr<v1::LookupResponse> Engine::Lookup(const v1::LookupRequest& req) 
   return resp;
 }
 
-absl::StatusOr<v1::GetArtifactResponse> Engine::GetArtifact(const v1::GetArtifactRequest& req) {
+absl::StatusOr<v1::GetArtifactResponse> Engine::GetArtifact(const v1::GetArtifactRequest& req,
+                                                            bool scoped) {
   if (!IsHexDigest(req.digest())) {
     return absl::InvalidArgumentError(
-        absl::StrCat("digest: '", req.digest(), "' is not a hex SHA-256"));
+        absl::StrCat("digest: '", req.digest().substr(0, 80), "' is not a hex SHA-256"));
+  }
+  if (scoped) {
+    RETURN_IF_ERROR(cache::ValidateNamespace(req.namespace_()));
+    ASSIGN_OR_RETURN(std::vector<cache::Cache::EntrySummary> entries,
+                     cache_->List(req.namespace_()));
+    bool named = false;
+    for (const auto& e : entries) {
+      for (const auto& v : e.entry.variants()) named = named || v.digest() == req.digest();
+    }
+    if (!named) {
+      return absl::NotFoundError(absl::StrCat("artifact ", req.digest(),
+                                              ": not found in namespace '", req.namespace_(), "'"));
+    }
   }
   v1::GetArtifactResponse resp;
   ASSIGN_OR_RETURN(*resp.mutable_artifact(), LoadArtifact(req.digest()));

@@ -50,7 +50,10 @@ class Engine {
   absl::StatusOr<v1::CompileResponse> Compile(const v1::CompileRequest& request,
                                               const CallerGone& gone = nullptr);
   absl::StatusOr<v1::LookupResponse> Lookup(const v1::LookupRequest& request);
-  absl::StatusOr<v1::GetArtifactResponse> GetArtifact(const v1::GetArtifactRequest& request);
+  // With `scoped`, the artifact must be named by a variant of the request's
+  // namespace (NOT_FOUND otherwise, as for an unknown digest).
+  absl::StatusOr<v1::GetArtifactResponse> GetArtifact(const v1::GetArtifactRequest& request,
+                                                      bool scoped = false);
 
   v1::StatsResponse Stats() const;
   void SetFrozen(bool frozen) { frozen_ = frozen; }

@@ -32,6 +32,7 @@
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "kiln/v1/config.pb.h"
+#include "server/auth.h"
 #include "server/engine.h"
 #include "server/listener.h"
 #include "server/metrics.h"
@@ -48,6 +49,15 @@ ABSL_FLAG(uint32_t, cache_size_limit, 0, "variants per key (default 8)");
 ABSL_FLAG(uint64_t, max_message_bytes, 0, "largest request accepted (default 64 MiB)");
 ABSL_FLAG(uint32_t, compile_workers, 0, "compile threads (default: cores)");
 ABSL_FLAG(bool, sync_writes, false, "fsync every publish (survive power loss, not only crashes)");
+ABSL_FLAG(std::string, tokens_file, "",
+          "bearer tokens, one per line: TOKEN ROLE NAMESPACES [NAME] (server/auth.h); empty: "
+          "every caller is an admin");
+ABSL_FLAG(std::string, tls_cert_file, "", "PEM certificate chain of the server (enables TLS)");
+ABSL_FLAG(std::string, tls_key_file, "", "PEM private key of the server");
+ABSL_FLAG(std::string, tls_client_ca_file, "",
+          "PEM CA certificates that client certificates must chain to (mutual TLS)");
+ABSL_FLAG(bool, allow_insecure_remote, false,
+          "listen beyond loopback without TLS and tokens (refused otherwise)");
 ABSL_FLAG(std::string, metrics_listen, "",
           "serve Prometheus metrics at http://HOST:PORT/metrics (empty: off; port 0 picks one)");
 ABSL_FLAG(int64_t, open_file_limit, 0,
@@ -130,6 +140,14 @@ absl::StatusOr<v1::ServerConfig> LoadConfig() {
   return config;
 }
 
+absl::StatusOr<std::string> ReadFile(const std::string& path, const char* flag) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) return absl::InvalidArgumentError(absl::StrCat(flag, ": cannot read ", path));
+  std::stringstream text;
+  text << f.rdbuf();
+  return text.str();
+}
+
 absl::Status Serve() {
   ASSIGN_OR_RETURN(v1::ServerConfig config, LoadConfig());
 
@@ -176,13 +194,32 @@ absl::Status Serve() {
   auto engine = std::make_unique<Engine>(engine_options, cache.get(),
                                          BackendRegistry::Default(backend_options));
 
+  Authorizer auth;
+  if (const std::string path = absl::GetFlag(FLAGS_tokens_file); !path.empty()) {
+    ASSIGN_OR_RETURN(auth, Authorizer::FromFile(path));
+  }
+  const std::string cert_file = absl::GetFlag(FLAGS_tls_cert_file);
+  const bool tls = !cert_file.empty();
+  const std::string listen_host = config.listen().substr(0, config.listen().rfind(':'));
+  const bool loopback = listen_host == "localhost" || absl::StartsWith(listen_host, "127.") ||
+                        listen_host == "[::1]" || listen_host == "::1";
+  if (!loopback && !(tls && auth.enabled()) && !absl::GetFlag(FLAGS_allow_insecure_remote)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "listen: ", config.listen().substr(0, 200),
+        " is beyond loopback, and TLS (--tls_cert_file, --tls_key_file) and tokens "
+        "(--tokens_file) are not both configured: anyone who reaches the port could read "
+        "and write every namespace. Configure both, or pass --allow_insecure_remote"));
+  }
   CompilerService compiler(engine.get(), config.max_message_bytes(),
-                           /*max_waiting_compiles=*/256);
-  AdminService admin(engine.get());
+                           /*max_waiting_compiles=*/256, &auth);
+  AdminService admin(engine.get(), &auth);
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
-  // Connections come from kilnd's own accept loop (server/listener.h), which
-  // survives running out of descriptors; gRPC opens no port itself.
+
+  // Plaintext connections come from kilnd's own accept loop
+  // (server/listener.h), which survives running out of descriptors; gRPC
+  // opens no port itself. TLS connections use gRPC's listener (its SSL
+  // handshake), under the same raised open-file limit.
   if (const int64_t limit = absl::GetFlag(FLAGS_open_file_limit); limit > 0) {
     rlimit r{};
     getrlimit(RLIMIT_NOFILE, &r);
@@ -191,8 +228,22 @@ absl::Status Serve() {
   } else {
     RaiseOpenFileLimit();
   }
-  ASSIGN_OR_RETURN(std::unique_ptr<Listener> listener, Listener::Bind(config.listen()));
   grpc::ServerBuilder builder;
+  std::unique_ptr<Listener> listener;
+  int tls_port = 0;
+  if (tls) {
+    grpc::SslServerCredentialsOptions ssl;
+    ASSIGN_OR_RETURN(std::string cert, ReadFile(cert_file, "tls_cert_file"));
+    ASSIGN_OR_RETURN(std::string key, ReadFile(absl::GetFlag(FLAGS_tls_key_file), "tls_key_file"));
+    ssl.pem_key_cert_pairs.push_back({std::move(key), std::move(cert)});
+    if (const std::string ca = absl::GetFlag(FLAGS_tls_client_ca_file); !ca.empty()) {
+      ASSIGN_OR_RETURN(ssl.pem_root_certs, ReadFile(ca, "tls_client_ca_file"));
+      ssl.client_certificate_request = GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
+    }
+    builder.AddListeningPort(config.listen(), grpc::SslServerCredentials(ssl), &tls_port);
+  } else {
+    ASSIGN_OR_RETURN(listener, Listener::Bind(config.listen()));
+  }
   builder.SetMaxReceiveMessageSize(static_cast<int>(
       std::min<uint64_t>(2 * config.max_message_bytes(), std::numeric_limits<int>::max())));
   const int32_t idle_s = absl::GetFlag(FLAGS_idle_connection_timeout_s);
@@ -204,11 +255,12 @@ absl::Status Serve() {
   builder.RegisterService(&compiler);
   builder.RegisterService(&admin);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (server == nullptr) {
+  if (server == nullptr || (tls && tls_port == 0)) {
     return absl::UnavailableError(
         absl::StrCat("listen: cannot start the server on ", config.listen()));
   }
-  listener->Start(server.get());
+  if (listener != nullptr) listener->Start(server.get());
+  const int port = listener != nullptr ? listener->port() : tls_port;
   auto metrics = std::make_shared<EngineMetrics>(engine.get());
   std::unique_ptr<prometheus::Exposer> exposer;
   if (const std::string at = absl::GetFlag(FLAGS_metrics_listen); !at.empty()) {
@@ -218,7 +270,7 @@ absl::Status Serve() {
                 ports.empty() ? 0 : ports[0]);
   }
   const std::string host = config.listen().substr(0, config.listen().rfind(':'));
-  std::printf("kilnd listening on %s:%d\n", host.c_str(), listener->port());
+  std::printf("kilnd listening on %s:%d\n", host.c_str(), port);
   std::fflush(stdout);
 
   absl::Notification stop_flusher;
@@ -239,7 +291,7 @@ absl::Status Serve() {
   const absl::Time drain_deadline = absl::Now() + absl::Seconds(30);
   while (compiler.active() > 0 && absl::Now() < drain_deadline)
     absl::SleepFor(absl::Milliseconds(5));
-  listener->Stop();
+  if (listener != nullptr) listener->Stop();
   exposer.reset();
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(200));
   server->Wait();

@@ -1,6 +1,7 @@
 #include "server/services.h"
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "grpcpp/support/proto_buffer_reader.h"
 #include "grpcpp/support/proto_buffer_writer.h"
 
@@ -61,8 +62,9 @@ grpc::Status Serve(const grpc::ByteBuffer& in, uint64_t limit, grpc::ByteBuffer*
 }  // namespace
 
 CompilerService::CompilerService(Engine* engine, uint64_t max_message_bytes,
-                                 int max_waiting_compiles)
+                                 int max_waiting_compiles, const Authorizer* auth)
     : engine_(engine),
+      auth_(auth),
       max_message_bytes_(max_message_bytes),
       waiting_compiles_(max_waiting_compiles, max_waiting_compiles) {}
 
@@ -73,7 +75,9 @@ grpc::ServerUnaryReactor* CompilerService::Compile(grpc::CallbackServerContext* 
   ++active_;
   absl::Status queued = waiting_compiles_.Submit([this, ctx, req, resp, reactor] {
     grpc::Status s = Serve<v1::CompileRequest, v1::CompileResponse>(
-        *req, max_message_bytes_, resp, [&](const v1::CompileRequest& r) {
+        *req, max_message_bytes_, resp,
+        [&](const v1::CompileRequest& r) -> absl::StatusOr<v1::CompileResponse> {
+          RETURN_IF_ERROR(auth_->Check(*ctx, Role::kCompiler, r.namespace_()));
           return engine_->Compile(r, [ctx] { return ctx->IsCancelled(); });
         });
     --active_;
@@ -92,7 +96,10 @@ grpc::ServerUnaryReactor* CompilerService::Lookup(grpc::CallbackServerContext* c
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   reactor->Finish(Serve<v1::LookupRequest, v1::LookupResponse>(
       *req, max_message_bytes_, resp,
-      [&](const v1::LookupRequest& r) { return engine_->Lookup(r); }));
+      [&](const v1::LookupRequest& r) -> absl::StatusOr<v1::LookupResponse> {
+        RETURN_IF_ERROR(auth_->Check(*ctx, Role::kReader, r.namespace_()));
+        return engine_->Lookup(r);
+      }));
   return reactor;
 }
 
@@ -102,42 +109,59 @@ grpc::ServerUnaryReactor* CompilerService::GetArtifact(grpc::CallbackServerConte
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   reactor->Finish(Serve<v1::GetArtifactRequest, v1::GetArtifactResponse>(
       *req, max_message_bytes_, resp,
-      [&](const v1::GetArtifactRequest& r) { return engine_->GetArtifact(r); }));
+      [&](const v1::GetArtifactRequest& r) -> absl::StatusOr<v1::GetArtifactResponse> {
+        RETURN_IF_ERROR(auth_->Check(*ctx, Role::kReader, r.namespace_()));
+        // Without tokens, or for a token of every namespace, any digest.
+        absl::StatusOr<Principal> who = auth_->Authenticate(*ctx);
+        return engine_->GetArtifact(r, /*scoped=*/who.ok() && !who->all_namespaces);
+      }));
   return reactor;
 }
 
-grpc::Status AdminService::Stats(grpc::ServerContext*, const v1::StatsRequest*,
+grpc::Status AdminService::Stats(grpc::ServerContext* ctx, const v1::StatsRequest*,
                                  v1::StatsResponse* resp) {
+  if (absl::StatusOr<Principal> who = auth_->Authenticate(*ctx); !who.ok()) {
+    return ToGrpc(who.status());
+  }
   *resp = engine_->Stats();
   return grpc::Status::OK;
 }
 
-grpc::Status AdminService::Freeze(grpc::ServerContext*, const v1::FreezeRequest*,
+grpc::Status AdminService::Freeze(grpc::ServerContext* ctx, const v1::FreezeRequest*,
                                   v1::FreezeResponse* resp) {
+  if (absl::Status s = auth_->Check(*ctx, Role::kAdmin, "*"); !s.ok()) return ToGrpc(s);
   engine_->SetFrozen(true);
   resp->set_frozen(true);
   return grpc::Status::OK;
 }
 
-grpc::Status AdminService::Thaw(grpc::ServerContext*, const v1::ThawRequest*,
+grpc::Status AdminService::Thaw(grpc::ServerContext* ctx, const v1::ThawRequest*,
                                 v1::ThawResponse* resp) {
+  if (absl::Status s = auth_->Check(*ctx, Role::kAdmin, "*"); !s.ok()) return ToGrpc(s);
   engine_->SetFrozen(false);
   resp->set_frozen(false);
   return grpc::Status::OK;
 }
 
-grpc::Status AdminService::ListEntries(grpc::ServerContext*, const v1::ListEntriesRequest* req,
+grpc::Status AdminService::ListEntries(grpc::ServerContext* ctx, const v1::ListEntriesRequest* req,
                                        v1::ListEntriesResponse* resp) {
+  if (absl::Status s = auth_->Check(*ctx, Role::kReader, req->namespace_()); !s.ok()) {
+    return ToGrpc(s);
+  }
   return Reply(engine_->ListEntries(*req), resp);
 }
 
-grpc::Status AdminService::GetEntry(grpc::ServerContext*, const v1::GetEntryRequest* req,
+grpc::Status AdminService::GetEntry(grpc::ServerContext* ctx, const v1::GetEntryRequest* req,
                                     v1::GetEntryResponse* resp) {
+  if (absl::Status s = auth_->Check(*ctx, Role::kReader, req->namespace_()); !s.ok()) {
+    return ToGrpc(s);
+  }
   return Reply(engine_->GetEntry(*req), resp);
 }
 
-grpc::Status AdminService::Evict(grpc::ServerContext*, const v1::EvictRequest* req,
+grpc::Status AdminService::Evict(grpc::ServerContext* ctx, const v1::EvictRequest* req,
                                  v1::EvictResponse* resp) {
+  if (absl::Status s = auth_->Check(*ctx, Role::kAdmin, "*"); !s.ok()) return ToGrpc(s);
   return Reply(engine_->Evict(*req), resp);
 }
 

@@ -13,6 +13,7 @@
 #include <atomic>
 
 #include "kiln/v1/service.grpc.pb.h"
+#include "server/auth.h"
 #include "server/engine.h"
 #include "server/worker_pool.h"
 
@@ -24,7 +25,8 @@ class CompilerService final
  public:
   // `engine` must outlive the service. At most `max_waiting_compiles`
   // Compile requests wait for a result at once; more are RESOURCE_EXHAUSTED.
-  CompilerService(Engine* engine, uint64_t max_message_bytes, int max_waiting_compiles);
+  CompilerService(Engine* engine, uint64_t max_message_bytes, int max_waiting_compiles,
+                  const Authorizer* auth);
 
   grpc::ServerUnaryReactor* Compile(grpc::CallbackServerContext*, const grpc::ByteBuffer*,
                                     grpc::ByteBuffer*) override;
@@ -38,6 +40,7 @@ class CompilerService final
 
  private:
   Engine* const engine_;
+  const Authorizer* const auth_;
   const uint64_t max_message_bytes_;
   std::atomic<int> active_{0};
   WorkerPool waiting_compiles_;
@@ -45,7 +48,8 @@ class CompilerService final
 
 class AdminService final : public v1::Admin::Service {
  public:
-  explicit AdminService(Engine* engine) : engine_(engine) {}
+  // `engine` and `auth` must outlive the service.
+  AdminService(Engine* engine, const Authorizer* auth) : engine_(engine), auth_(auth) {}
 
   grpc::Status Stats(grpc::ServerContext*, const v1::StatsRequest*, v1::StatsResponse*) override;
   grpc::Status Freeze(grpc::ServerContext*, const v1::FreezeRequest*, v1::FreezeResponse*) override;
@@ -58,6 +62,7 @@ class AdminService final : public v1::Admin::Service {
 
  private:
   Engine* const engine_;
+  const Authorizer* const auth_;
 };
 
 }  // namespace kiln::server

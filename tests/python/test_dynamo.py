@@ -296,6 +296,36 @@ class TorchCompileServerTest(unittest.TestCase):
         self.assertIn("UNAVAILABLE", str(caught.exception))
 
 
+@unittest.skipUnless(KILND, "KILND is not set")
+class TokenTest(unittest.TestCase):
+    """The backend and kiln.Client send a bearer token; kilnd checks it."""
+
+    def test_backend_with_and_without_a_token(self):
+        tmp = tempfile.mkdtemp(prefix="kiln_token_test_")
+        self.addCleanup(shutil.rmtree, tmp, ignore_errors=True)
+        tokens = os.path.join(tmp, "tokens")
+        with open(tokens, "w") as f:
+            f.write("trainer-token-0123456789 compiler - trainer\n")
+        server = Kilnd(os.path.join(tmp, "data"), ["--tokens_file=" + tokens])
+        try:
+            x = torch.randn(4, 8)
+            torch._dynamo.reset()
+            anonymous = kiln.backend(server.address)
+            with self.assertRaises(Exception) as caught:
+                torch.compile(graph_break, backend=anonymous)(x)
+            self.assertIn("UNAUTHENTICATED", str(caught.exception))
+            torch._dynamo.reset()
+            trainer = kiln.backend(server.address, token="trainer-token-0123456789")
+            close(self, torch.compile(graph_break, backend=trainer)(x), graph_break(x), "token")
+            self.assertEqual(trainer.stats["compiles"], 2)
+            with kiln.Client(server.address, token="trainer-token-0123456789") as c:
+                with self.assertRaises(kiln.KilnError) as denied:
+                    c.freeze()
+                self.assertEqual(denied.exception.code, "PERMISSION_DENIED")
+        finally:
+            self.assertEqual(server.stop(), 0, server.log_tail())
+
+
 class RegistrationTest(unittest.TestCase):
     def test_core_opset_list_is_this_torchs(self):
         import core_aten_ops

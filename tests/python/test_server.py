@@ -47,12 +47,12 @@ def outcome(value):
 class Kilnd:
     """One kilnd process on 127.0.0.1 with a given data directory."""
 
-    def __init__(self, data_dir):
+    def __init__(self, data_dir, extra_args=()):
         self.data_dir = data_dir
         self.log_path = data_dir + ".log"
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
-                [KILND, "--listen=127.0.0.1:0", f"--data_dir={data_dir}"],
+                [KILND, "--listen=127.0.0.1:0", f"--data_dir={data_dir}", *extra_args],
                 stdout=subprocess.PIPE, stderr=log)
         lines = queue.Queue()
         # Drains stdout for the server's whole life, so it never blocks on a

@@ -12,6 +12,7 @@ input signature. A Client is not meant to be shared between threads.
 """
 
 import hashlib
+import os
 import time
 
 import grpc
@@ -52,15 +53,27 @@ def _signature_from_graph(graph):
 
 class Client:
     """Connects to kilnd at `address` ("host:port"); `timeout` is the deadline,
-    in seconds, of each call."""
+    in seconds, of each call. `token` (default $KILN_TOKEN) is sent as
+    "authorization: Bearer <token>"; `root_certificates` (PEM bytes) makes
+    the channel TLS, with `certificate_chain` and `private_key` for mutual
+    TLS."""
 
     RETRIES = 4          # further attempts after an UNAVAILABLE reply
     BACKOFF_S = 0.1      # first wait; doubled on every retry
 
-    def __init__(self, address, timeout=30.0):
+    def __init__(self, address, timeout=30.0, token=None, root_certificates=None,
+                 certificate_chain=None, private_key=None):
         self.address = address
         self.timeout = timeout
-        self._channel = grpc.insecure_channel(address)
+        token = token if token is not None else os.environ.get("KILN_TOKEN")
+        self._metadata = (("authorization", f"Bearer {token}"),) if token else None
+        if root_certificates is not None:
+            credentials = grpc.ssl_channel_credentials(
+                root_certificates=root_certificates, private_key=private_key,
+                certificate_chain=certificate_chain)
+            self._channel = grpc.secure_channel(address, credentials)
+        else:
+            self._channel = grpc.insecure_channel(address)
         self._compiler = service_pb2_grpc.CompilerStub(self._channel)
         self._admin = service_pb2_grpc.AdminStub(self._channel)
         self._keys = {}  # (graph digest, options, namespace) -> key
@@ -78,7 +91,7 @@ class Client:
         wait = self.BACKOFF_S
         for attempt in range(self.RETRIES + 1):
             try:
-                return method(request, timeout=self.timeout)
+                return method(request, timeout=self.timeout, metadata=self._metadata)
             except grpc.RpcError as e:
                 code = e.code()
                 if code == grpc.StatusCode.UNAVAILABLE and attempt < self.RETRIES:
@@ -146,10 +159,11 @@ class Client:
             self._keys[remembered] = response.key
         return response
 
-    def get_artifact(self, digest):
-        """Returns the kiln.v1.GetArtifactResponse for an artifact digest."""
+    def get_artifact(self, digest, namespace=""):
+        """Returns the kiln.v1.GetArtifactResponse for an artifact digest that
+        a variant in `namespace` names."""
         return self._call(self._compiler.GetArtifact,
-                          service_pb2.GetArtifactRequest(digest=digest))
+                          service_pb2.GetArtifactRequest(digest=digest, namespace=namespace))
 
     # Admin service.
 

@@ -56,13 +56,15 @@ class KilnBackend:
     `server` is "host:port" (default: $KILN_SERVER, else DEFAULT_SERVER);
     `compiler` the kilnd backend (kiln, aot_eager, eager); `namespace` the
     cache namespace; `timeout` the deadline of each call in seconds;
-    `frozen` asks kilnd never to compile for this client.
+    `frozen` asks kilnd never to compile for this client; `token` (default
+    $KILN_TOKEN) and `root_certificates` (PEM, for TLS) are kiln.Client's.
 
     Counters (`stats`): graphs, hits, compiles, eager (graphs run eagerly by
     a policy or because they have no kiln form)."""
 
     def __init__(self, server=None, *, compiler="kiln", namespace="", on_frozen="raise",
-                 on_unavailable="eager", timeout=30.0, frozen=False):
+                 on_unavailable="eager", timeout=30.0, frozen=False, token=None,
+                 root_certificates=None):
         if on_frozen not in _POLICIES or on_unavailable not in _POLICIES:
             raise ValueError(f"on_frozen and on_unavailable take one of {_POLICIES}")
         self.server = server or os.environ.get("KILN_SERVER") or DEFAULT_SERVER
@@ -72,6 +74,7 @@ class KilnBackend:
         self.on_unavailable = on_unavailable
         self.timeout = timeout
         self.frozen = frozen
+        self._credentials = {"token": token, "root_certificates": root_certificates}
         self.stats = {"graphs": 0, "hits": 0, "compiles": 0, "eager": 0}
         # Seconds spent per client phase, over every graph: lower (Dynamo's
         # graph to kiln.v1.Graph), lookup, compile (on kilnd, with the
@@ -85,7 +88,7 @@ class KilnBackend:
     def _get_client(self):
         with self._lock:
             if self._client is None:
-                self._client = Client(self.server, timeout=self.timeout)
+                self._client = Client(self.server, timeout=self.timeout, **self._credentials)
             return self._client
 
     def _warn_once(self, kind, message):
