@@ -7,11 +7,15 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <iterator>
 #include <thread>
 #include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/strings/str_cat.h"
 #include "client/client.h"
 #include "tests/integration/graphs.h"
 #include "tests/integration/kilnd_process.h"
@@ -21,6 +25,8 @@ ABSL_FLAG(int, clients, 16, "concurrent clients for the throughput run");
 ABSL_FLAG(int, samples, 20000, "lookups timed one at a time per graph");
 ABSL_FLAG(int, compiles, 20, "eager compiles of distinct 1000-node graphs");
 ABSL_FLAG(std::string, server, "", "measure this running kilnd instead of starting one");
+ABSL_FLAG(bool, security, false,
+          "also start a kilnd with TLS and tokens and measure the same lookups through it");
 
 namespace kiln {
 namespace {
@@ -32,9 +38,18 @@ double Percentile(std::vector<double> v, double p) {
   return v[std::min(v.size() - 1, static_cast<size_t>(p * static_cast<double>(v.size())))];
 }
 
+// How the clients reach kilnd: plaintext, or TLS with a bearer token.
+struct Credentials {
+  std::string token;
+  std::string root_certs;
+};
+Credentials g_credentials;
+
 std::unique_ptr<Client> Connect(const std::string& address) {
   ClientOptions o;
   o.address = address;
+  o.token = g_credentials.token;
+  o.tls_root_certs = g_credentials.root_certs;
   auto c = Client::Connect(o);
   if (!c.ok()) {
     std::fprintf(stderr, "%s\n", c.status().ToString().c_str());
@@ -50,7 +65,7 @@ v1::LookupRequest ByKey(const std::string& key) {
   return r;
 }
 
-void LookupBench(const std::string& address, int nodes) {
+void LookupBench(const std::string& address, int nodes, const char* how = "") {
   auto c = Connect(address);
   v1::CompileRequest compile;
   *compile.mutable_graph() = testing::ChainGraph(nodes);
@@ -107,7 +122,7 @@ void LookupBench(const std::string& address, int nodes) {
   for (auto& t : threads) t.join();
   const double secs = std::chrono::duration<double>(Clock::now() - start).count();
 
-  std::printf("| lookup hit, %4d-node graph | %7.1f | %7.1f | %9.0f | %8.1f |\n", nodes,
+  std::printf("| lookup hit, %4d-node graph%s | %7.1f | %7.1f | %9.0f | %8.1f |\n", nodes, how,
               Percentile(lat, 0.50), Percentile(lat, 0.99), static_cast<double>(hits) / secs,
               key_us);
 }
@@ -164,6 +179,34 @@ int main(int argc, char** argv) {
   std::printf("|---|---|---|---|---|\n");
   kiln::LookupBench(address, 100);
   kiln::LookupBench(address, 1000);
+  int status = 0;
+  if (absl::GetFlag(FLAGS_security)) {
+    // The same lookups through a kilnd with TLS (an EC P-256 certificate made
+    // here by openssl) and a tokens file.
+    kiln::testing::TempDir secure_dir;
+    const std::string key = secure_dir.path() + "/key.pem", cert = secure_dir.path() + "/cert.pem";
+    const std::string make = absl::StrCat(
+        "openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 1 "
+        "-subj /CN=localhost -addext subjectAltName=IP:127.0.0.1 -keyout ",
+        key, " -out ", cert, " >/dev/null 2>&1");
+    if (std::system(make.c_str()) != 0) {
+      std::fprintf(stderr, "openssl could not make a certificate\n");
+      return 1;
+    }
+    const std::string token = "bench-token-0123456789abcdef";
+    std::ofstream(secure_dir.path() + "/tokens") << token << " compiler - bench\n";
+    std::ifstream pem(cert);
+    kiln::g_credentials.root_certs.assign(std::istreambuf_iterator<char>(pem),
+                                          std::istreambuf_iterator<char>());
+    kiln::g_credentials.token = token;
+    kiln::testing::KilndProcess secure(secure_dir.path() + "/data",
+                                       {"--tokens_file=" + secure_dir.path() + "/tokens",
+                                        "--tls_cert_file=" + cert, "--tls_key_file=" + key});
+    kiln::LookupBench(secure.address(), 100, ", TLS + token");
+    kiln::LookupBench(secure.address(), 1000, ", TLS + token");
+    kiln::g_credentials = {};
+    status |= secure.Terminate();
+  }
   kiln::CompileBench(address);
-  return kilnd == nullptr || kilnd->Terminate() == 0 ? 0 : 1;
+  return (kilnd == nullptr || kilnd->Terminate() == 0) && status == 0 ? 0 : 1;
 }
