@@ -19,7 +19,7 @@ case "$mode" in
 esac
 
 packages=(
-  cmake ninja-build g++ ccache mold pkg-config clang-format
+  cmake ninja-build g++ ccache mold pkg-config clang-format clang libclang-rt-14-dev
   libssl-dev libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev librocksdb-dev prometheus-cpp-dev
   libgtest-dev libgmock-dev libbenchmark-dev
