@@ -294,14 +294,7 @@ def lower(gm, example_inputs, name="graph"):
             raise Unsupported(f"{where} calls {node.target}, not an ATen operator")
         result = node.meta.get("val")
         pn = graph.nodes.add(name=node.name, target=tracer._target_name(node.target))
-        schema_args = node.target._schema.arguments
-        for i, a in enumerate(node.args):
-            schema_type = schema_args[i].type if i < len(schema_args) else None
-            _set_argument(pn.args.add(), a, names, schema_type, where)
-        by_name = {a.name: a for a in schema_args}
-        for k, a in node.kwargs.items():
-            _set_argument(pn.kwargs.add(name=k), a, names,
-                          by_name[k].type if k in by_name else None, where)
+        tracer.fill_arguments(pn, node, names, where, set_argument=_set_argument)
         # Autograd's rule: a floating-point result of an op with an operand
         # that requires grad requires grad.
         operands = [a for a in node.all_input_nodes if a in requires_grad]

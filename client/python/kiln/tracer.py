@@ -549,6 +549,19 @@ def _use_number_overloads(fx_graph):
                 break
 
 
+def fill_arguments(pn, node, names, where, set_argument=_set_argument):
+    """Fills kiln.v1.Node `pn`'s args and kwargs from FX call `node`, each
+    with the type its schema names (`set_argument` converts one value)."""
+    schema_args = node.target._schema.arguments
+    for i, a in enumerate(node.args):
+        schema_type = schema_args[i].type if i < len(schema_args) else None
+        set_argument(pn.args.add(), a, names, schema_type, where)
+    by_name = {a.name: a for a in schema_args}
+    for k, a in node.kwargs.items():
+        set_argument(pn.kwargs.add(name=k), a, names,
+                     by_name[k].type if k in by_name else None, where)
+
+
 def _to_proto(fx_graph, results, inputs, graph_name):
     graph = graph_pb2.Graph(name=graph_name)
     names = {}  # fx.Node -> value name
@@ -585,14 +598,7 @@ def _to_proto(fx_graph, results, inputs, graph_name):
         where = f"node '{node.name}'"
         result = results[node]
         pn = graph.nodes.add(name=node.name, target=_target_name(node.target))
-        schema_args = node.target._schema.arguments
-        for i, a in enumerate(node.args):
-            schema_type = schema_args[i].type if i < len(schema_args) else None
-            _set_argument(pn.args.add(), a, names, schema_type, where)
-        by_name = {a.name: a for a in schema_args}
-        for k, a in node.kwargs.items():
-            schema_type = by_name[k].type if k in by_name else None
-            _set_argument(pn.kwargs.add(name=k), a, names, schema_type, where)
+        fill_arguments(pn, node, names, where)
 
         if isinstance(result, torch.Tensor):
             names[node] = node.name
