@@ -49,6 +49,12 @@ ABSL_FLAG(uint32_t, cache_size_limit, 0, "variants per key (default 8)");
 ABSL_FLAG(uint64_t, max_message_bytes, 0, "largest request accepted (default 64 MiB)");
 ABSL_FLAG(uint32_t, compile_workers, 0, "compile threads (default: cores)");
 ABSL_FLAG(bool, sync_writes, false, "fsync every publish (survive power loss, not only crashes)");
+ABSL_FLAG(std::string, request_log, "",
+          "one JSON line per Compile and Lookup (request id, namespace, caller, status, time) "
+          "appended to this file, '-' for stderr; empty: none");
+ABSL_FLAG(std::string, audit_log, "-",
+          "one JSON line per Freeze, Thaw and Evict, with the caller, appended to this file "
+          "('-': stderr)");
 ABSL_FLAG(std::string, tokens_file, "",
           "bearer tokens, one per line: TOKEN ROLE NAMESPACES [NAME] (server/auth.h); empty: "
           "every caller is an admin");
@@ -210,9 +216,16 @@ absl::Status Serve() {
         "(--tokens_file) are not both configured: anyone who reaches the port could read "
         "and write every namespace. Configure both, or pass --allow_insecure_remote"));
   }
+  std::unique_ptr<RequestLog> requests, audit;
+  if (const std::string path = absl::GetFlag(FLAGS_request_log); !path.empty()) {
+    ASSIGN_OR_RETURN(requests, RequestLog::Open(path));
+  }
+  if (const std::string path = absl::GetFlag(FLAGS_audit_log); !path.empty()) {
+    ASSIGN_OR_RETURN(audit, RequestLog::Open(path));
+  }
   CompilerService compiler(engine.get(), config.max_message_bytes(),
-                           /*max_waiting_compiles=*/256, &auth);
-  AdminService admin(engine.get(), &auth);
+                           /*max_waiting_compiles=*/256, &auth, requests.get());
+  AdminService admin(engine.get(), &auth, audit.get());
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
 

@@ -1,6 +1,7 @@
 #include "server/services.h"
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "common/status_macros.h"
 #include "grpcpp/support/proto_buffer_reader.h"
 #include "grpcpp/support/proto_buffer_writer.h"
@@ -59,12 +60,33 @@ grpc::Status Serve(const grpc::ByteBuffer& in, uint64_t limit, grpc::ByteBuffer*
   return grpc::SerializationTraits<Resp>::Serialize(*resp, out, &own);
 }
 
+// Writes one record of a finished call to `log` (when there is one) and
+// returns `status`.
+grpc::Status Log(RequestLog* log, const Authorizer& auth, const grpc::ServerContextBase& ctx,
+                 const char* rpc, const std::string& ns, grpc::Status status, absl::Time start,
+                 const std::string& detail = "") {
+  if (log == nullptr) return status;
+  RequestRecord r;
+  r.rid = RequestId(ctx);
+  r.rpc = rpc;
+  r.ns = ns.substr(0, 64);
+  absl::StatusOr<Principal> who = auth.Authenticate(ctx);
+  r.caller = who.ok() ? who->name : "unauthenticated";
+  r.code = static_cast<absl::StatusCode>(status.error_code());
+  r.elapsed = absl::Now() - start;
+  r.detail = detail;
+  log->Write(r);
+  return status;
+}
+
 }  // namespace
 
 CompilerService::CompilerService(Engine* engine, uint64_t max_message_bytes,
-                                 int max_waiting_compiles, const Authorizer* auth)
+                                 int max_waiting_compiles, const Authorizer* auth,
+                                 RequestLog* requests)
     : engine_(engine),
       auth_(auth),
+      requests_(requests),
       max_message_bytes_(max_message_bytes),
       waiting_compiles_(max_waiting_compiles, max_waiting_compiles) {}
 
@@ -73,14 +95,18 @@ grpc::ServerUnaryReactor* CompilerService::Compile(grpc::CallbackServerContext* 
                                                    grpc::ByteBuffer* resp) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   ++active_;
-  absl::Status queued = waiting_compiles_.Submit([this, ctx, req, resp, reactor] {
+  const absl::Time start = absl::Now();
+  absl::Status queued = waiting_compiles_.Submit([this, ctx, req, resp, reactor, start] {
+    std::string ns;
     grpc::Status s = Serve<v1::CompileRequest, v1::CompileResponse>(
         *req, max_message_bytes_, resp,
         [&](const v1::CompileRequest& r) -> absl::StatusOr<v1::CompileResponse> {
+          ns = r.namespace_();
           RETURN_IF_ERROR(auth_->Check(*ctx, Role::kCompiler, r.namespace_()));
           return engine_->Compile(r, [ctx] { return ctx->IsCancelled(); });
         });
     --active_;
+    Log(requests_, *auth_, *ctx, "Compile", ns, s, start);
     reactor->Finish(s);
   });
   if (!queued.ok()) {
@@ -94,12 +120,17 @@ grpc::ServerUnaryReactor* CompilerService::Lookup(grpc::CallbackServerContext* c
                                                   const grpc::ByteBuffer* req,
                                                   grpc::ByteBuffer* resp) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  reactor->Finish(Serve<v1::LookupRequest, v1::LookupResponse>(
+  const absl::Time start = absl::Now();
+  std::string ns;
+  grpc::Status s = Serve<v1::LookupRequest, v1::LookupResponse>(
       *req, max_message_bytes_, resp,
       [&](const v1::LookupRequest& r) -> absl::StatusOr<v1::LookupResponse> {
+        ns = r.namespace_();
         RETURN_IF_ERROR(auth_->Check(*ctx, Role::kReader, r.namespace_()));
         return engine_->Lookup(r);
-      }));
+      });
+  Log(requests_, *auth_, *ctx, "Lookup", ns, s, start);
+  reactor->Finish(s);
   return reactor;
 }
 
@@ -129,7 +160,11 @@ grpc::Status AdminService::Stats(grpc::ServerContext* ctx, const v1::StatsReques
 
 grpc::Status AdminService::Freeze(grpc::ServerContext* ctx, const v1::FreezeRequest*,
                                   v1::FreezeResponse* resp) {
-  if (absl::Status s = auth_->Check(*ctx, Role::kAdmin, "*"); !s.ok()) return ToGrpc(s);
+  const absl::Time start = absl::Now();
+  if (absl::Status s = auth_->Check(*ctx, Role::kAdmin, "*"); !s.ok()) {
+    return Log(audit_, *auth_, *ctx, "Freeze", "*", ToGrpc(s), start);
+  }
+  Log(audit_, *auth_, *ctx, "Freeze", "*", grpc::Status::OK, start);
   engine_->SetFrozen(true);
   resp->set_frozen(true);
   return grpc::Status::OK;
@@ -137,7 +172,11 @@ grpc::Status AdminService::Freeze(grpc::ServerContext* ctx, const v1::FreezeRequ
 
 grpc::Status AdminService::Thaw(grpc::ServerContext* ctx, const v1::ThawRequest*,
                                 v1::ThawResponse* resp) {
-  if (absl::Status s = auth_->Check(*ctx, Role::kAdmin, "*"); !s.ok()) return ToGrpc(s);
+  const absl::Time start = absl::Now();
+  if (absl::Status s = auth_->Check(*ctx, Role::kAdmin, "*"); !s.ok()) {
+    return Log(audit_, *auth_, *ctx, "Thaw", "*", ToGrpc(s), start);
+  }
+  Log(audit_, *auth_, *ctx, "Thaw", "*", grpc::Status::OK, start);
   engine_->SetFrozen(false);
   resp->set_frozen(false);
   return grpc::Status::OK;
@@ -161,8 +200,13 @@ grpc::Status AdminService::GetEntry(grpc::ServerContext* ctx, const v1::GetEntry
 
 grpc::Status AdminService::Evict(grpc::ServerContext* ctx, const v1::EvictRequest* req,
                                  v1::EvictResponse* resp) {
-  if (absl::Status s = auth_->Check(*ctx, Role::kAdmin, "*"); !s.ok()) return ToGrpc(s);
-  return Reply(engine_->Evict(*req), resp);
+  const absl::Time start = absl::Now();
+  if (absl::Status s = auth_->Check(*ctx, Role::kAdmin, "*"); !s.ok()) {
+    return Log(audit_, *auth_, *ctx, "Evict", req->namespace_(), ToGrpc(s), start,
+               req->key().substr(0, 64));
+  }
+  return Log(audit_, *auth_, *ctx, "Evict", req->namespace_(), Reply(engine_->Evict(*req), resp),
+             start, req->key().substr(0, 64));
 }
 
 }  // namespace kiln::server

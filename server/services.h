@@ -15,6 +15,7 @@
 #include "kiln/v1/service.grpc.pb.h"
 #include "server/auth.h"
 #include "server/engine.h"
+#include "server/request_log.h"
 #include "server/worker_pool.h"
 
 namespace kiln::server {
@@ -25,8 +26,9 @@ class CompilerService final
  public:
   // `engine` must outlive the service. At most `max_waiting_compiles`
   // Compile requests wait for a result at once; more are RESOURCE_EXHAUSTED.
+  // `requests` (may be null) gets one record per Compile and Lookup.
   CompilerService(Engine* engine, uint64_t max_message_bytes, int max_waiting_compiles,
-                  const Authorizer* auth);
+                  const Authorizer* auth, RequestLog* requests = nullptr);
 
   grpc::ServerUnaryReactor* Compile(grpc::CallbackServerContext*, const grpc::ByteBuffer*,
                                     grpc::ByteBuffer*) override;
@@ -41,6 +43,7 @@ class CompilerService final
  private:
   Engine* const engine_;
   const Authorizer* const auth_;
+  RequestLog* const requests_;
   const uint64_t max_message_bytes_;
   std::atomic<int> active_{0};
   WorkerPool waiting_compiles_;
@@ -49,7 +52,10 @@ class CompilerService final
 class AdminService final : public v1::Admin::Service {
  public:
   // `engine` and `auth` must outlive the service.
-  AdminService(Engine* engine, const Authorizer* auth) : engine_(engine), auth_(auth) {}
+  // `audit` (may be null) gets one record per Freeze, Thaw and Evict, with
+  // the caller.
+  AdminService(Engine* engine, const Authorizer* auth, RequestLog* audit = nullptr)
+      : engine_(engine), auth_(auth), audit_(audit) {}
 
   grpc::Status Stats(grpc::ServerContext*, const v1::StatsRequest*, v1::StatsResponse*) override;
   grpc::Status Freeze(grpc::ServerContext*, const v1::FreezeRequest*, v1::FreezeResponse*) override;
@@ -63,6 +69,7 @@ class AdminService final : public v1::Admin::Service {
  private:
   Engine* const engine_;
   const Authorizer* const auth_;
+  RequestLog* const audit_;
 };
 
 }  // namespace kiln::server

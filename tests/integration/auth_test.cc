@@ -3,6 +3,7 @@
 
 #include <cstdio>
 #include <fstream>
+#include <iterator>
 #include <string>
 
 #include "absl/strings/match.h"
@@ -105,6 +106,33 @@ TEST(AuthTest, TokensGrantRolesInTheirNamespaces) {
   EXPECT_EQ(all->entries_size(), 2);
   EXPECT_TRUE(admin->GetArtifact(compiled->digest(), "").ok());
   EXPECT_EQ(kilnd.Terminate(), 0);
+}
+
+std::string ReadAll(const std::string& path) {
+  std::ifstream f(path);
+  return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+}
+
+TEST(AuthTest, AdminCallsAreAuditedAndRequestsLogged) {
+  TempDir dir;
+  const std::string audit = dir.path() + "/audit.log", requests = dir.path() + "/requests.log";
+  KilndProcess kilnd(dir.path() + "/data", {"--tokens_file=" + TokensFile(dir),
+                                            "--audit_log=" + audit, "--request_log=" + requests});
+  ASSERT_TRUE(As(kilnd.address(), kCompiler)->Compile(In("a")).ok());
+  EXPECT_FALSE(As(kilnd.address(), kReader)->Freeze().ok());
+  EXPECT_TRUE(As(kilnd.address(), kAdmin)->Freeze().ok());
+  EXPECT_EQ(kilnd.Terminate(), 0);
+  const std::string audited = ReadAll(audit), logged = ReadAll(requests);
+  EXPECT_TRUE(absl::StrContains(
+      audited, R"("rpc":"Freeze","ns":"*","caller":"serving","code":"PERMISSION_DENIED")"))
+      << audited;
+  EXPECT_TRUE(absl::StrContains(audited, R"("rpc":"Freeze","ns":"*","caller":"ops","code":"OK")"))
+      << audited;
+  EXPECT_TRUE(
+      absl::StrContains(logged, R"("rpc":"Compile","ns":"a","caller":"trainer","code":"OK")"))
+      << logged;
+  EXPECT_TRUE(absl::StrContains(logged, R"({"ts":")")) << logged;
+  EXPECT_TRUE(absl::StrContains(logged, R"("rid":")")) << logged;
 }
 
 std::string Shell(const std::string& command) {
