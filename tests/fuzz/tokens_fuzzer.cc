@@ -6,7 +6,6 @@
 #include "server/auth.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  (void)kiln::server::Authorizer::FromText(
-      std::string(reinterpret_cast<const char*>(data), size));
+  (void)kiln::server::Authorizer::FromText(std::string(reinterpret_cast<const char*>(data), size));
   return 0;
 }
