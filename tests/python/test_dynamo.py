@@ -13,6 +13,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import time
 import unittest
 import warnings
 
@@ -289,6 +290,8 @@ class TorchCompileServerTest(unittest.TestCase):
             close(self, torch.compile(graph_break, backend=lenient)(x), graph_break(x), "eager")
         self.assertEqual(len([w for w in seen if "did not answer" in str(w.message)]), 1)
         self.assertEqual(lenient.stats["eager"], 2)
+        # The second graph did not ask again: the server is left alone a while.
+        self.assertGreater(lenient._down_until, time.monotonic())
         torch._dynamo.reset()
         strict = kiln.backend(address, timeout=5, on_unavailable="raise")
         with self.assertRaises(Exception) as caught:

@@ -62,6 +62,8 @@ class KilnBackend:
     Counters (`stats`): graphs, hits, compiles, eager (graphs run eagerly by
     a policy or because they have no kiln form)."""
 
+    RETRY_AFTER_S = 30.0  # how long an unanswering server is left alone
+
     def __init__(self, server=None, *, compiler="kiln", namespace="", on_frozen="raise",
                  on_unavailable="eager", timeout=30.0, frozen=False, token=None,
                  root_certificates=None):
@@ -84,6 +86,9 @@ class KilnBackend:
         self._client = None
         self._lock = threading.Lock()
         self._warned = set()
+        # After the server failed to answer, graphs run eagerly without
+        # asking it again until this time (time.monotonic()).
+        self._down_until = 0.0
 
     def _get_client(self):
         with self._lock:
@@ -108,6 +113,9 @@ class KilnBackend:
             return gm.forward
         self.last_lowered = lowered
         self.times["lower"] += time.perf_counter() - start
+        if time.monotonic() < self._down_until:
+            self.stats["eager"] += 1
+            return gm.forward
         try:
             artifact = self._artifact(lowered, example_inputs)
         except KilnError as e:
@@ -119,8 +127,11 @@ class KilnBackend:
             elif e.code in ("UNAVAILABLE", "DEADLINE_EXCEEDED"):
                 if self.on_unavailable == "raise":
                     raise
+                self._down_until = time.monotonic() + self.RETRY_AFTER_S
                 self._warn_once("unavailable", f"kiln: the server at {self.server} did not "
-                                               f"answer ({e.code}); graphs run eagerly")
+                                               f"answer ({e.code}); graphs run eagerly, and "
+                                               f"the server is asked again in "
+                                               f"{self.RETRY_AFTER_S:.0f} s")
             else:
                 raise
             self.stats["eager"] += 1
