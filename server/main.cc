@@ -25,6 +25,7 @@
 #include "absl/synchronization/notification.h"
 #include "cache/cache.h"
 #include "common/flags_usage.h"
+#include "common/signing.h"
 #include "common/status_macros.h"
 #include "google/protobuf/io/tokenizer.h"
 #include "google/protobuf/text_format.h"
@@ -55,6 +56,8 @@ ABSL_FLAG(std::string, request_log, "",
 ABSL_FLAG(std::string, audit_log, "-",
           "one JSON line per Freeze, Thaw and Evict, with the caller, appended to this file "
           "('-': stderr)");
+ABSL_FLAG(std::string, signing_key_file, "",
+          "PEM Ed25519 private key: every artifact sent carries kilnd's signature of its digest");
 ABSL_FLAG(std::string, tokens_file, "",
           "bearer tokens, one per line: TOKEN ROLE NAMESPACES [NAME] (server/auth.h); empty: "
           "every caller is an admin");
@@ -223,8 +226,13 @@ absl::Status Serve() {
   if (const std::string path = absl::GetFlag(FLAGS_audit_log); !path.empty()) {
     ASSIGN_OR_RETURN(audit, RequestLog::Open(path));
   }
+  std::unique_ptr<Signer> signer;
+  if (const std::string path = absl::GetFlag(FLAGS_signing_key_file); !path.empty()) {
+    ASSIGN_OR_RETURN(std::string pem, ReadFile(path, "signing_key_file"));
+    ASSIGN_OR_RETURN(signer, Signer::FromPem(pem));
+  }
   CompilerService compiler(engine.get(), config.max_message_bytes(),
-                           /*max_waiting_compiles=*/256, &auth, requests.get());
+                           /*max_waiting_compiles=*/256, &auth, requests.get(), signer.get());
   AdminService admin(engine.get(), &auth, audit.get());
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();

@@ -81,11 +81,20 @@ grpc::Status Log(RequestLog* log, const Authorizer& auth, const grpc::ServerCont
 
 }  // namespace
 
+template <typename Resp>
+absl::StatusOr<Resp> CompilerService::Signed(absl::StatusOr<Resp> resp) const {
+  if (signer_ != nullptr && resp.ok() && resp->has_artifact() && !resp->digest().empty()) {
+    resp->set_signature(signer_->Sign(resp->digest()));
+  }
+  return resp;
+}
+
 CompilerService::CompilerService(Engine* engine, uint64_t max_message_bytes,
                                  int max_waiting_compiles, const Authorizer* auth,
-                                 RequestLog* requests)
+                                 RequestLog* requests, const Signer* signer)
     : engine_(engine),
       auth_(auth),
+      signer_(signer),
       requests_(requests),
       max_message_bytes_(max_message_bytes),
       waiting_compiles_(max_waiting_compiles, max_waiting_compiles) {}
@@ -103,7 +112,7 @@ grpc::ServerUnaryReactor* CompilerService::Compile(grpc::CallbackServerContext* 
         [&](const v1::CompileRequest& r) -> absl::StatusOr<v1::CompileResponse> {
           ns = r.namespace_();
           RETURN_IF_ERROR(auth_->Check(*ctx, Role::kCompiler, r.namespace_()));
-          return engine_->Compile(r, [ctx] { return ctx->IsCancelled(); });
+          return Signed(engine_->Compile(r, [ctx] { return ctx->IsCancelled(); }));
         });
     --active_;
     Log(requests_, *auth_, *ctx, "Compile", ns, s, start);
@@ -127,7 +136,7 @@ grpc::ServerUnaryReactor* CompilerService::Lookup(grpc::CallbackServerContext* c
       [&](const v1::LookupRequest& r) -> absl::StatusOr<v1::LookupResponse> {
         ns = r.namespace_();
         RETURN_IF_ERROR(auth_->Check(*ctx, Role::kReader, r.namespace_()));
-        return engine_->Lookup(r);
+        return Signed(engine_->Lookup(r));
       });
   Log(requests_, *auth_, *ctx, "Lookup", ns, s, start);
   reactor->Finish(s);
@@ -144,7 +153,7 @@ grpc::ServerUnaryReactor* CompilerService::GetArtifact(grpc::CallbackServerConte
         RETURN_IF_ERROR(auth_->Check(*ctx, Role::kReader, r.namespace_()));
         // Without tokens, or for a token of every namespace, any digest.
         absl::StatusOr<Principal> who = auth_->Authenticate(*ctx);
-        return engine_->GetArtifact(r, /*scoped=*/who.ok() && !who->all_namespaces);
+        return Signed(engine_->GetArtifact(r, /*scoped=*/who.ok() && !who->all_namespaces));
       }));
   return reactor;
 }

@@ -12,6 +12,7 @@
 
 #include <atomic>
 
+#include "common/signing.h"
 #include "kiln/v1/service.grpc.pb.h"
 #include "server/auth.h"
 #include "server/engine.h"
@@ -27,8 +28,11 @@ class CompilerService final
   // `engine` must outlive the service. At most `max_waiting_compiles`
   // Compile requests wait for a result at once; more are RESOURCE_EXHAUSTED.
   // `requests` (may be null) gets one record per Compile and Lookup.
+  // With `signer`, every reply that carries an artifact carries its signed
+  // digest.
   CompilerService(Engine* engine, uint64_t max_message_bytes, int max_waiting_compiles,
-                  const Authorizer* auth, RequestLog* requests = nullptr);
+                  const Authorizer* auth, RequestLog* requests = nullptr,
+                  const Signer* signer = nullptr);
 
   grpc::ServerUnaryReactor* Compile(grpc::CallbackServerContext*, const grpc::ByteBuffer*,
                                     grpc::ByteBuffer*) override;
@@ -41,8 +45,12 @@ class CompilerService final
   int active() const { return active_; }
 
  private:
+  template <typename Resp>
+  absl::StatusOr<Resp> Signed(absl::StatusOr<Resp> resp) const;
+
   Engine* const engine_;
   const Authorizer* const auth_;
+  const Signer* const signer_;
   RequestLog* const requests_;
   const uint64_t max_message_bytes_;
   std::atomic<int> active_{0};

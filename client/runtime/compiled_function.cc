@@ -3,6 +3,9 @@
 // bookkeeping that splits the forward graph's outputs into outputs and saved
 // values and maps the backward graph's outputs back to the primals.
 #include "client/runtime/compiled_function.h"
+#include "common/hashing.h"
+#include "common/signing.h"
+#include "compiler/ir/canonical.h"
 
 #include <ATen/ops/zeros.h>
 #include <c10/core/GradMode.h>
@@ -57,6 +60,18 @@ absl::StatusOr<std::vector<at::Tensor>> CompiledFunction::Runner::Run(
     const std::vector<at::Tensor>& inputs) const {
   if (interpreter != nullptr) return interpreter->Run(inputs);
   return plan->Run(inputs);
+}
+
+absl::StatusOr<std::unique_ptr<CompiledFunction>> CompiledFunction::CreateVerified(
+    const v1::Artifact& artifact, const std::string& digest, const std::string& signature,
+    const std::string& public_key_pem) {
+  const std::string actual = Sha256Hex(ir::DeterministicBytes(artifact));
+  if (actual != digest) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("the artifact's bytes hash to ", actual, ", not to its digest ", digest));
+  }
+  RETURN_IF_ERROR(VerifySignature(public_key_pem, digest, signature));
+  return Create(artifact);
 }
 
 absl::StatusOr<std::unique_ptr<CompiledFunction>> CompiledFunction::Create(

@@ -90,6 +90,13 @@ class CompiledFunction {
   // autograd bookkeeping (counts, grad_input_index) are malformed or
   // disagree; a plan's other errors as PlanExecutor::Create gives them.
   static absl::StatusOr<std::unique_ptr<CompiledFunction>> Create(const v1::Artifact& artifact);
+  // Create, after checking that `artifact` is the one kilnd signed: its
+  // deterministic bytes hash to `digest` and `signature` is the Ed25519
+  // signature of `digest` by `public_key_pem`'s key (common/signing.h).
+  // PERMISSION_DENIED, before any code is loaded, when it is not.
+  static absl::StatusOr<std::unique_ptr<CompiledFunction>> CreateVerified(
+      const v1::Artifact& artifact, const std::string& digest, const std::string& signature,
+      const std::string& public_key_pem);
 
   CompiledFunction(const CompiledFunction&) = delete;
   CompiledFunction& operator=(const CompiledFunction&) = delete;

@@ -26,8 +26,11 @@
 #include <algorithm>
 #include <cctype>
 #include <cstdint>
+#include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
+#include <iterator>
 #include <memory>
 #include <mutex>
 #include <random>
@@ -36,6 +39,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "client/client.h"
 #include "client/runtime/interpreter.h"
@@ -641,6 +645,57 @@ TEST(CompiledFunctionTest, InconsistentAutogradBookkeepingIsInvalidArgument) {
   a.mutable_autograd()->mutable_inputs_need_grad()->RemoveLast();
   fn = CompiledFunction::Create(a);
   EXPECT_EQ(fn.status().code(), absl::StatusCode::kInvalidArgument) << fn.status();
+}
+
+}  // namespace
+}  // namespace kiln::runtime
+
+namespace kiln::runtime {
+namespace {
+
+std::string ReadText(const std::string& path) {
+  std::ifstream f(path);
+  return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+}
+
+// kilnd signs what it sends; CreateVerified loads only what checks out.
+TEST(CompiledFunctionTest, OnlyArtifactsKilndSignedAreLoaded) {
+  testing::TempDir dir;
+  const std::string key = dir.path() + "/key.pem", pub = dir.path() + "/pub.pem",
+                    other = dir.path() + "/other.pem", other_pub = dir.path() + "/other_pub.pem";
+  const std::string make =
+      absl::StrCat("openssl genpkey -algorithm ed25519 -out ", key, " && openssl pkey -in ", key,
+                   " -pubout -out ", pub, " && openssl genpkey -algorithm ed25519 -out ", other,
+                   " && openssl pkey -in ", other, " -pubout -out ", other_pub, " 2>/dev/null");
+  ASSERT_EQ(std::system(make.c_str()), 0);
+  testing::KilndProcess kilnd(dir.path() + "/data", {"--signing_key_file=" + key});
+  ClientOptions o;
+  o.address = kilnd.address();
+  auto client = Client::Connect(o);
+  ASSERT_TRUE(client.ok()) << client.status();
+  v1::CompileRequest request;
+  *request.mutable_graph() = testing::LoadGraphFile("rmsnorm.json").graph();
+  request.mutable_options()->set_backend("kiln");
+  auto response = (*client)->Compile(request);
+  ASSERT_TRUE(response.ok()) << response.status();
+  ASSERT_FALSE(response->signature().empty());
+
+  auto fn = CompiledFunction::CreateVerified(response->artifact(), response->digest(),
+                                             response->signature(), ReadText(pub));
+  EXPECT_TRUE(fn.ok()) << fn.status();
+  auto wrong_key = CompiledFunction::CreateVerified(response->artifact(), response->digest(),
+                                                    response->signature(), ReadText(other_pub));
+  EXPECT_EQ(wrong_key.status().code(), absl::StatusCode::kPermissionDenied) << wrong_key.status();
+  auto unsigned_ =
+      CompiledFunction::CreateVerified(response->artifact(), response->digest(), "", ReadText(pub));
+  EXPECT_EQ(unsigned_.status().code(), absl::StatusCode::kPermissionDenied);
+  v1::Artifact planted = response->artifact();
+  (*planted.mutable_trace())["planted"] = "code";
+  auto tampered = CompiledFunction::CreateVerified(planted, response->digest(),
+                                                   response->signature(), ReadText(pub));
+  EXPECT_EQ(tampered.status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_TRUE(absl::StrContains(tampered.status().message(), "hash to")) << tampered.status();
+  EXPECT_EQ(kilnd.Terminate(), 0);
 }
 
 }  // namespace

@@ -329,6 +329,63 @@ class TokenTest(unittest.TestCase):
             self.assertEqual(server.stop(), 0, server.log_tail())
 
 
+@unittest.skipUnless(KILND, "KILND is not set")
+class SignedArtifactTest(unittest.TestCase):
+    """kilnd signs artifact digests; a backend with the public key loads only
+    artifacts whose bytes and signature check out."""
+
+    def test_only_signed_artifacts_load(self):
+        from cryptography.hazmat.primitives import serialization
+        from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+        from kiln.compiled import SignatureError, verify_artifact
+
+        def pem_pair():
+            key = Ed25519PrivateKey.generate()
+            private = key.private_bytes(serialization.Encoding.PEM,
+                                        serialization.PrivateFormat.PKCS8,
+                                        serialization.NoEncryption())
+            public = key.public_key().public_bytes(serialization.Encoding.PEM,
+                                                   serialization.PublicFormat.SubjectPublicKeyInfo)
+            return private, public
+
+        private, public = pem_pair()
+        _, other_public = pem_pair()
+        tmp = tempfile.mkdtemp(prefix="kiln_signing_test_")
+        self.addCleanup(shutil.rmtree, tmp, ignore_errors=True)
+        with open(os.path.join(tmp, "key.pem"), "wb") as f:
+            f.write(private)
+        x = torch.randn(4, 8)
+        signed = Kilnd(os.path.join(tmp, "signed"), ["--signing_key_file=" + f.name])
+        unsigned = Kilnd(os.path.join(tmp, "unsigned"))
+        try:
+            torch._dynamo.reset()
+            be = kiln.backend(signed.address, public_key=public)
+            close(self, torch.compile(graph_break, backend=be)(x), graph_break(x), "signed")
+            self.assertEqual(be.stats["compiles"], 2)
+            torch._dynamo.reset()
+            again = kiln.backend(signed.address, public_key=public)
+            torch.compile(graph_break, backend=again)(x)
+            self.assertEqual(again.stats["hits"], 2)  # hits are verified too
+            for address, key, says in ((signed.address, other_public, "does not verify"),
+                                       (unsigned.address, public, "is not signed")):
+                torch._dynamo.reset()
+                with self.assertRaises(Exception) as caught:
+                    torch.compile(graph_break, backend=kiln.backend(address, public_key=key))(x)
+                self.assertIn(says, str(caught.exception))
+            # An artifact changed after signing fails before its code loads.
+            with kiln.Client(signed.address) as c:
+                got = c.lookup(graph=be.last_lowered.graph, include_artifact=True,
+                               backend="kiln")
+                self.assertTrue(got.signature)
+                got.artifact.trace["planted"] = "code"
+                with self.assertRaisesRegex(SignatureError, "hash to"):
+                    verify_artifact(got.artifact, got.digest, got.signature, public)
+        finally:
+            self.assertEqual(signed.stop(), 0, signed.log_tail())
+            self.assertEqual(unsigned.stop(), 0, unsigned.log_tail())
+
+
 class RegistrationTest(unittest.TestCase):
     def test_core_opset_list_is_this_torchs(self):
         import core_aten_ops

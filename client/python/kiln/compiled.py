@@ -53,7 +53,38 @@ from kiln.client import Client
 from kiln.plan import PlanRunner
 from kiln.runtime import Interpreter, torch_device, torch_dtype
 
-__all__ = ["compile", "CompiledFunction", "ArtifactFunction"]
+__all__ = ["compile", "CompiledFunction", "ArtifactFunction", "verify_artifact",
+           "SignatureError"]
+
+
+class SignatureError(ValueError):
+    """An artifact that is unsigned, wrongly signed, or not what its digest
+    says: its native code is never loaded."""
+
+
+def verify_artifact(artifact, digest, signature, public_key_pem):
+    """Checks, before any of its code is loaded, that `artifact`
+    (kiln.v1.Artifact) is the one kilnd signed: its deterministic bytes hash
+    to `digest` (hex SHA-256) and `signature` is the Ed25519 signature of
+    `digest` by the key whose PEM public key is `public_key_pem`. Raises
+    SignatureError."""
+    import hashlib
+
+    from cryptography.exceptions import InvalidSignature
+    from cryptography.hazmat.primitives.serialization import load_pem_public_key
+
+    key = load_pem_public_key(public_key_pem if isinstance(public_key_pem, bytes)
+                              else public_key_pem.encode())
+    actual = hashlib.sha256(artifact.SerializeToString(deterministic=True)).hexdigest()
+    if actual != digest:
+        raise SignatureError(f"the artifact's bytes hash to {actual}, not to its digest {digest}")
+    if not signature:
+        raise SignatureError(f"artifact {digest} is not signed, and a signature is required")
+    try:
+        key.verify(signature, digest.encode())
+    except InvalidSignature:
+        raise SignatureError(f"artifact {digest}: its signature does not verify with the "
+                             "configured public key") from None
 
 
 def compile(fn, *example_inputs, client, backend="aot_eager", namespace=""):  # noqa: A001

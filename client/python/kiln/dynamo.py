@@ -38,7 +38,7 @@ import torch
 
 from kiln import lower as lowering
 from kiln.client import Client, KilnError
-from kiln.compiled import ArtifactFunction
+from kiln.compiled import ArtifactFunction, verify_artifact
 
 __all__ = ["backend", "KilnBackend", "register_backends", "DEFAULT_SERVER"]
 
@@ -58,6 +58,10 @@ class KilnBackend:
     cache namespace; `timeout` the deadline of each call in seconds;
     `frozen` asks kilnd never to compile for this client; `token` (default
     $KILN_TOKEN) and `root_certificates` (PEM, for TLS) are kiln.Client's.
+    With `public_key` (PEM Ed25519, default the file $KILN_PUBLIC_KEY_FILE
+    names) every artifact must carry kilnd's valid signature before its
+    code is loaded (kiln.compiled.verify_artifact); one that does not
+    raises SignatureError.
 
     Counters (`stats`): graphs, hits, compiles, eager (graphs run eagerly by
     a policy or because they have no kiln form)."""
@@ -66,7 +70,7 @@ class KilnBackend:
 
     def __init__(self, server=None, *, compiler="kiln", namespace="", on_frozen="raise",
                  on_unavailable="eager", timeout=30.0, frozen=False, token=None,
-                 root_certificates=None):
+                 root_certificates=None, public_key=None):
         if on_frozen not in _POLICIES or on_unavailable not in _POLICIES:
             raise ValueError(f"on_frozen and on_unavailable take one of {_POLICIES}")
         self.server = server or os.environ.get("KILN_SERVER") or DEFAULT_SERVER
@@ -77,6 +81,10 @@ class KilnBackend:
         self.timeout = timeout
         self.frozen = frozen
         self._credentials = {"token": token, "root_certificates": root_certificates}
+        if public_key is None and os.environ.get("KILN_PUBLIC_KEY_FILE"):
+            with open(os.environ["KILN_PUBLIC_KEY_FILE"], "rb") as f:
+                public_key = f.read()
+        self.public_key = public_key
         self.stats = {"graphs": 0, "hits": 0, "compiles": 0, "eager": 0}
         # Seconds spent per client phase, over every graph: lower (Dynamo's
         # graph to kiln.v1.Graph), lookup, compile (on kilnd, with the
@@ -150,13 +158,20 @@ class KilnBackend:
         self.times["lookup"] += time.perf_counter() - start
         if found.HasField("artifact") and found.artifact.backend:
             self.stats["hits"] += 1
+            self._verify(found)
             return found.artifact
         start = time.perf_counter()
         response = client.compile(lowered.graph, guards=lowered.guards, backend=self.compiler,
                                   namespace=self.namespace, frozen=self.frozen)
         self.times["compile"] += time.perf_counter() - start
         self.stats["compiles"] += 1
+        self._verify(response)
         return response.artifact
+
+    def _verify(self, response):
+        if self.public_key is not None:
+            verify_artifact(response.artifact, response.digest, response.signature,
+                            self.public_key)
 
 
 class _Compiled:
