@@ -206,7 +206,9 @@ absl::StatusOr<v1::CompileResponse> Engine::CompileMiss(
   {
     absl::MutexLock l(&flights_mu_);
     auto& slot = flights_[flight_key];
-    if (slot == nullptr) {
+    // A flight whose callers all left is being cancelled: a new caller
+    // starts a flight of its own instead of inheriting the cancellation.
+    if (slot == nullptr || slot->cancel.load()) {
       slot = std::make_shared<Flight>();
       leader = true;
     }
