@@ -135,20 +135,10 @@ TEST(AuthTest, AdminCallsAreAuditedAndRequestsLogged) {
   EXPECT_TRUE(absl::StrContains(logged, R"("rid":")")) << logged;
 }
 
-std::string Shell(const std::string& command) {
-  std::string out;
-  FILE* pipe = popen(command.c_str(), "r");
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, pipe)) > 0) out.append(buf, n);
-  out += absl::StrCat("\nexit ", pclose(pipe));
-  return out;
-}
-
 TEST(AuthTest, RefusesToListenBeyondLoopbackWithoutTlsAndTokens) {
   TempDir dir;
   const std::string out =
-      Shell(absl::StrCat(KILND_PATH, " --listen=0.0.0.0:0 --data_dir=", dir.path(), " 2>&1"));
+      RunShell(absl::StrCat(KILND_PATH, " --listen=0.0.0.0:0 --data_dir=", dir.path(), " 2>&1"));
   EXPECT_TRUE(absl::StrContains(out, "is beyond loopback")) << out;
   EXPECT_FALSE(absl::StrContains(out, "\nexit 0")) << out;
 }
@@ -156,10 +146,10 @@ TEST(AuthTest, RefusesToListenBeyondLoopbackWithoutTlsAndTokens) {
 TEST(AuthTest, TlsWithTokens) {
   TempDir dir;
   const std::string key = dir.path() + "/key.pem", cert = dir.path() + "/cert.pem";
-  const std::string made =
-      Shell(absl::StrCat("openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 ",
-                         "-nodes -days 1 -subj /CN=localhost -addext subjectAltName=DNS:localhost,",
-                         "IP:127.0.0.1 -keyout ", key, " -out ", cert, " 2>&1"));
+  const std::string made = RunShell(
+      absl::StrCat("openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 ",
+                   "-nodes -days 1 -subj /CN=localhost -addext subjectAltName=DNS:localhost,",
+                   "IP:127.0.0.1 -keyout ", key, " -out ", cert, " 2>&1"));
   ASSERT_TRUE(absl::StrContains(made, "\nexit 0")) << made;
   std::ifstream f(cert);
   const std::string pem((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());

@@ -181,24 +181,13 @@ TEST(HostileInputTest, EveryBadGraphIsRefusedByNameAndKilndKeepsServing) {
 namespace kiln::testing {
 namespace {
 
-std::string RunCommand(const std::string& command) {
-  std::string out;
-  FILE* pipe = popen(command.c_str(), "r");
-  if (pipe == nullptr) return out;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), pipe)) > 0) out.append(buf, n);
-  pclose(pipe);
-  return out;
-}
-
 TEST(HostileInputTest, HelpListsTheFlagsAndNoBuildPaths) {
   for (const auto& [binary, flag, file] :
        std::vector<std::tuple<std::string, std::string, std::string>>{
            {KILND_PATH, "--data_dir", "server/main.cc"},
            {KILNCTL_PATH, "--server", "client/kilnctl.cc"}}) {
     SCOPED_TRACE(binary);
-    const std::string help = RunCommand(binary + " --help 2>&1");
+    const std::string help = RunShell(binary + " --help 2>&1");
     EXPECT_FALSE(absl::StrContains(help, "No flags matched")) << help;
     EXPECT_TRUE(absl::StrContains(help, flag)) << help;
     EXPECT_TRUE(absl::StrContains(help, "Flags from " + file + ":")) << help;
@@ -224,20 +213,10 @@ TEST(HostileInputTest, AConnectionFloodNeverStopsTheListener) {
     return c.ok() && (*c)->Health().ok();
   };
   ASSERT_TRUE(health());
-  const int port = std::stoi(kilnd.address().substr(kilnd.address().rfind(':') + 1));
   std::vector<int> flood;
   for (int i = 0; i < 600; ++i) {
-    const int fd = socket(AF_INET, SOCK_STREAM, 0);
-    ASSERT_GE(fd, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_port = htons(static_cast<uint16_t>(port));
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
-      close(fd);
-      continue;
-    }
-    flood.push_back(fd);
+    const int fd = ConnectLoopback(kilnd.address());
+    if (fd >= 0) flood.push_back(fd);
   }
   EXPECT_GT(flood.size(), 300u);
   absl::SleepFor(absl::Seconds(1));

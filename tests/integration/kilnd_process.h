@@ -10,6 +10,14 @@
 
 namespace kiln::testing {
 
+// A TCP connection to 127.0.0.1 at the port of `address` ("host:port"): the
+// descriptor, or -1.
+int ConnectLoopback(const std::string& address);
+
+// Runs `command` through the shell; its standard output, then a line
+// "exit N" with the status pclose gave.
+std::string RunShell(const std::string& command);
+
 // A temporary directory, removed with its contents on destruction.
 class TempDir {
  public:

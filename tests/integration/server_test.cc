@@ -639,17 +639,8 @@ namespace {
 
 // GET http://address/path with HTTP/1.0; the whole response.
 std::string HttpGet(const std::string& address, const std::string& path) {
-  const size_t colon = address.rfind(':');
-  const int port = std::stoi(address.substr(colon + 1));
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
-    close(fd);
-    return "";
-  }
+  const int fd = ConnectLoopback(address);
+  if (fd < 0) return "";
   const std::string request = "GET " + path + " HTTP/1.0\r\nHost: localhost\r\n\r\n";
   (void)!write(fd, request.data(), request.size());
   std::string response;
