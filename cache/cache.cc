@@ -194,13 +194,14 @@ absl::Status Cache::LoadIndex() {
   for (it->Seek("e/"); it->Valid() && it->key().starts_with("e/"); it->Next()) {
     v1::StoredEntry entry;
     std::string ek = it->key().ToString();
-    v1::StoredEntry probe;
-    if (probe.ParseFromArray(it->value().data(), static_cast<int>(it->value().size())) &&
-        probe.format_version() > kEntryFormat) {
-      entry = probe;
-    } else {
-      RETURN_IF_ERROR(
-          ReadEntry(absl::string_view(it->value().data(), it->value().size()), &entry, ek));
+    absl::Status read =
+        ReadEntry(absl::string_view(it->value().data(), it->value().size()), &entry, ek);
+    // A newer server's record may not be sealed as this one seals: its format
+    // is what to report, not a broken seal.
+    if (!read.ok() &&
+        !(entry.ParseFromArray(it->value().data(), static_cast<int>(it->value().size())) &&
+          entry.format_version() > kEntryFormat)) {
+      return read;
     }
     if (entry.format_version() > kEntryFormat) {
       return absl::FailedPreconditionError(absl::StrCat(
