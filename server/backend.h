@@ -1,7 +1,8 @@
-// Compile backends: the stages after verification that turn a graph into an
-// artifact. `eager` stops after canonicalization (the runtime runs the graph
-// op by op); `aot_eager` adds the joint graph and the min-cut partition;
-// `kiln` adds lowering, fusion, codegen and native compilation.
+// Compile backends: each names how far the compile pipeline
+// (compiler/pipeline/pipeline.h) runs. `eager` stops after canonicalization
+// (the runtime runs the graph op by op); `aot_eager` adds the joint graph and
+// the min-cut partition; `kiln` adds the target's lowering, fusion, codegen
+// and native compilation.
 //
 // Backends are stateless and thread-safe: workers call Compile concurrently.
 #ifndef KILN_SERVER_BACKEND_H_
@@ -16,34 +17,13 @@
 #include "absl/status/statusor.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "compiler/autograd/joint_graph.h"
-#include "compiler/autograd/partition.h"
 #include "compiler/ir/graph.h"
+#include "compiler/pipeline/pipeline.h"
 #include "kiln/v1/service.pb.h"
 
 namespace kiln::server {
 
-// Collects the time of each named phase, in order.
-class PhaseTimes {
- public:
-  // Times `fn` as phase `name` and returns its result.
-  template <typename Fn>
-  auto Time(const std::string& name, Fn&& fn) {
-    const absl::Time start = absl::Now();
-    struct Record {
-      PhaseTimes* self;
-      std::string name;
-      absl::Time start;
-      ~Record() { self->Add(name, absl::ToInt64Microseconds(absl::Now() - start)); }
-    } record{this, name, start};
-    return fn();
-  }
-  void Add(const std::string& name, int64_t micros);
-  const std::vector<v1::PhaseTime>& phases() const { return phases_; }
-
- private:
-  std::vector<v1::PhaseTime> phases_;
-};
+using pipeline::PhaseTimes;
 
 struct CompileInput {
   const ir::Graph& graph;
@@ -67,10 +47,6 @@ class Backend {
                                                PhaseTimes* times) const = 0;
 };
 
-// The forward/backward split in wire form (aot_eager and kiln).
-void FillAutograd(const autograd::JointGraph& joint, const autograd::Partition& split,
-                  v1::AutogradGraphs* out);
-
 // The artifact fields every backend fills the same way.
 v1::Artifact NewArtifact(const CompileInput& input, const std::string& backend);
 
@@ -79,9 +55,10 @@ std::unique_ptr<Backend> MakeEagerBackend();
 
 // What the backends that run a native compiler need from the server.
 struct BackendOptions {
-  std::string scratch_dir = "/tmp";                            // sources and objects while g++ runs
-  absl::Duration native_compile_timeout = absl::Seconds(120);  // per g++ run
+  std::string scratch_dir = "/tmp";  // sources and objects while g++ or NVRTC runs
+  absl::Duration native_compile_timeout = absl::Seconds(120);  // per g++ or NVRTC run
   std::string native_compiler = "g++";                         // searched in PATH
+  std::string nvrtc_helper;  // empty: kiln_nvrtc beside kilnd (codegen.h, CudaOptions)
 };
 
 // Backends by name.

@@ -1,13 +1,20 @@
 // Code generation backends: turn a graph's fused kernels into one source
-// file and compile it for a target. The C++ backend (CPUs, g++) is the first
-// implementation; a CUDA backend (NVRTC) is a second one behind the same
-// interface.
+// file and compile it for a target: C++ for CPUs (g++), CUDA C++ for NVIDIA
+// GPUs (NVRTC).
 //
-// Kernel ABI, for every backend's CPU-side entry points:
+// Kernel ABI of the C++ backend:
 //   extern "C" void <kernel.name>(void* const* buffers, const int64_t* symbols);
 // `buffers` holds the data pointers (at::Tensor::data_ptr(), storage offset
 // included) of kernel.buffers in order; `symbols` the values of the plan's
 // symbols, in the order given to Generate.
+//
+// Kernel ABI of the CUDA backend: one __global__ function per kernel, named
+// kernel.name, taking one parameter: a struct of 8-byte fields, the data
+// pointers of kernel.buffers in order followed by the values of all the
+// plan's symbols in order. A launcher passes it as one parameter buffer
+// (cuLaunchKernel's CU_LAUNCH_PARAM_BUFFER_POINTER) of 8 * (buffers +
+// symbols) bytes, with the grid and block LaunchSize gives, no dynamic
+// shared memory, on the caller's stream.
 //
 // Implementations are immutable after construction and thread-safe.
 #ifndef KILN_COMPILER_CODEGEN_CODEGEN_H_
@@ -29,6 +36,13 @@ namespace kiln::codegen {
 // compile's whole log (the message holds its first lines).
 inline constexpr char kCompilerLogPayload[] = "kiln.dev/compiler-log";
 
+// How a GPU kernel is launched: a one-dimensional grid (an expression of
+// the plan's symbols) of blocks of `block` threads.
+struct LaunchSize {
+  ir::SymInt grid{int64_t{1}};
+  int block = 1;
+};
+
 class CodegenBackend {
  public:
   virtual ~CodegenBackend() = default;
@@ -42,6 +56,12 @@ class CodegenBackend {
   // Compiles `source`. A compiler error is INTERNAL carrying the compiler's
   // log; the module holds the source, the binary and the command.
   virtual absl::StatusOr<v1::CompiledModule> Compile(const std::string& source) const = 0;
+
+  // For GPU backends: how `kernel` (as Generate emits it) is launched.
+  // CPU backends have no launch sizes: UNIMPLEMENTED.
+  virtual absl::StatusOr<LaunchSize> Launch(const loop::Kernel& kernel) const {
+    return absl::UnimplementedError(language() + " kernels have no launch size");
+  }
 };
 
 struct CppOptions {
@@ -61,6 +81,21 @@ struct CppOptions {
 };
 
 std::unique_ptr<CodegenBackend> MakeCppBackend(const CppOptions& options);
+
+struct CudaOptions {
+  std::string sm_arch = "sm_90";  // NVRTC's --gpu-architecture
+  // The program that runs NVRTC (compiler/codegen/nvrtc_main.cc): NVRTC runs
+  // in a process of its own, under the time limit and killed on cancel like
+  // g++, and a crash in it cannot take the server down. Empty: the
+  // kiln_nvrtc beside the running program, else the one of the build tree.
+  std::string helper;
+  std::string scratch_dir = "/tmp";
+  absl::Duration timeout = absl::Seconds(120);
+  const std::atomic<bool>* cancel = nullptr;
+};
+
+// language() "cuda"; modules hold a CUBIN.
+std::unique_ptr<CodegenBackend> MakeCudaBackend(const CudaOptions& options);
 
 }  // namespace kiln::codegen
 

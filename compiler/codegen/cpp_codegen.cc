@@ -70,10 +70,10 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/status_macros.h"
+#include "compiler/codegen/c_family.h"
 #include "compiler/codegen/codegen.h"
+#include "compiler/codegen/toolchain.h"
 #include "compiler/ir/printer.h"
-
-extern char** environ;
 
 namespace kiln::codegen {
 namespace {
@@ -309,474 +309,6 @@ template <typename T> inline T kiln_pow_int(T base, T exp) {
 }  // namespace
 )";
 
-// ---------------------------------------------------------------------------
-// Types.
-
-// The C++ type a value is computed in. float16 and bfloat16 compute (and
-// accumulate) in float32; bool is stored as one byte.
-enum class CType { kF32, kF64, kI64, kI32, kI16, kI8, kU8, kBool };
-
-const char* CName(CType t) {
-  switch (t) {
-    case CType::kF32:
-      return "float";
-    case CType::kF64:
-      return "double";
-    case CType::kI64:
-      return "int64_t";
-    case CType::kI32:
-      return "int32_t";
-    case CType::kI16:
-      return "int16_t";
-    case CType::kI8:
-      return "int8_t";
-    case CType::kU8:
-      return "uint8_t";
-    case CType::kBool:
-      return "bool";
-  }
-  return "?";
-}
-
-bool IsFloat(CType t) { return t == CType::kF32 || t == CType::kF64; }
-
-// Rank for promotion of comparison operands.
-int Rank(CType t) {
-  switch (t) {
-    case CType::kBool:
-      return 0;
-    case CType::kU8:
-      return 1;
-    case CType::kI8:
-      return 2;
-    case CType::kI16:
-      return 3;
-    case CType::kI32:
-      return 4;
-    case CType::kI64:
-      return 5;
-    case CType::kF32:
-      return 6;
-    case CType::kF64:
-      return 7;
-  }
-  return 0;
-}
-
-absl::StatusOr<CType> ComputeType(v1::DType dtype) {
-  switch (dtype) {
-    case v1::FLOAT32:
-    case v1::FLOAT16:
-    case v1::BFLOAT16:
-      return CType::kF32;
-    case v1::FLOAT64:
-      return CType::kF64;
-    case v1::INT64:
-      return CType::kI64;
-    case v1::INT32:
-      return CType::kI32;
-    case v1::INT16:
-      return CType::kI16;
-    case v1::INT8:
-      return CType::kI8;
-    case v1::UINT8:
-      return CType::kU8;
-    case v1::BOOL:
-      return CType::kBool;
-    default:
-      return absl::InvalidArgumentError(
-          absl::StrCat("dtype ", v1::DType_Name(dtype), " is not supported by the C++ backend"));
-  }
-}
-
-// The C++ type of one element in memory.
-const char* StorageName(v1::DType dtype) {
-  switch (dtype) {
-    case v1::FLOAT16:
-    case v1::BFLOAT16:
-      return "uint16_t";
-    case v1::BOOL:
-      return "uint8_t";
-    default: {
-      absl::StatusOr<CType> t = ComputeType(dtype);
-      return t.ok() ? CName(*t) : "?";
-    }
-  }
-}
-
-// storage element -> compute value.
-std::string FromStorage(v1::DType dtype, const std::string& x) {
-  switch (dtype) {
-    case v1::FLOAT16:
-      return absl::StrCat("kiln_f16_to_f32(", x, ")");
-    case v1::BFLOAT16:
-      return absl::StrCat("kiln_bf16_to_f32(", x, ")");
-    case v1::BOOL:
-      return absl::StrCat("(", x, " != 0)");
-    default:
-      return x;
-  }
-}
-
-// value of type `from` -> storage element of `dtype`.
-std::string ToStorage(v1::DType dtype, CType from, const std::string& x) {
-  switch (dtype) {
-    case v1::FLOAT16:
-      return absl::StrCat("kiln_f32_to_f16(",
-                          from == CType::kF32 ? x : absl::StrCat("static_cast<float>(", x, ")"),
-                          ")");
-    case v1::BFLOAT16:
-      return absl::StrCat("kiln_f32_to_bf16(",
-                          from == CType::kF32 ? x : absl::StrCat("static_cast<float>(", x, ")"),
-                          ")");
-    case v1::BOOL:
-      return absl::StrCat("static_cast<uint8_t>(", x, " != 0)");
-    default: {
-      const char* storage = StorageName(dtype);
-      absl::StatusOr<CType> t = ComputeType(dtype);
-      if (t.ok() && *t == from) return x;
-      return absl::StrCat("static_cast<", storage, ">(", x, ")");
-    }
-  }
-}
-
-std::string Limit(CType t, const char* what) {
-  return absl::StrCat("std::numeric_limits<", CName(t), ">::", what, "()");
-}
-
-// An int64 literal: plain when it is a small int, else INT64_C.
-std::string IntLiteral(int64_t v) {
-  if (v == std::numeric_limits<int64_t>::min()) return "(-INT64_C(9223372036854775807) - 1)";
-  if (v >= 0 && v <= 0x7fffffff) return absl::StrCat(v);
-  return absl::StrCat("INT64_C(", v, ")");
-}
-
-// Text from a request (a value or node name, a size expression) as it may
-// appear in a // comment: printable ASCII but the backslash, which would
-// continue the comment onto the next generated line.
-std::string CommentText(absl::string_view text) {
-  std::string out(text);
-  for (char& c : out) {
-    if (c < 0x20 || c > 0x7e || c == '\\') c = '?';
-  }
-  return out;
-}
-
-std::string Literal(double v, CType t) {
-  switch (t) {
-    case CType::kF32:
-    case CType::kF64: {
-      if (std::isnan(v)) return Limit(t, "quiet_NaN");
-      // A double beyond float's range is float's infinity, as ATen rounds it.
-      const bool inf = t == CType::kF32 ? std::isinf(static_cast<float>(v)) : std::isinf(v);
-      if (inf) return absl::StrCat(v < 0 ? "-" : "", Limit(t, "infinity"));
-      std::string s = t == CType::kF32 ? absl::StrFormat("%.9g", static_cast<float>(v))
-                                       : absl::StrFormat("%.17g", v);
-      if (s.find_first_of(".e") == std::string::npos) s += ".0";
-      if (t == CType::kF32) s += "f";
-      return s[0] == '-' ? absl::StrCat("(", s, ")") : s;
-    }
-    case CType::kBool:
-      return v != 0 ? "true" : "false";
-    default: {
-      // Converting a double outside int64's range is undefined: clamp first.
-      const double clamped = std::clamp(v, -9223372036854775808.0, 9223372036854774784.0);
-      const int64_t i = static_cast<int64_t>(clamped);
-      if (t == CType::kI64) return IntLiteral(i);
-      return absl::StrCat("static_cast<", CName(t), ">(", i, ")");
-    }
-  }
-}
-
-// ---------------------------------------------------------------------------
-// Symbols and SymInt expressions.
-
-bool IsIdentifier(absl::string_view s) {
-  if (s.empty() || !(absl::ascii_isalpha(s[0]) || s[0] == '_')) return false;
-  for (char c : s) {
-    if (!(absl::ascii_isalnum(c) || c == '_')) return false;
-  }
-  return true;
-}
-
-// Whether `name` could clash with an identifier the generator makes or a
-// C++ keyword.
-bool IsReservedName(const std::string& name) {
-  static const char* const kWords[] = {
-      "o",        "i",       "l",       "c",     "d",       "winv",    "outer_n",  "inner_n",
-      "s",        "m",       "q",       "k",     "f",       "u",       "dl",       "buffers",
-      "symbols",  "std",     "int",     "float", "double",  "char",    "bool",     "auto",
-      "const",    "for",     "if",      "else",  "do",      "while",   "return",   "new",
-      "delete",   "this",    "case",    "class", "struct",  "true",    "false",    "static_cast",
-      "and",      "or",      "not",     "xor",   "int64_t", "uint8_t", "uint16_t", "uint32_t",
-      "uint64_t", "int32_t", "int16_t", "int8_t"};
-  for (const char* w : kWords) {
-    if (name == w) return true;
-  }
-  if (absl::StartsWith(name, "kiln_") || absl::StartsWith(name, "INT") ||
-      absl::StartsWith(name, "UINT")) {
-    return true;
-  }
-  // Generated names: a prefix followed by digits ("t3", "buf0", "wml2").
-  size_t letters = 0;
-  while (letters < name.size() && absl::ascii_isalpha(name[letters])) ++letters;
-  if (letters == 0 || letters == name.size()) return false;
-  for (size_t k = letters; k < name.size(); ++k) {
-    if (!absl::ascii_isdigit(name[k])) return false;
-  }
-  static const char* const kPrefixes[] = {
-      "t",   "b",  "p",  "e",  "o",  "i",    "acc",  "nan", "buf",  "wm",  "wq",  "wn", "wml",
-      "wql", "wc", "in", "rc", "pf", "accl", "nanl", "c",   "accd", "wmd", "wqd", "wkl"};
-  const std::string prefix = name.substr(0, letters);
-  for (const char* p : kPrefixes) {
-    if (prefix == p) return true;
-  }
-  return false;
-}
-
-// The plan's symbols and their C++ names.
-class SymbolTable {
- public:
-  static absl::StatusOr<SymbolTable> Create(const std::vector<std::string>& symbols) {
-    SymbolTable table;
-    std::set<std::string> taken;
-    for (size_t k = 0; k < symbols.size(); ++k) {
-      const std::string& name = symbols[k];
-      if (name.empty()) {
-        return absl::InvalidArgumentError(absl::StrCat("symbol ", k, " has an empty name"));
-      }
-      if (!table.index_.emplace(name, static_cast<int>(k)).second) {
-        return absl::InvalidArgumentError(absl::StrCat("symbol '", name, "' is listed twice"));
-      }
-      std::string id;
-      for (char c : name) id += (absl::ascii_isalnum(c) || c == '_') ? c : '_';
-      if (!IsIdentifier(id) || IsReservedName(id)) id = absl::StrCat("sym_", id);
-      std::string unique = id;
-      for (int n = 1; taken.count(unique) > 0; ++n) unique = absl::StrCat(id, "_", n);
-      taken.insert(unique);
-      table.cpp_names_.push_back(unique);
-    }
-    return table;
-  }
-
-  // The symbol's position, or -1.
-  int Find(const std::string& name) const {
-    auto it = index_.find(name);
-    return it == index_.end() ? -1 : it->second;
-  }
-  const std::string& CppName(int k) const { return cpp_names_[k]; }
-  int size() const { return static_cast<int>(cpp_names_.size()); }
-
- private:
-  std::map<std::string, int> index_;
-  std::vector<std::string> cpp_names_;
-};
-
-// Translates a SymInt expression in sympy's spelling ("(s1 - 1)//2 + 1",
-// "Max(s0, 2)", "Mod(s0, 8)", "s0**2") into C++ int64 arithmetic.
-//
-//   sum     := product (('+' | '-') product)*
-//   product := unary (('*' | '//' | '/' | '%') unary)*
-//   unary   := '-' unary | power
-//   power   := atom ('**' unary)?
-//   atom    := integer | symbol | name '(' sum (',' sum)* ')' | '(' sum ')'
-//
-// Sizes are integers, so '/' (sympy's exact division) is floor division too.
-class ExprTranslator {
- public:
-  ExprTranslator(absl::string_view text, const SymbolTable& symbols, std::set<int>* used)
-      : text_(text), symbols_(symbols), used_(used) {}
-
-  absl::StatusOr<std::string> Translate() {
-    ASSIGN_OR_RETURN(std::string out, ParseSum());
-    SkipSpace();
-    if (pos_ != text_.size()) return Error("unexpected text");
-    return out;
-  }
-
- private:
-  absl::Status Error(absl::string_view what) const {
-    return absl::InvalidArgumentError(
-        absl::StrCat("size expression '", text_, "': ", what, " at offset ", pos_));
-  }
-  void SkipSpace() {
-    while (pos_ < text_.size() && text_[pos_] == ' ') ++pos_;
-  }
-  bool Eat(absl::string_view token) {
-    SkipSpace();
-    if (text_.substr(pos_, token.size()) != token) return false;
-    pos_ += token.size();
-    return true;
-  }
-  bool Peek(absl::string_view token) {
-    SkipSpace();
-    return text_.substr(pos_, token.size()) == token;
-  }
-
-  absl::StatusOr<std::string> ParseSum() {
-    ASSIGN_OR_RETURN(std::string out, ParseProduct());
-    while (true) {
-      if (Eat("+")) {
-        ASSIGN_OR_RETURN(std::string rhs, ParseProduct());
-        out = absl::StrCat("(", out, " + ", rhs, ")");
-      } else if (Eat("-")) {
-        ASSIGN_OR_RETURN(std::string rhs, ParseProduct());
-        out = absl::StrCat("(", out, " - ", rhs, ")");
-      } else {
-        return out;
-      }
-    }
-  }
-
-  absl::StatusOr<std::string> ParseProduct() {
-    ASSIGN_OR_RETURN(std::string out, ParseUnary());
-    while (true) {
-      if (Peek("**")) return out;
-      if (Eat("//") || Eat("/")) {
-        ASSIGN_OR_RETURN(std::string rhs, ParseUnary());
-        out = absl::StrCat("kiln_floordiv<int64_t>(", out, ", ", rhs, ")");
-      } else if (Eat("*")) {
-        ASSIGN_OR_RETURN(std::string rhs, ParseUnary());
-        out = absl::StrCat("(", out, " * ", rhs, ")");
-      } else if (Eat("%")) {
-        ASSIGN_OR_RETURN(std::string rhs, ParseUnary());
-        out = absl::StrCat("kiln_mod<int64_t>(", out, ", ", rhs, ")");
-      } else {
-        return out;
-      }
-    }
-  }
-
-  absl::StatusOr<std::string> ParseUnary() {
-    if (Eat("-")) {
-      ASSIGN_OR_RETURN(std::string operand, ParseUnary());
-      return absl::StrCat("(-", operand, ")");
-    }
-    if (Eat("+")) return ParseUnary();
-    ASSIGN_OR_RETURN(std::string base, ParseAtom());
-    if (Eat("**")) {
-      ASSIGN_OR_RETURN(std::string exp, ParseUnary());
-      return absl::StrCat("kiln_pow_int<int64_t>(", base, ", ", exp, ")");
-    }
-    return base;
-  }
-
-  absl::StatusOr<std::string> ParseAtom() {
-    SkipSpace();
-    if (pos_ >= text_.size()) return Error("expression ends early");
-    const char c = text_[pos_];
-    if (c == '(') {
-      ++pos_;
-      ASSIGN_OR_RETURN(std::string inner, ParseSum());
-      if (!Eat(")")) return Error("missing ')'");
-      return inner;
-    }
-    if (absl::ascii_isdigit(c)) {
-      size_t end = pos_;
-      while (end < text_.size() && absl::ascii_isdigit(text_[end])) ++end;
-      int64_t value = 0;
-      if (!absl::SimpleAtoi(text_.substr(pos_, end - pos_), &value)) {
-        return Error("integer out of range");
-      }
-      pos_ = end;
-      if (pos_ < text_.size() && (text_[pos_] == '.' || text_[pos_] == 'e')) {
-        return Error("not an integer");
-      }
-      return absl::StrCat("INT64_C(", value, ")");
-    }
-    if (absl::ascii_isalpha(c) || c == '_') {
-      size_t end = pos_;
-      while (end < text_.size() && (absl::ascii_isalnum(text_[end]) || text_[end] == '_')) ++end;
-      const std::string name(text_.substr(pos_, end - pos_));
-      pos_ = end;
-      if (Eat("(")) return ParseCall(name);
-      const int k = symbols_.Find(name);
-      if (k < 0) return Error(absl::StrCat("unknown symbol '", name, "'"));
-      used_->insert(k);
-      return symbols_.CppName(k);
-    }
-    return Error(absl::StrCat("unexpected '", std::string(1, c), "'"));
-  }
-
-  absl::StatusOr<std::string> ParseCall(const std::string& name) {
-    std::vector<std::string> args;
-    do {
-      ASSIGN_OR_RETURN(std::string arg, ParseSum());
-      args.push_back(std::move(arg));
-    } while (Eat(","));
-    if (!Eat(")")) return Error(absl::StrCat("missing ')' after the arguments of ", name));
-    auto arity = [&](size_t n) -> absl::Status {
-      if (args.size() == n) return absl::OkStatus();
-      return Error(absl::StrCat(name, " takes ", n, " arguments"));
-    };
-    if (name == "Max" || name == "Min") {
-      const char* fn = name == "Max" ? "std::max" : "std::min";
-      if (args.size() == 1) return args[0];
-      if (args.size() == 2) return absl::StrCat(fn, "<int64_t>(", args[0], ", ", args[1], ")");
-      return absl::StrCat(fn, "<int64_t>({", absl::StrJoin(args, ", "), "})");
-    }
-    if (name == "Mod" || name == "PythonMod") {
-      RETURN_IF_ERROR(arity(2));
-      return absl::StrCat("kiln_mod<int64_t>(", args[0], ", ", args[1], ")");
-    }
-    if (name == "FloorDiv" || name == "floordiv") {
-      RETURN_IF_ERROR(arity(2));
-      return absl::StrCat("kiln_floordiv<int64_t>(", args[0], ", ", args[1], ")");
-    }
-    if (name == "CeilDiv") {
-      RETURN_IF_ERROR(arity(2));
-      return absl::StrCat("(-kiln_floordiv<int64_t>((-", args[0], "), ", args[1], "))");
-    }
-    if (name == "floor" || name == "ceiling" || name == "FloorToInt" || name == "CeilToInt" ||
-        name == "Integer") {
-      RETURN_IF_ERROR(arity(1));
-      return args[0];  // integers already
-    }
-    if (name == "Abs") {
-      RETURN_IF_ERROR(arity(1));
-      return absl::StrCat("std::abs(", args[0], ")");
-    }
-    return Error(absl::StrCat("unknown function '", name, "'"));
-  }
-
-  absl::string_view text_;
-  const SymbolTable& symbols_;
-  std::set<int>* used_;
-  size_t pos_ = 0;
-};
-
-// ---------------------------------------------------------------------------
-// One kernel.
-
-bool IsZero(const ir::SymInt& s) { return s.is_constant() && s.constant() == 0; }
-bool IsOne(const ir::SymInt& s) { return s.is_constant() && s.constant() == 1; }
-
-struct OpInfo {
-  int arity;
-  bool needs_float;  // result must be a floating type
-};
-
-const std::map<std::string, OpInfo>& Ops() {
-  static const auto* ops = new std::map<std::string, OpInfo>{
-      {"neg", {1, false}},       {"abs", {1, false}},       {"exp", {1, true}},
-      {"log", {1, true}},        {"log1p", {1, true}},      {"expm1", {1, true}},
-      {"sqrt", {1, true}},       {"rsqrt", {1, true}},      {"reciprocal", {1, true}},
-      {"sin", {1, true}},        {"cos", {1, true}},        {"tanh", {1, true}},
-      {"sigmoid", {1, true}},    {"relu", {1, false}},      {"erf", {1, true}},
-      {"sign", {1, false}},      {"floor", {1, false}},     {"ceil", {1, false}},
-      {"not", {1, false}},       {"gelu", {1, true}},       {"gelu_tanh", {1, true}},
-      {"silu", {1, true}},       {"isnan", {1, false}},     {"add", {2, false}},
-      {"sub", {2, false}},       {"mul", {2, false}},       {"div", {2, true}},
-      {"div_floor", {2, false}}, {"div_trunc", {2, false}}, {"pow", {2, false}},
-      {"max", {2, false}},       {"min", {2, false}},       {"eq", {2, false}},
-      {"ne", {2, false}},        {"lt", {2, false}},        {"le", {2, false}},
-      {"gt", {2, false}},        {"ge", {2, false}},        {"and", {2, false}},
-      {"or", {2, false}},        {"xor", {2, false}},       {"where", {3, false}},
-      {"cast", {1, false}},
-  };
-  return *ops;
-}
-
 // How an inner sweep is written.
 enum class SweepMode {
   kSimd,     // one inner dim, unit/zero strides: `omp simd`, pointers
@@ -823,133 +355,19 @@ class KernelEmitter {
     return KernelError(absl::StrCat("statement %", j, ": ", what));
   }
 
-  // ---- validation --------------------------------------------------------
-
-  absl::Status ValidateIndex(int j, const loop::Index& index) const {
-    const Stmt& s = k_.stmts[j];
-    if (!index.outer_strides.empty() && index.outer_strides.size() != k_.outer.size()) {
-      return StmtError(
-          j, absl::StrCat("index has ", index.outer_strides.size(),
-                          " outer strides, the kernel has ", k_.outer.size(), " outer dimensions"));
-    }
-    if (!index.inner_strides.empty() && index.inner_strides.size() != k_.inner.size()) {
-      return StmtError(
-          j, absl::StrCat("index has ", index.inner_strides.size(),
-                          " inner strides, the kernel has ", k_.inner.size(), " inner dimensions"));
-    }
-    if (!s.inner) {
-      for (const auto& st : index.inner_strides) {
-        if (!IsZero(st)) {
-          return StmtError(j, "an outer-level access has a nonzero inner stride");
-        }
-      }
-    }
-    return absl::OkStatus();
-  }
-
   absl::Status Validate() {
-    if (!IsIdentifier(k_.name) || absl::StartsWith(k_.name, "kiln_")) {
-      return KernelError("the name is not a C identifier (or starts with kiln_)");
-    }
-    if (k_.passes < 1) return KernelError(absl::StrCat("passes is ", k_.passes));
-    for (size_t b = 0; b < k_.buffers.size(); ++b) {
-      absl::StatusOr<CType> t = ComputeType(k_.buffers[b].dtype);
-      if (!t.ok()) return KernelError(absl::StrCat("buffer ", b, ": ", t.status().message()));
-    }
-    const int n = static_cast<int>(k_.stmts.size());
-    type_.assign(n, CType::kF32);
-    after_.assign(n, false);
-    for (int j = 0; j < n; ++j) {
-      const Stmt& s = k_.stmts[j];
-      if (s.pass < 0 || s.pass >= k_.passes) {
-        return StmtError(j, absl::StrCat("pass ", s.pass, " is outside [0, ", k_.passes, ")"));
-      }
-      if (s.kind != StmtKind::kStore) {
-        absl::StatusOr<CType> t = ComputeType(s.dtype);
-        if (!t.ok()) return StmtError(j, t.status().message());
-        type_[j] = *t;
-      }
-      // Operand count.
-      size_t want = 0;
-      switch (s.kind) {
-        case StmtKind::kLoad:
-        case StmtKind::kConstant:
-          want = 0;
-          break;
-        case StmtKind::kReduce:
-        case StmtKind::kStore:
-          want = 1;
-          break;
-        case StmtKind::kOp: {
-          auto it = Ops().find(s.op);
-          if (it == Ops().end()) return StmtError(j, absl::StrCat("unknown op '", s.op, "'"));
-          want = it->second.arity;
-          if (it->second.needs_float && !IsFloat(type_[j])) {
-            return StmtError(j, absl::StrCat("op '", s.op, "' needs a floating dtype, not ",
-                                             v1::DType_Name(s.dtype)));
-          }
-          break;
-        }
-      }
-      if (s.args.size() != want) {
-        return StmtError(j, absl::StrCat("takes ", want, " operands, has ", s.args.size()));
-      }
-      if (s.kind == StmtKind::kLoad || s.kind == StmtKind::kStore) {
-        if (s.buffer < 0 || s.buffer >= static_cast<int>(k_.buffers.size())) {
-          return StmtError(j, absl::StrCat("buffer ", s.buffer, " is out of range"));
-        }
-        if (s.kind == StmtKind::kStore && !k_.buffers[s.buffer].written) {
-          return StmtError(
-              j, absl::StrCat("stores to buf", s.buffer, ", which is not marked written"));
-        }
-        RETURN_IF_ERROR(ValidateIndex(j, s.index));
-      }
-      if (s.kind == StmtKind::kReduce && !s.inner) {
-        return StmtError(j, "a reduction must be an inner statement");
-      }
-      // Where each operand is visible.
-      for (int a : s.args) {
-        if (a < 0 || a >= j) {
-          return StmtError(j, absl::StrCat("operand %", a, " is not an earlier statement"));
-        }
-        const Stmt& arg = k_.stmts[a];
-        if (arg.kind == StmtKind::kStore) {
-          return StmtError(j, absl::StrCat("operand %", a, " is a store"));
-        }
-        if (arg.pass > s.pass) {
-          return StmtError(j, absl::StrCat("reads %", a, " of a later pass"));
-        }
-        if (arg.kind == StmtKind::kReduce) {
-          if (arg.pass == s.pass) {
-            if (s.inner) {
-              return StmtError(j,
-                               absl::StrCat("reads the reduction %", a, " inside its own sweep"));
-            }
-            after_[j] = true;
-          }
-        } else if (arg.inner) {
-          if (!s.inner || arg.pass != s.pass) {
-            return StmtError(j, absl::StrCat("reads %", a, ", a value of the sweep of pass ",
-                                             arg.pass, ", outside that sweep"));
-          }
-        } else if (arg.pass == s.pass && after_[a]) {
-          if (s.inner) {
-            return StmtError(j, absl::StrCat("reads %", a, ", which is computed after the sweep"));
-          }
-          after_[j] = true;
-        }
-      }
-    }
+    ASSIGN_OR_RETURN(KernelCheck check, CheckKernel(k_, "C++"));
+    type_ = std::move(check.type);
+    after_ = std::move(check.after);
     return absl::OkStatus();
   }
-
   // ---- integer expressions ----------------------------------------------
 
   // C++ text of an int64 value: a literal, a symbol, or a hoisted local.
   absl::StatusOr<std::string> Int(const ir::SymInt& s) {
     if (s.is_constant()) return IntLiteral(s.constant());
-    ExprTranslator translator(s.expr(), symbols_, &used_symbols_);
-    absl::StatusOr<std::string> text = translator.Translate();
+    absl::StatusOr<std::string> text =
+        TranslateExpr(s.expr(), symbols_, &used_symbols_, kCppDialect);
     if (!text.ok()) return KernelError(text.status().message());
     if (IsIdentifier(*text)) return *text;
     auto it = hoisted_.find(*text);
@@ -999,102 +417,10 @@ class KernelEmitter {
 
   absl::StatusOr<std::string> OpExpr(int j) const {
     const Stmt& s = k_.stmts[j];
-    const CType rt = type_[j];
-    const std::string& op = s.op;
-    const char* T = CName(rt);
-    auto x = [&](int n) { return Cast(s.args[n], rt); };
-    auto fn = [&](absl::string_view f) { return absl::StrCat(f, "(", x(0), ")"); };
-    auto bin = [&](absl::string_view o) { return absl::StrCat("(", x(0), " ", o, " ", x(1), ")"); };
-    auto call2 = [&](absl::string_view f) { return absl::StrCat(f, "(", x(0), ", ", x(1), ")"); };
-    const bool flt = IsFloat(rt);
-    const bool boolean = rt == CType::kBool;
-    auto refuse = [&]() {
-      return StmtError(j,
-                       absl::StrCat("op '", op, "' is not defined for ", v1::DType_Name(s.dtype)));
-    };
-
-    if (op == "exp") return fn("kiln_exp");
-    if (op == "sqrt") return fn("std::sqrt");
-    if (op == "log" || op == "log1p" || op == "expm1" || op == "sin" || op == "cos" ||
-        op == "tanh" || op == "erf") {
-      return fn(absl::StrCat("kiln_", op));
+    if (s.op == "div" && reciprocal_.count(j)) {
+      return absl::StrCat("(", Cast(s.args[0], type_[j]), " * rc", j, ")");
     }
-    if (op == "rsqrt") return absl::StrCat("(", T, "(1) / std::sqrt(", x(0), "))");
-    if (op == "reciprocal") return absl::StrCat("(", T, "(1) / ", x(0), ")");
-    if (op == "sigmoid" || op == "gelu" || op == "gelu_tanh" || op == "silu") {
-      return fn(absl::StrCat("kiln_", op));
-    }
-    if (op == "neg") {
-      if (boolean) return refuse();
-      return absl::StrCat("(-", x(0), ")");
-    }
-    if (op == "abs") {
-      if (flt) return fn("std::abs");
-      if (boolean || rt == CType::kU8) return x(0);
-      return absl::StrCat("(", x(0), " < 0 ? -", x(0), " : ", x(0), ")");
-    }
-    if (op == "relu") {
-      if (boolean) return x(0);
-      return absl::StrCat("(", x(0), " < ", T, "(0) ? ", T, "(0) : ", x(0), ")");
-    }
-    if (op == "sign") return boolean ? x(0) : fn("kiln_sign");
-    if (op == "floor" || op == "ceil") return flt ? fn(absl::StrCat("std::", op)) : x(0);
-    if (op == "not") return absl::StrCat("!", Cast(s.args[0], CType::kBool));
-    if (op == "isnan") {
-      const int a = s.args[0];
-      if (!IsFloat(type_[a])) return std::string("false");
-      return absl::StrCat("(", Val(a), " != ", Val(a), ")");
-    }
-    if (op == "add") return boolean ? bin("||") : bin("+");
-    if (op == "sub") {
-      if (boolean) return refuse();
-      return bin("-");
-    }
-    if (op == "mul") return boolean ? bin("&&") : bin("*");
-    if (op == "div") {
-      if (reciprocal_.count(j)) return absl::StrCat("(", x(0), " * rc", j, ")");
-      return bin("/");
-    }
-    if (op == "div_floor") {
-      if (boolean) return refuse();
-      return call2(flt ? "kiln_floordiv_float" : "kiln_floordiv");
-    }
-    if (op == "div_trunc") {
-      if (boolean) return refuse();
-      return flt ? absl::StrCat("std::trunc(", x(0), " / ", x(1), ")") : call2("kiln_truncdiv");
-    }
-    if (op == "pow") {
-      if (boolean) return refuse();
-      return call2(flt ? "std::pow" : "kiln_pow_int");
-    }
-    if (op == "max" || op == "min") {
-      if (flt) return call2(op == "max" ? "kiln_maximum" : "kiln_minimum");
-      return call2(op == "max" ? "std::max" : "std::min");
-    }
-    if (op == "eq" || op == "ne" || op == "lt" || op == "le" || op == "gt" || op == "ge") {
-      const int a = s.args[0], b = s.args[1];
-      const CType common = Rank(type_[a]) >= Rank(type_[b]) ? type_[a] : type_[b];
-      static const std::map<std::string, const char*> kCmp = {
-          {"eq", "=="}, {"ne", "!="}, {"lt", "<"}, {"le", "<="}, {"gt", ">"}, {"ge", ">="}};
-      return absl::StrCat("(", Cast(a, common), " ", kCmp.at(op), " ", Cast(b, common), ")");
-    }
-    if (op == "and" || op == "or" || op == "xor") {
-      if (flt) return refuse();
-      if (boolean) {
-        const char* o = op == "and" ? "&&" : op == "or" ? "||" : "!=";
-        return bin(o);
-      }
-      return bin(op == "and" ? "&" : op == "or" ? "|" : "^");
-    }
-    if (op == "where") {
-      return absl::StrCat("(", Cast(s.args[0], CType::kBool), " ? ", x(1), " : ", x(2), ")");
-    }
-    if (op == "cast") {
-      if (s.dtype == v1::FLOAT16) return absl::StrCat("kiln_round_f16(", x(0), ")");
-      if (s.dtype == v1::BFLOAT16) return absl::StrCat("kiln_round_bf16(", x(0), ")");
-      return x(0);
-    }
-    return StmtError(j, absl::StrCat("unknown op '", op, "'"));
+    return ScalarOpExpr(k_, type_, j, kCppDialect);
   }
 
   // Per pass, the statements by place.
@@ -1173,7 +499,7 @@ class KernelEmitter {
         ASSIGN_OR_RETURN(std::string addr, Access(j, mode));
         const v1::DType bdt = k_.buffers[s.buffer].dtype;
         std::string value = FromStorage(bdt, addr);
-        ASSIGN_OR_RETURN(CType bt, ComputeType(bdt));
+        ASSIGN_OR_RETURN(CType bt, ComputeType(bdt, "C++"));
         if (bt != type_[j]) {
           value = type_[j] == CType::kBool ? absl::StrCat("(", value, " != 0)")
                                            : absl::StrCat("static_cast<", T, ">(", value, ")");
@@ -1181,7 +507,8 @@ class KernelEmitter {
         return absl::StrCat("const ", T, " t", j, " = ", value, ";");
       }
       case StmtKind::kConstant:
-        return absl::StrCat("const ", T, " t", j, " = ", Literal(s.constant, type_[j]), ";");
+        return absl::StrCat("const ", T, " t", j, " = ", Literal(s.constant, type_[j], kCppDialect),
+                            ";");
       case StmtKind::kOp: {
         ASSIGN_OR_RETURN(std::string e, OpExpr(j));
         return absl::StrCat("const ", T, " t", j, " = ", e, ";");
@@ -1202,8 +529,8 @@ class KernelEmitter {
   std::string ReduceInit(int j) const {
     const CType t = type_[j];
     const bool max = k_.stmts[j].reduce == ReduceOp::kMax;
-    return IsFloat(t) ? absl::StrCat(max ? "-" : "", Limit(t, "infinity"))
-                      : Limit(t, max ? "lowest" : "max");
+    return IsFloat(t) ? absl::StrCat(max ? "-" : "", Limit(t, "infinity", kCppDialect))
+                      : Limit(t, max ? "lowest" : "max", kCppDialect);
   }
 
   // The type of a Welford's running mean and M2 (and of a chunked sweep's
@@ -1371,7 +698,7 @@ class KernelEmitter {
       value = absl::StrCat("static_cast<", T, ">(",
                            s.reduce == ReduceOp::kWelfordMean ? "wm" : "wq", w, ")");
     } else if ((s.reduce == ReduceOp::kMax || s.reduce == ReduceOp::kMin) && IsFloat(t)) {
-      value = absl::StrCat("nan", j, " ? ", Limit(t, "quiet_NaN"), " : acc", j);
+      value = absl::StrCat("nan", j, " ? ", Limit(t, "quiet_NaN", kCppDialect), " : acc", j);
     } else if (s.reduce == ReduceOp::kSum && t == CType::kF32) {  // accumulated in double
       value = absl::StrCat("static_cast<float>(acc", j, ")");
     } else {
@@ -1807,131 +1134,6 @@ class KernelEmitter {
 };
 
 // ---------------------------------------------------------------------------
-// Running the compiler.
-
-// A file that is deleted when this goes out of scope.
-class TempFile {
- public:
-  static absl::StatusOr<TempFile> Create(const std::string& dir, const std::string& suffix) {
-    std::string pattern = absl::StrCat(dir, "/kiln_XXXXXX", suffix);
-    std::vector<char> buf(pattern.begin(), pattern.end());
-    buf.push_back('\0');
-    const int fd = mkstemps(buf.data(), static_cast<int>(suffix.size()));
-    if (fd < 0) {
-      return absl::InternalError(
-          absl::StrCat("cannot create a file in ", dir, ": ", std::strerror(errno)));
-    }
-    close(fd);
-    return TempFile(std::string(buf.data()));
-  }
-  TempFile(TempFile&& o) noexcept : path_(std::move(o.path_)) { o.path_.clear(); }
-  TempFile& operator=(TempFile&&) = delete;
-  ~TempFile() {
-    if (!path_.empty()) unlink(path_.c_str());
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  explicit TempFile(std::string path) : path_(std::move(path)) {}
-  std::string path_;
-};
-
-absl::Status WriteFile(const std::string& path, const std::string& data) {
-  std::ofstream f(path, std::ios::binary | std::ios::trunc);
-  f.write(data.data(), static_cast<std::streamsize>(data.size()));
-  f.close();
-  if (!f) return absl::InternalError(absl::StrCat("cannot write ", path));
-  return absl::OkStatus();
-}
-
-absl::StatusOr<std::string> ReadFile(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) return absl::InternalError(absl::StrCat("cannot read ", path));
-  return std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
-}
-
-struct CommandResult {
-  int wait_status = 0;
-  std::string log;  // stdout and stderr together
-};
-
-// Runs argv[0] (searched in PATH) with stdin from /dev/null and its output
-// captured, in a process group of its own. Past `timeout` the whole group
-// (g++ and the cc1plus, as and ld it started) is killed: DEADLINE_EXCEEDED.
-absl::StatusOr<CommandResult> RunCommand(const std::vector<std::string>& argv,
-                                         absl::Duration timeout, const std::atomic<bool>* cancel) {
-  int fds[2];
-  if (pipe2(fds, O_CLOEXEC) != 0) {
-    return absl::InternalError(absl::StrCat("pipe: ", std::strerror(errno)));
-  }
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
-  posix_spawn_file_actions_adddup2(&actions, fds[1], 1);
-  posix_spawn_file_actions_adddup2(&actions, fds[1], 2);
-  posix_spawnattr_t attr;
-  posix_spawnattr_init(&attr);
-  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP);
-  posix_spawnattr_setpgroup(&attr, 0);
-  std::vector<char*> args;
-  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-  args.push_back(nullptr);
-  pid_t pid = 0;
-  const int rc = posix_spawnp(&pid, args[0], &actions, &attr, args.data(), environ);
-  posix_spawn_file_actions_destroy(&actions);
-  posix_spawnattr_destroy(&attr);
-  close(fds[1]);
-  if (rc != 0) {
-    close(fds[0]);
-    return absl::InternalError(absl::StrCat("cannot run ", argv[0], ": ", std::strerror(rc)));
-  }
-  CommandResult result;
-  const absl::Time deadline = absl::Now() + timeout;
-  bool timed_out = false, cancelled = false;
-  char chunk[4096];
-  while (true) {
-    const absl::Duration left = deadline - absl::Now();
-    if (left <= absl::ZeroDuration()) {
-      timed_out = true;
-      break;
-    }
-    if (cancel != nullptr && cancel->load()) {
-      cancelled = true;
-      break;
-    }
-    pollfd p{fds[0], POLLIN, 0};
-    // Wakes at least every 100 ms to look at `cancel`.
-    const int wait_ms = static_cast<int>(
-        std::min<int64_t>(absl::ToInt64Milliseconds(left) + 1, cancel != nullptr ? 100 : 1 << 30));
-    const int ready = poll(&p, 1, wait_ms);
-    if (ready < 0 && errno == EINTR) continue;
-    if (ready == 0) continue;  // the deadline is checked above
-    const ssize_t got = read(fds[0], chunk, sizeof chunk);
-    if (got > 0) {
-      result.log.append(chunk, static_cast<size_t>(got));
-    } else if (got == 0 || errno != EINTR) {
-      break;
-    }
-  }
-  close(fds[0]);
-  if (timed_out || cancelled) kill(-pid, SIGKILL);
-  while (waitpid(pid, &result.wait_status, 0) < 0) {
-    if (errno != EINTR) {
-      return absl::InternalError(absl::StrCat("waitpid: ", std::strerror(errno)));
-    }
-  }
-  if (cancelled) {
-    return absl::CancelledError(
-        absl::StrCat(argv[0], " was killed: nobody waits for this compile any more"));
-  }
-  if (timed_out) {
-    return absl::DeadlineExceededError(absl::StrCat(
-        argv[0], " ran past its time limit of ", absl::FormatDuration(timeout), " and was killed"));
-  }
-  return result;
-}
-
-// ---------------------------------------------------------------------------
 
 class CppBackend : public CodegenBackend {
  public:
@@ -1977,23 +1179,7 @@ class CppBackend : public CodegenBackend {
         "-fno-loop-unroll-and-jam", "-shared", "-fPIC", "-o", so.path(), src.path(), "-lmvec"};
     const std::string command = absl::StrJoin(argv, " ");
     ASSIGN_OR_RETURN(CommandResult run, RunCommand(argv, options_.timeout, options_.cancel));
-    if (!WIFEXITED(run.wait_status) || WEXITSTATUS(run.wait_status) != 0) {
-      const std::string how = WIFEXITED(run.wait_status)
-                                  ? absl::StrCat("exit status ", WEXITSTATUS(run.wait_status))
-                                  : absl::StrCat("signal ", WTERMSIG(run.wait_status));
-      std::vector<absl::string_view> lines = absl::StrSplit(run.log, '\n', absl::SkipEmpty());
-      constexpr size_t kShown = 20;
-      std::string head =
-          absl::StrJoin(lines.begin(), lines.begin() + std::min(lines.size(), kShown), "\n");
-      if (lines.size() > kShown) {
-        absl::StrAppend(&head, "\n... ", lines.size() - kShown,
-                        " more lines in the status payload ", kCompilerLogPayload);
-      }
-      absl::Status status = absl::InternalError(
-          absl::StrCat(options_.compiler, " failed (", how, "): ", command, "\n", head));
-      status.SetPayload(kCompilerLogPayload, absl::Cord(run.log));
-      return status;
-    }
+    if (!Succeeded(run)) return CompilerFailed(options_.compiler, command, run);
     ASSIGN_OR_RETURN(std::string binary, ReadFile(so.path()));
     v1::CompiledModule module;
     module.set_language(language());

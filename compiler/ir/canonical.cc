@@ -245,6 +245,12 @@ v1::CompileOptions NormalizeOptions(const v1::CompileOptions& options) {
     if (o.target().device_type() == "cpu" && o.target().cpu_isa().empty()) {
       o.mutable_target()->set_cpu_isa(kDefaultCpuIsa);
     }
+    if (o.target().device_type() == "cuda") {
+      if (o.target().sm_arch().empty()) o.mutable_target()->set_sm_arch(kDefaultSmArch);
+      if (o.target().cuda_version().empty()) {
+        o.mutable_target()->set_cuda_version(kDefaultCudaVersion);
+      }
+    }
   }
   std::sort(o.mutable_options()->begin(), o.mutable_options()->end(),
             [](const auto& a, const auto& b) {

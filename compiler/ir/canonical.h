@@ -37,9 +37,14 @@ std::string CanonicalBytes(const Graph& graph);
 // -march level: AVX2 and FMA).
 inline constexpr char kDefaultCpuIsa[] = "x86-64-v3";
 
+// The SM arch and CUDA version generated CUDA code targets when a client
+// names none (an H100's; NVRTC of CUDA 13).
+inline constexpr char kDefaultSmArch[] = "sm_90";
+inline constexpr char kDefaultCudaVersion[] = "13.0";
+
 // The options as they enter the key: backend defaulted to "eager", options
 // sorted by name, and for `kiln` the target device (cpu) and CPU ISA
-// (kDefaultCpuIsa) filled in.
+// (kDefaultCpuIsa), or for cuda the SM arch and CUDA version, filled in.
 v1::CompileOptions NormalizeOptions(const v1::CompileOptions& options);
 
 // Hex SHA-256 over the canonical graph, the normalized options (backend,

@@ -1,0 +1,702 @@
+#include "compiler/codegen/c_family.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "common/status_macros.h"
+
+namespace kiln::codegen {
+namespace {
+
+using loop::Kernel;
+using loop::ReduceOp;
+using loop::Stmt;
+using loop::StmtKind;
+
+// Translates a SymInt expression in sympy's spelling ("(s1 - 1)//2 + 1",
+// "Max(s0, 2)", "Mod(s0, 8)", "s0**2") into C++ int64 arithmetic.
+//
+//   sum     := product (('+' | '-') product)*
+//   product := unary (('*' | '//' | '/' | '%') unary)*
+//   unary   := '-' unary | power
+//   power   := atom ('**' unary)?
+//   atom    := integer | symbol | name '(' sum (',' sum)* ')' | '(' sum ')'
+//
+// Sizes are integers, so '/' (sympy's exact division) is floor division too.
+class ExprTranslator {
+ public:
+  ExprTranslator(absl::string_view text, const SymbolTable& symbols, std::set<int>* used,
+                 const Dialect& dialect)
+      : text_(text), symbols_(symbols), used_(used), d_(dialect) {}
+
+  absl::StatusOr<std::string> Translate() {
+    ASSIGN_OR_RETURN(std::string out, ParseSum());
+    SkipSpace();
+    if (pos_ != text_.size()) return Error("unexpected text");
+    return out;
+  }
+
+ private:
+  absl::Status Error(absl::string_view what) const {
+    return absl::InvalidArgumentError(
+        absl::StrCat("size expression '", text_, "': ", what, " at offset ", pos_));
+  }
+  void SkipSpace() {
+    while (pos_ < text_.size() && text_[pos_] == ' ') ++pos_;
+  }
+  bool Eat(absl::string_view token) {
+    SkipSpace();
+    if (text_.substr(pos_, token.size()) != token) return false;
+    pos_ += token.size();
+    return true;
+  }
+  bool Peek(absl::string_view token) {
+    SkipSpace();
+    return text_.substr(pos_, token.size()) == token;
+  }
+
+  absl::StatusOr<std::string> ParseSum() {
+    ASSIGN_OR_RETURN(std::string out, ParseProduct());
+    while (true) {
+      if (Eat("+")) {
+        ASSIGN_OR_RETURN(std::string rhs, ParseProduct());
+        out = absl::StrCat("(", out, " + ", rhs, ")");
+      } else if (Eat("-")) {
+        ASSIGN_OR_RETURN(std::string rhs, ParseProduct());
+        out = absl::StrCat("(", out, " - ", rhs, ")");
+      } else {
+        return out;
+      }
+    }
+  }
+
+  absl::StatusOr<std::string> ParseProduct() {
+    ASSIGN_OR_RETURN(std::string out, ParseUnary());
+    while (true) {
+      if (Peek("**")) return out;
+      if (Eat("//") || Eat("/")) {
+        ASSIGN_OR_RETURN(std::string rhs, ParseUnary());
+        out = absl::StrCat("kiln_floordiv<int64_t>(", out, ", ", rhs, ")");
+      } else if (Eat("*")) {
+        ASSIGN_OR_RETURN(std::string rhs, ParseUnary());
+        out = absl::StrCat("(", out, " * ", rhs, ")");
+      } else if (Eat("%")) {
+        ASSIGN_OR_RETURN(std::string rhs, ParseUnary());
+        out = absl::StrCat("kiln_mod<int64_t>(", out, ", ", rhs, ")");
+      } else {
+        return out;
+      }
+    }
+  }
+
+  absl::StatusOr<std::string> ParseUnary() {
+    if (Eat("-")) {
+      ASSIGN_OR_RETURN(std::string operand, ParseUnary());
+      return absl::StrCat("(-", operand, ")");
+    }
+    if (Eat("+")) return ParseUnary();
+    ASSIGN_OR_RETURN(std::string base, ParseAtom());
+    if (Eat("**")) {
+      ASSIGN_OR_RETURN(std::string exp, ParseUnary());
+      return absl::StrCat("kiln_pow_int<int64_t>(", base, ", ", exp, ")");
+    }
+    return base;
+  }
+
+  absl::StatusOr<std::string> ParseAtom() {
+    SkipSpace();
+    if (pos_ >= text_.size()) return Error("expression ends early");
+    const char c = text_[pos_];
+    if (c == '(') {
+      ++pos_;
+      ASSIGN_OR_RETURN(std::string inner, ParseSum());
+      if (!Eat(")")) return Error("missing ')'");
+      return inner;
+    }
+    if (absl::ascii_isdigit(c)) {
+      size_t end = pos_;
+      while (end < text_.size() && absl::ascii_isdigit(text_[end])) ++end;
+      int64_t value = 0;
+      if (!absl::SimpleAtoi(text_.substr(pos_, end - pos_), &value)) {
+        return Error("integer out of range");
+      }
+      pos_ = end;
+      if (pos_ < text_.size() && (text_[pos_] == '.' || text_[pos_] == 'e')) {
+        return Error("not an integer");
+      }
+      return absl::StrCat("INT64_C(", value, ")");
+    }
+    if (absl::ascii_isalpha(c) || c == '_') {
+      size_t end = pos_;
+      while (end < text_.size() && (absl::ascii_isalnum(text_[end]) || text_[end] == '_')) ++end;
+      const std::string name(text_.substr(pos_, end - pos_));
+      pos_ = end;
+      if (Eat("(")) return ParseCall(name);
+      const int k = symbols_.Find(name);
+      if (k < 0) return Error(absl::StrCat("unknown symbol '", name, "'"));
+      used_->insert(k);
+      return symbols_.CppName(k);
+    }
+    return Error(absl::StrCat("unexpected '", std::string(1, c), "'"));
+  }
+
+  absl::StatusOr<std::string> ParseCall(const std::string& name) {
+    std::vector<std::string> args;
+    do {
+      ASSIGN_OR_RETURN(std::string arg, ParseSum());
+      args.push_back(std::move(arg));
+    } while (Eat(","));
+    if (!Eat(")")) return Error(absl::StrCat("missing ')' after the arguments of ", name));
+    auto arity = [&](size_t n) -> absl::Status {
+      if (args.size() == n) return absl::OkStatus();
+      return Error(absl::StrCat(name, " takes ", n, " arguments"));
+    };
+    if (name == "Max" || name == "Min") {
+      const std::string fn = absl::StrCat(d_.ns, name == "Max" ? "max" : "min");
+      if (args.size() == 1) return args[0];
+      if (args.size() == 2) return absl::StrCat(fn, "<int64_t>(", args[0], ", ", args[1], ")");
+      if (d_.pairwise_minmax) {
+        std::string out = args[0];
+        for (size_t k = 1; k < args.size(); ++k) {
+          out = absl::StrCat(fn, "<int64_t>(", out, ", ", args[k], ")");
+        }
+        return out;
+      }
+      return absl::StrCat(fn, "<int64_t>({", absl::StrJoin(args, ", "), "})");
+    }
+    if (name == "Mod" || name == "PythonMod") {
+      RETURN_IF_ERROR(arity(2));
+      return absl::StrCat("kiln_mod<int64_t>(", args[0], ", ", args[1], ")");
+    }
+    if (name == "FloorDiv" || name == "floordiv") {
+      RETURN_IF_ERROR(arity(2));
+      return absl::StrCat("kiln_floordiv<int64_t>(", args[0], ", ", args[1], ")");
+    }
+    if (name == "CeilDiv") {
+      RETURN_IF_ERROR(arity(2));
+      return absl::StrCat("(-kiln_floordiv<int64_t>((-", args[0], "), ", args[1], "))");
+    }
+    if (name == "floor" || name == "ceiling" || name == "FloorToInt" || name == "CeilToInt" ||
+        name == "Integer") {
+      RETURN_IF_ERROR(arity(1));
+      return args[0];  // integers already
+    }
+    if (name == "Abs") {
+      RETURN_IF_ERROR(arity(1));
+      return absl::StrCat(d_.ns, "abs(", args[0], ")");
+    }
+    return Error(absl::StrCat("unknown function '", name, "'"));
+  }
+
+  absl::string_view text_;
+  const SymbolTable& symbols_;
+  std::set<int>* used_;
+  const Dialect& d_;
+  size_t pos_ = 0;
+};
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// Types.
+
+const char* CName(CType t) {
+  switch (t) {
+    case CType::kF32:
+      return "float";
+    case CType::kF64:
+      return "double";
+    case CType::kI64:
+      return "int64_t";
+    case CType::kI32:
+      return "int32_t";
+    case CType::kI16:
+      return "int16_t";
+    case CType::kI8:
+      return "int8_t";
+    case CType::kU8:
+      return "uint8_t";
+    case CType::kBool:
+      return "bool";
+  }
+  return "?";
+}
+
+bool IsFloat(CType t) { return t == CType::kF32 || t == CType::kF64; }
+
+int Rank(CType t) {
+  switch (t) {
+    case CType::kBool:
+      return 0;
+    case CType::kU8:
+      return 1;
+    case CType::kI8:
+      return 2;
+    case CType::kI16:
+      return 3;
+    case CType::kI32:
+      return 4;
+    case CType::kI64:
+      return 5;
+    case CType::kF32:
+      return 6;
+    case CType::kF64:
+      return 7;
+  }
+  return 0;
+}
+
+absl::StatusOr<CType> ComputeType(v1::DType dtype, absl::string_view backend) {
+  switch (dtype) {
+    case v1::FLOAT32:
+    case v1::FLOAT16:
+    case v1::BFLOAT16:
+      return CType::kF32;
+    case v1::FLOAT64:
+      return CType::kF64;
+    case v1::INT64:
+      return CType::kI64;
+    case v1::INT32:
+      return CType::kI32;
+    case v1::INT16:
+      return CType::kI16;
+    case v1::INT8:
+      return CType::kI8;
+    case v1::UINT8:
+      return CType::kU8;
+    case v1::BOOL:
+      return CType::kBool;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat(
+          "dtype ", v1::DType_Name(dtype), " is not supported by the ", backend, " backend"));
+  }
+}
+
+// The C++ type of one element in memory.
+const char* StorageName(v1::DType dtype) {
+  switch (dtype) {
+    case v1::FLOAT16:
+    case v1::BFLOAT16:
+      return "uint16_t";
+    case v1::BOOL:
+      return "uint8_t";
+    default: {
+      absl::StatusOr<CType> t = ComputeType(dtype, "");
+      return t.ok() ? CName(*t) : "?";
+    }
+  }
+}
+
+// storage element -> compute value.
+std::string FromStorage(v1::DType dtype, const std::string& x) {
+  switch (dtype) {
+    case v1::FLOAT16:
+      return absl::StrCat("kiln_f16_to_f32(", x, ")");
+    case v1::BFLOAT16:
+      return absl::StrCat("kiln_bf16_to_f32(", x, ")");
+    case v1::BOOL:
+      return absl::StrCat("(", x, " != 0)");
+    default:
+      return x;
+  }
+}
+
+// value of type `from` -> storage element of `dtype`.
+std::string ToStorage(v1::DType dtype, CType from, const std::string& x) {
+  switch (dtype) {
+    case v1::FLOAT16:
+      return absl::StrCat("kiln_f32_to_f16(",
+                          from == CType::kF32 ? x : absl::StrCat("static_cast<float>(", x, ")"),
+                          ")");
+    case v1::BFLOAT16:
+      return absl::StrCat("kiln_f32_to_bf16(",
+                          from == CType::kF32 ? x : absl::StrCat("static_cast<float>(", x, ")"),
+                          ")");
+    case v1::BOOL:
+      return absl::StrCat("static_cast<uint8_t>(", x, " != 0)");
+    default: {
+      const char* storage = StorageName(dtype);
+      absl::StatusOr<CType> t = ComputeType(dtype, "");
+      if (t.ok() && *t == from) return x;
+      return absl::StrCat("static_cast<", storage, ">(", x, ")");
+    }
+  }
+}
+
+std::string Limit(CType t, const char* what, const Dialect& d) {
+  return absl::StrCat(d.ns, "numeric_limits<", CName(t), ">::", what, "()");
+}
+
+// An int64 literal: plain when it is a small int, else INT64_C.
+std::string IntLiteral(int64_t v) {
+  if (v == std::numeric_limits<int64_t>::min()) return "(-INT64_C(9223372036854775807) - 1)";
+  if (v >= 0 && v <= 0x7fffffff) return absl::StrCat(v);
+  return absl::StrCat("INT64_C(", v, ")");
+}
+
+// Text from a request (a value or node name, a size expression) as it may
+// appear in a // comment: printable ASCII but the backslash, which would
+// continue the comment onto the next generated line.
+std::string CommentText(absl::string_view text) {
+  std::string out(text);
+  for (char& c : out) {
+    if (c < 0x20 || c > 0x7e || c == '\\') c = '?';
+  }
+  return out;
+}
+
+std::string Literal(double v, CType t, const Dialect& d) {
+  switch (t) {
+    case CType::kF32:
+    case CType::kF64: {
+      if (std::isnan(v)) return Limit(t, "quiet_NaN", d);
+      // A double beyond float's range is float's infinity, as ATen rounds it.
+      const bool inf = t == CType::kF32 ? std::isinf(static_cast<float>(v)) : std::isinf(v);
+      if (inf) return absl::StrCat(v < 0 ? "-" : "", Limit(t, "infinity", d));
+      std::string s = t == CType::kF32 ? absl::StrFormat("%.9g", static_cast<float>(v))
+                                       : absl::StrFormat("%.17g", v);
+      if (s.find_first_of(".e") == std::string::npos) s += ".0";
+      if (t == CType::kF32) s += "f";
+      return s[0] == '-' ? absl::StrCat("(", s, ")") : s;
+    }
+    case CType::kBool:
+      return v != 0 ? "true" : "false";
+    default: {
+      // Converting a double outside int64's range is undefined: clamp first.
+      const double clamped = std::clamp(v, -9223372036854775808.0, 9223372036854774784.0);
+      const int64_t i = static_cast<int64_t>(clamped);
+      if (t == CType::kI64) return IntLiteral(i);
+      return absl::StrCat("static_cast<", CName(t), ">(", i, ")");
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Symbols and SymInt expressions.
+
+bool IsIdentifier(absl::string_view s) {
+  if (s.empty() || !(absl::ascii_isalpha(s[0]) || s[0] == '_')) return false;
+  for (char c : s) {
+    if (!(absl::ascii_isalnum(c) || c == '_')) return false;
+  }
+  return true;
+}
+
+// Whether `name` could clash with an identifier the generator makes or a
+// C++ keyword.
+bool IsReservedName(const std::string& name) {
+  static const char* const kWords[] = {
+      "o",        "i",       "l",       "c",     "d",       "winv",    "outer_n",  "inner_n",
+      "s",        "m",       "q",       "k",     "f",       "u",       "dl",       "buffers",
+      "symbols",  "std",     "int",     "float", "double",  "char",    "bool",     "auto",
+      "const",    "for",     "if",      "else",  "do",      "while",   "return",   "new",
+      "delete",   "this",    "case",    "class", "struct",  "true",    "false",    "static_cast",
+      "and",      "or",      "not",     "xor",   "int64_t", "uint8_t", "uint16_t", "uint32_t",
+      "uint64_t", "int32_t", "int16_t", "int8_t"};
+  for (const char* w : kWords) {
+    if (name == w) return true;
+  }
+  if (absl::StartsWith(name, "kiln_") || absl::StartsWith(name, "INT") ||
+      absl::StartsWith(name, "UINT")) {
+    return true;
+  }
+  // Generated names: a prefix followed by digits ("t3", "buf0", "wml2").
+  size_t letters = 0;
+  while (letters < name.size() && absl::ascii_isalpha(name[letters])) ++letters;
+  if (letters == 0 || letters == name.size()) return false;
+  for (size_t k = letters; k < name.size(); ++k) {
+    if (!absl::ascii_isdigit(name[k])) return false;
+  }
+  static const char* const kPrefixes[] = {
+      "t",   "b",  "p",  "e",  "o",  "i",    "acc",  "nan", "buf",  "wm",  "wq",  "wn", "wml",
+      "wql", "wc", "in", "rc", "pf", "accl", "nanl", "c",   "accd", "wmd", "wqd", "wkl"};
+  const std::string prefix = name.substr(0, letters);
+  for (const char* p : kPrefixes) {
+    if (prefix == p) return true;
+  }
+  return false;
+}
+
+// ---------------------------------------------------------------------------
+// One kernel.
+
+bool IsZero(const ir::SymInt& s) { return s.is_constant() && s.constant() == 0; }
+bool IsOne(const ir::SymInt& s) { return s.is_constant() && s.constant() == 1; }
+
+const std::map<std::string, OpInfo>& Ops() {
+  static const auto* ops = new std::map<std::string, OpInfo>{
+      {"neg", {1, false}},       {"abs", {1, false}},       {"exp", {1, true}},
+      {"log", {1, true}},        {"log1p", {1, true}},      {"expm1", {1, true}},
+      {"sqrt", {1, true}},       {"rsqrt", {1, true}},      {"reciprocal", {1, true}},
+      {"sin", {1, true}},        {"cos", {1, true}},        {"tanh", {1, true}},
+      {"sigmoid", {1, true}},    {"relu", {1, false}},      {"erf", {1, true}},
+      {"sign", {1, false}},      {"floor", {1, false}},     {"ceil", {1, false}},
+      {"not", {1, false}},       {"gelu", {1, true}},       {"gelu_tanh", {1, true}},
+      {"silu", {1, true}},       {"isnan", {1, false}},     {"add", {2, false}},
+      {"sub", {2, false}},       {"mul", {2, false}},       {"div", {2, true}},
+      {"div_floor", {2, false}}, {"div_trunc", {2, false}}, {"pow", {2, false}},
+      {"max", {2, false}},       {"min", {2, false}},       {"eq", {2, false}},
+      {"ne", {2, false}},        {"lt", {2, false}},        {"le", {2, false}},
+      {"gt", {2, false}},        {"ge", {2, false}},        {"and", {2, false}},
+      {"or", {2, false}},        {"xor", {2, false}},       {"where", {3, false}},
+      {"cast", {1, false}},
+  };
+  return *ops;
+}
+absl::StatusOr<std::string> TranslateExpr(absl::string_view text, const SymbolTable& symbols,
+                                          std::set<int>* used, const Dialect& d) {
+  ExprTranslator translator(text, symbols, used, d);
+  return translator.Translate();
+}
+
+absl::Status KernelError(const Kernel& k, absl::string_view what) {
+  return absl::InvalidArgumentError(absl::StrCat("kernel '", k.name, "': ", what));
+}
+
+absl::Status StmtError(const Kernel& k, int j, absl::string_view what) {
+  return KernelError(k, absl::StrCat("statement %", j, ": ", what));
+}
+
+std::string CastValue(const std::vector<CType>& type, int a, CType to) {
+  const std::string v = absl::StrCat("t", a);
+  if (type[a] == to) return v;
+  if (to == CType::kBool) return absl::StrCat("(", v, " != 0)");
+  return absl::StrCat("static_cast<", CName(to), ">(", v, ")");
+}
+
+namespace {
+
+absl::Status ValidateIndex(const Kernel& k_, int j, const loop::Index& index) {
+  const Stmt& s = k_.stmts[j];
+  if (!index.outer_strides.empty() && index.outer_strides.size() != k_.outer.size()) {
+    return StmtError(
+        k_, j,
+        absl::StrCat("index has ", index.outer_strides.size(), " outer strides, the kernel has ",
+                     k_.outer.size(), " outer dimensions"));
+  }
+  if (!index.inner_strides.empty() && index.inner_strides.size() != k_.inner.size()) {
+    return StmtError(
+        k_, j,
+        absl::StrCat("index has ", index.inner_strides.size(), " inner strides, the kernel has ",
+                     k_.inner.size(), " inner dimensions"));
+  }
+  if (!s.inner) {
+    for (const auto& st : index.inner_strides) {
+      if (!IsZero(st)) {
+        return StmtError(k_, j, "an outer-level access has a nonzero inner stride");
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<KernelCheck> CheckKernel(const Kernel& k_, absl::string_view backend) {
+  KernelCheck check;
+  std::vector<CType>& type_ = check.type;
+  std::vector<bool>& after_ = check.after;
+  if (!IsIdentifier(k_.name) || absl::StartsWith(k_.name, "kiln_")) {
+    return KernelError(k_, "the name is not a C identifier (or starts with kiln_)");
+  }
+  if (k_.passes < 1) return KernelError(k_, absl::StrCat("passes is ", k_.passes));
+  for (size_t b = 0; b < k_.buffers.size(); ++b) {
+    absl::StatusOr<CType> t = ComputeType(k_.buffers[b].dtype, backend);
+    if (!t.ok()) return KernelError(k_, absl::StrCat("buffer ", b, ": ", t.status().message()));
+  }
+  const int n = static_cast<int>(k_.stmts.size());
+  type_.assign(n, CType::kF32);
+  after_.assign(n, false);
+  for (int j = 0; j < n; ++j) {
+    const Stmt& s = k_.stmts[j];
+    if (s.pass < 0 || s.pass >= k_.passes) {
+      return StmtError(k_, j, absl::StrCat("pass ", s.pass, " is outside [0, ", k_.passes, ")"));
+    }
+    if (s.kind != StmtKind::kStore) {
+      absl::StatusOr<CType> t = ComputeType(s.dtype, backend);
+      if (!t.ok()) return StmtError(k_, j, t.status().message());
+      type_[j] = *t;
+    }
+    // Operand count.
+    size_t want = 0;
+    switch (s.kind) {
+      case StmtKind::kLoad:
+      case StmtKind::kConstant:
+        want = 0;
+        break;
+      case StmtKind::kReduce:
+      case StmtKind::kStore:
+        want = 1;
+        break;
+      case StmtKind::kOp: {
+        auto it = Ops().find(s.op);
+        if (it == Ops().end()) return StmtError(k_, j, absl::StrCat("unknown op '", s.op, "'"));
+        want = it->second.arity;
+        if (it->second.needs_float && !IsFloat(type_[j])) {
+          return StmtError(k_, j,
+                           absl::StrCat("op '", s.op, "' needs a floating dtype, not ",
+                                        v1::DType_Name(s.dtype)));
+        }
+        break;
+      }
+    }
+    if (s.args.size() != want) {
+      return StmtError(k_, j, absl::StrCat("takes ", want, " operands, has ", s.args.size()));
+    }
+    if (s.kind == StmtKind::kLoad || s.kind == StmtKind::kStore) {
+      if (s.buffer < 0 || s.buffer >= static_cast<int>(k_.buffers.size())) {
+        return StmtError(k_, j, absl::StrCat("buffer ", s.buffer, " is out of range"));
+      }
+      if (s.kind == StmtKind::kStore && !k_.buffers[s.buffer].written) {
+        return StmtError(k_, j,
+                         absl::StrCat("stores to buf", s.buffer, ", which is not marked written"));
+      }
+      RETURN_IF_ERROR(ValidateIndex(k_, j, s.index));
+    }
+    if (s.kind == StmtKind::kReduce && !s.inner) {
+      return StmtError(k_, j, "a reduction must be an inner statement");
+    }
+    // Where each operand is visible.
+    for (int a : s.args) {
+      if (a < 0 || a >= j) {
+        return StmtError(k_, j, absl::StrCat("operand %", a, " is not an earlier statement"));
+      }
+      const Stmt& arg = k_.stmts[a];
+      if (arg.kind == StmtKind::kStore) {
+        return StmtError(k_, j, absl::StrCat("operand %", a, " is a store"));
+      }
+      if (arg.pass > s.pass) {
+        return StmtError(k_, j, absl::StrCat("reads %", a, " of a later pass"));
+      }
+      if (arg.kind == StmtKind::kReduce) {
+        if (arg.pass == s.pass) {
+          if (s.inner) {
+            return StmtError(k_, j,
+                             absl::StrCat("reads the reduction %", a, " inside its own sweep"));
+          }
+          after_[j] = true;
+        }
+      } else if (arg.inner) {
+        if (!s.inner || arg.pass != s.pass) {
+          return StmtError(k_, j,
+                           absl::StrCat("reads %", a, ", a value of the sweep of pass ", arg.pass,
+                                        ", outside that sweep"));
+        }
+      } else if (arg.pass == s.pass && after_[a]) {
+        if (s.inner) {
+          return StmtError(k_, j,
+                           absl::StrCat("reads %", a, ", which is computed after the sweep"));
+        }
+        after_[j] = true;
+      }
+    }
+  }
+  return check;
+}
+
+absl::StatusOr<std::string> ScalarOpExpr(const Kernel& k_, const std::vector<CType>& type_, int j,
+                                         const Dialect& d) {
+  const Stmt& s = k_.stmts[j];
+  auto Cast = [&](int a, CType to) { return CastValue(type_, a, to); };
+  auto Val = [](int a) { return absl::StrCat("t", a); };
+  const CType rt = type_[j];
+  const std::string& op = s.op;
+  const char* T = CName(rt);
+  auto x = [&](int n) { return Cast(s.args[n], rt); };
+  auto fn = [&](absl::string_view f) { return absl::StrCat(f, "(", x(0), ")"); };
+  auto bin = [&](absl::string_view o) { return absl::StrCat("(", x(0), " ", o, " ", x(1), ")"); };
+  auto call2 = [&](absl::string_view f) { return absl::StrCat(f, "(", x(0), ", ", x(1), ")"); };
+  const bool flt = IsFloat(rt);
+  const bool boolean = rt == CType::kBool;
+  auto refuse = [&]() {
+    return StmtError(k_, j,
+                     absl::StrCat("op '", op, "' is not defined for ", v1::DType_Name(s.dtype)));
+  };
+
+  if (op == "exp") return fn("kiln_exp");
+  if (op == "sqrt") return fn(absl::StrCat(d.ns, "sqrt"));
+  if (op == "log" || op == "log1p" || op == "expm1" || op == "sin" || op == "cos" || op == "tanh" ||
+      op == "erf") {
+    return fn(absl::StrCat("kiln_", op));
+  }
+  if (op == "rsqrt") return absl::StrCat("(", T, "(1) / ", d.ns, "sqrt(", x(0), "))");
+  if (op == "reciprocal") return absl::StrCat("(", T, "(1) / ", x(0), ")");
+  if (op == "sigmoid" || op == "gelu" || op == "gelu_tanh" || op == "silu") {
+    return fn(absl::StrCat("kiln_", op));
+  }
+  if (op == "neg") {
+    if (boolean) return refuse();
+    return absl::StrCat("(-", x(0), ")");
+  }
+  if (op == "abs") {
+    if (flt) return fn(absl::StrCat(d.ns, "abs"));
+    if (boolean || rt == CType::kU8) return x(0);
+    return absl::StrCat("(", x(0), " < 0 ? -", x(0), " : ", x(0), ")");
+  }
+  if (op == "relu") {
+    if (boolean) return x(0);
+    return absl::StrCat("(", x(0), " < ", T, "(0) ? ", T, "(0) : ", x(0), ")");
+  }
+  if (op == "sign") return boolean ? x(0) : fn("kiln_sign");
+  if (op == "floor" || op == "ceil") return flt ? fn(absl::StrCat(d.ns, op)) : x(0);
+  if (op == "not") return absl::StrCat("!", Cast(s.args[0], CType::kBool));
+  if (op == "isnan") {
+    const int a = s.args[0];
+    if (!IsFloat(type_[a])) return std::string("false");
+    return absl::StrCat("(", Val(a), " != ", Val(a), ")");
+  }
+  if (op == "add") return boolean ? bin("||") : bin("+");
+  if (op == "sub") {
+    if (boolean) return refuse();
+    return bin("-");
+  }
+  if (op == "mul") return boolean ? bin("&&") : bin("*");
+  if (op == "div") return bin("/");
+  if (op == "div_floor") {
+    if (boolean) return refuse();
+    return call2(flt ? "kiln_floordiv_float" : "kiln_floordiv");
+  }
+  if (op == "div_trunc") {
+    if (boolean) return refuse();
+    return flt ? absl::StrCat(d.ns, "trunc(", x(0), " / ", x(1), ")") : call2("kiln_truncdiv");
+  }
+  if (op == "pow") {
+    if (boolean) return refuse();
+    return call2(flt ? absl::StrCat(d.ns, "pow") : std::string("kiln_pow_int"));
+  }
+  if (op == "max" || op == "min") {
+    if (flt) return call2(op == "max" ? "kiln_maximum" : "kiln_minimum");
+    return call2(op == "max" ? absl::StrCat(d.ns, "max") : absl::StrCat(d.ns, "min"));
+  }
+  if (op == "eq" || op == "ne" || op == "lt" || op == "le" || op == "gt" || op == "ge") {
+    const int a = s.args[0], b = s.args[1];
+    const CType common = Rank(type_[a]) >= Rank(type_[b]) ? type_[a] : type_[b];
+    static const std::map<std::string, const char*> kCmp = {
+        {"eq", "=="}, {"ne", "!="}, {"lt", "<"}, {"le", "<="}, {"gt", ">"}, {"ge", ">="}};
+    return absl::StrCat("(", Cast(a, common), " ", kCmp.at(op), " ", Cast(b, common), ")");
+  }
+  if (op == "and" || op == "or" || op == "xor") {
+    if (flt) return refuse();
+    if (boolean) {
+      const char* o = op == "and" ? "&&" : op == "or" ? "||" : "!=";
+      return bin(o);
+    }
+    return bin(op == "and" ? "&" : op == "or" ? "|" : "^");
+  }
+  if (op == "where") {
+    return absl::StrCat("(", Cast(s.args[0], CType::kBool), " ? ", x(1), " : ", x(2), ")");
+  }
+  if (op == "cast") {
+    if (s.dtype == v1::FLOAT16) return absl::StrCat("kiln_round_f16(", x(0), ")");
+    if (s.dtype == v1::BFLOAT16) return absl::StrCat("kiln_round_bf16(", x(0), ")");
+    return x(0);
+  }
+  return StmtError(k_, j, absl::StrCat("unknown op '", op, "'"));
+}
+
+}  // namespace kiln::codegen

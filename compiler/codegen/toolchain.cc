@@ -1,0 +1,135 @@
+#include "compiler/codegen/toolchain.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+
+#include <algorithm>
+#include <fstream>
+#include <iterator>
+
+#include "absl/strings/cord.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "compiler/codegen/codegen.h"
+
+extern char** environ;
+
+namespace kiln::codegen {
+
+absl::Status WriteFile(const std::string& path, const std::string& data) {
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  f.write(data.data(), static_cast<std::streamsize>(data.size()));
+  f.close();
+  if (!f) return absl::InternalError(absl::StrCat("cannot write ", path));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> ReadFile(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) return absl::InternalError(absl::StrCat("cannot read ", path));
+  return std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+}
+
+absl::StatusOr<CommandResult> RunCommand(const std::vector<std::string>& argv,
+                                         absl::Duration timeout, const std::atomic<bool>* cancel) {
+  int fds[2];
+  if (pipe2(fds, O_CLOEXEC) != 0) {
+    return absl::InternalError(absl::StrCat("pipe: ", std::strerror(errno)));
+  }
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
+  posix_spawn_file_actions_adddup2(&actions, fds[1], 1);
+  posix_spawn_file_actions_adddup2(&actions, fds[1], 2);
+  posix_spawnattr_t attr;
+  posix_spawnattr_init(&attr);
+  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP);
+  posix_spawnattr_setpgroup(&attr, 0);
+  std::vector<char*> args;
+  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  pid_t pid = 0;
+  const int rc = posix_spawnp(&pid, args[0], &actions, &attr, args.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  posix_spawnattr_destroy(&attr);
+  close(fds[1]);
+  if (rc != 0) {
+    close(fds[0]);
+    return absl::InternalError(absl::StrCat("cannot run ", argv[0], ": ", std::strerror(rc)));
+  }
+  CommandResult result;
+  const absl::Time deadline = absl::Now() + timeout;
+  bool timed_out = false, cancelled = false;
+  char chunk[4096];
+  while (true) {
+    const absl::Duration left = deadline - absl::Now();
+    if (left <= absl::ZeroDuration()) {
+      timed_out = true;
+      break;
+    }
+    if (cancel != nullptr && cancel->load()) {
+      cancelled = true;
+      break;
+    }
+    pollfd p{fds[0], POLLIN, 0};
+    // Wakes at least every 100 ms to look at `cancel`.
+    const int wait_ms = static_cast<int>(
+        std::min<int64_t>(absl::ToInt64Milliseconds(left) + 1, cancel != nullptr ? 100 : 1 << 30));
+    const int ready = poll(&p, 1, wait_ms);
+    if (ready < 0 && errno == EINTR) continue;
+    if (ready == 0) continue;  // the deadline is checked above
+    const ssize_t got = read(fds[0], chunk, sizeof chunk);
+    if (got > 0) {
+      result.log.append(chunk, static_cast<size_t>(got));
+    } else if (got == 0 || errno != EINTR) {
+      break;
+    }
+  }
+  close(fds[0]);
+  if (timed_out || cancelled) kill(-pid, SIGKILL);
+  while (waitpid(pid, &result.wait_status, 0) < 0) {
+    if (errno != EINTR) {
+      return absl::InternalError(absl::StrCat("waitpid: ", std::strerror(errno)));
+    }
+  }
+  if (cancelled) {
+    return absl::CancelledError(
+        absl::StrCat(argv[0], " was killed: nobody waits for this compile any more"));
+  }
+  if (timed_out) {
+    return absl::DeadlineExceededError(absl::StrCat(
+        argv[0], " ran past its time limit of ", absl::FormatDuration(timeout), " and was killed"));
+  }
+  return result;
+}
+
+// ---------------------------------------------------------------------------
+
+bool Succeeded(const CommandResult& run) {
+  return WIFEXITED(run.wait_status) && WEXITSTATUS(run.wait_status) == 0;
+}
+
+absl::Status CompilerFailed(const std::string& tool, const std::string& command,
+                            const CommandResult& run) {
+  const std::string how = WIFEXITED(run.wait_status)
+                              ? absl::StrCat("exit status ", WEXITSTATUS(run.wait_status))
+                              : absl::StrCat("signal ", WTERMSIG(run.wait_status));
+  std::vector<absl::string_view> lines = absl::StrSplit(run.log, '\n', absl::SkipEmpty());
+  constexpr size_t kShown = 20;
+  std::string head =
+      absl::StrJoin(lines.begin(), lines.begin() + std::min(lines.size(), kShown), "\n");
+  if (lines.size() > kShown) {
+    absl::StrAppend(&head, "\n... ", lines.size() - kShown, " more lines in the status payload ",
+                    kCompilerLogPayload);
+  }
+  absl::Status status =
+      absl::InternalError(absl::StrCat(tool, " failed (", how, "): ", command, "\n", head));
+  status.SetPayload(kCompilerLogPayload, absl::Cord(run.log));
+  return status;
+}
+
+}  // namespace kiln::codegen

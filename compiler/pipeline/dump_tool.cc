@@ -1,0 +1,129 @@
+// kiln_dump_code: the generated code of graph files, for one target.
+//
+//   kiln_dump_code --target=cpu|cuda [--compile] --out=DIR GRAPH.json...
+//
+// For each graph (a kiln.v1.GraphFile in JSON), the kiln backend's compile as
+// kilnd runs it (for cuda, with every tensor moved to the GPU): training graphs (an input that
+// requires grad) split into forward and backward, each lowered, fused and generated. The source of
+// each goes to DIR/<file>[.forward|.backward].<cc|cu>; with --compile it is
+// also compiled by the target's toolchain (g++, or NVRTC for cuda). Exits 1
+// naming the graph when a step fails.
+//
+// CI compiles every graph under tests/data for sm_90 with it; comparing two
+// DIRs shows what a change to the compiler did to the generated code.
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "common/flags_usage.h"
+#include "common/status_macros.h"
+#include "compiler/ir/canonical.h"
+#include "compiler/pipeline/pipeline.h"
+#include "google/protobuf/util/json_util.h"
+#include "kiln/v1/service.pb.h"
+
+ABSL_FLAG(std::string, target, "cpu", "device type: cpu or cuda");
+ABSL_FLAG(std::string, sm_arch, "", "for cuda: the SM arch (default sm_90)");
+ABSL_FLAG(bool, compile, false, "also compile the generated code");
+ABSL_FLAG(std::string, out, "", "directory for the generated sources");
+
+namespace {
+
+// The graph as captured with its tensors on the GPU: every tensor's device
+// becomes cuda:0.
+void MoveToCuda(kiln::v1::Graph* g) {
+  auto move = [](kiln::v1::TensorMeta* m) {
+    if (m->has_device()) {
+      m->mutable_device()->set_type("cuda");
+      m->mutable_device()->set_index(0);
+    }
+  };
+  for (auto& in : *g->mutable_inputs()) move(in.mutable_value()->mutable_meta());
+  for (auto& node : *g->mutable_nodes()) {
+    for (auto& out : *node.mutable_outputs()) move(out.mutable_meta());
+    for (auto* args : {node.mutable_args(), node.mutable_kwargs()}) {
+      for (auto& arg : *args) {
+        if (arg.has_device()) {
+          arg.mutable_device()->set_type("cuda");
+          arg.mutable_device()->set_index(0);
+        }
+      }
+    }
+  }
+}
+
+absl::Status DumpOne(const std::string& path, const std::string& out_dir) {
+  std::ifstream f(path);
+  if (!f) return absl::NotFoundError(absl::StrCat("cannot read ", path));
+  std::stringstream text;
+  text << f.rdbuf();
+  kiln::v1::GraphFile file;
+  auto parsed = google::protobuf::util::JsonStringToMessage(text.str(), &file);
+  if (!parsed.ok()) return absl::InvalidArgumentError(std::string(parsed.message()));
+  kiln::v1::Graph proto = file.graph();
+  if (absl::GetFlag(FLAGS_target) == "cuda") MoveToCuda(&proto);
+  ASSIGN_OR_RETURN(kiln::ir::Graph graph, kiln::ir::Graph::FromProto(proto));
+
+  kiln::v1::CompileOptions wanted;
+  wanted.set_backend("kiln");
+  wanted.mutable_target()->set_device_type(absl::GetFlag(FLAGS_target));
+  wanted.mutable_target()->set_sm_arch(absl::GetFlag(FLAGS_sm_arch));
+  const kiln::v1::CompileOptions normalized = kiln::ir::NormalizeOptions(wanted);
+  kiln::pipeline::KilnOptions options;
+  options.compile = absl::GetFlag(FLAGS_compile);
+  options.toolchain.scratch_dir = std::filesystem::temp_directory_path().string();
+  kiln::pipeline::Trace trace;
+  kiln::pipeline::PhaseTimes times;
+  kiln::v1::Artifact artifact;
+  RETURN_IF_ERROR(
+      kiln::pipeline::RunKiln(graph, normalized.target(), options, &times, &trace, &artifact));
+  const std::string stem = std::filesystem::path(path).stem().string();
+  int written = 0;
+  for (const auto& [name, contents] : trace) {
+    const size_t at = name.find("generated_code");
+    if (at == std::string::npos) continue;
+    std::string out = stem;
+    if (at > 0) absl::StrAppend(&out, ".", name.substr(0, at - 1));  // "forward_" -> ".forward"
+    absl::StrAppend(&out, name.substr(name.rfind('.')));
+    std::ofstream o(std::filesystem::path(out_dir) / out, std::ios::trunc);
+    o << contents;
+    if (!o) return absl::InternalError(absl::StrCat("cannot write into ", out_dir));
+    ++written;
+  }
+  std::cout << path << ": " << written << " source(s)" << (options.compile ? ", compiled" : "")
+            << "\n";
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  kiln::UseFlagsDefinedIn("compiler/pipeline/dump_tool.cc");
+  absl::SetProgramUsageMessage(
+      "writes the kiln backend's generated code for graph files.\n"
+      "Usage: kiln_dump_code --target=cpu|cuda [--sm_arch=sm_90] [--compile] --out=DIR "
+      "GRAPH.json...");
+  std::vector<char*> files = absl::ParseCommandLine(argc, argv);
+  const std::string out = absl::GetFlag(FLAGS_out);
+  if (out.empty() || files.size() < 2) {
+    std::cerr << "kiln_dump_code: --out=DIR and at least one graph file are needed\n";
+    return 2;
+  }
+  std::filesystem::create_directories(out);
+  int failed = 0;
+  for (size_t i = 1; i < files.size(); ++i) {
+    absl::Status s = DumpOne(files[i], out);
+    if (!s.ok()) {
+      std::cerr << files[i] << ": " << s << "\n";
+      ++failed;
+    }
+  }
+  return failed == 0 ? 0 : 1;
+}

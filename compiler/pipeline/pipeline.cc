@@ -1,0 +1,164 @@
+#include "compiler/pipeline/pipeline.h"
+
+#include <memory>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "compiler/codegen/codegen.h"
+#include "compiler/ir/canonical.h"
+#include "compiler/ir/printer.h"
+#include "compiler/loop/lowering.h"
+
+namespace kiln::pipeline {
+namespace {
+
+struct Split {
+  autograd::JointGraph joint;
+  autograd::Partition partition;
+};
+
+absl::StatusOr<Split> JointAndPartition(const ir::Graph& graph, PhaseTimes* times) {
+  Split s;
+  ASSIGN_OR_RETURN(s.joint, times->Time("joint-graph", [&] {
+    return autograd::BuildJointGraph(graph, autograd::JointOptions());
+  }));
+  ASSIGN_OR_RETURN(s.partition, times->Time("partition", [&] {
+    return autograd::PartitionJointGraph(s.joint);
+  }));
+  return s;
+}
+
+// Gives every Launch of `plan` the grid and block its kernel is generated
+// for.
+absl::Status SizeLaunches(const std::vector<loop::Kernel>& kernels,
+                          const codegen::CodegenBackend& backend, v1::ExecutionPlan* plan) {
+  std::map<std::string, codegen::LaunchSize> sizes;
+  for (const loop::Kernel& k : kernels) {
+    ASSIGN_OR_RETURN(sizes[k.name], backend.Launch(k));
+  }
+  for (v1::PlanStep& step : *plan->mutable_steps()) {
+    if (!step.has_launch()) continue;
+    auto it = sizes.find(step.launch().symbol());
+    if (it == sizes.end()) {
+      return absl::InternalError(
+          absl::StrCat("plan launches '", step.launch().symbol(), "', which no kernel defines"));
+    }
+    v1::PlanStep::Launch* launch = step.mutable_launch();
+    launch->clear_grid();
+    launch->clear_block();
+    *launch->add_grid() = ir::SymIntToProto(it->second.grid);
+    launch->add_block()->set_int_value(it->second.block);
+  }
+  return absl::OkStatus();
+}
+
+// Lower, fuse and plan one graph, then generate and compile its kernels.
+absl::StatusOr<v1::CompiledGraph> CompileGraph(const ir::Graph& graph, const std::string& prefix,
+                                               const target::Target& target,
+                                               const codegen::CodegenBackend& backend,
+                                               const KilnOptions& options, PhaseTimes* times,
+                                               Trace* trace) {
+  (*trace)[prefix + "ir_before_fusion.txt"] = ir::PrintReadable(graph);
+  ASSIGN_OR_RETURN(loop::LoweredGraph lowered, times->Time(prefix + "lower-fuse-plan", [&] {
+    return loop::LowerGraph(graph);
+  }));
+  (*trace)[prefix + "ir_after_fusion.txt"] = loop::PrintLowered(lowered);
+  v1::CompiledGraph out;
+  *out.mutable_plan() = lowered.plan;
+  if (lowered.kernels.empty()) return out;
+  ASSIGN_OR_RETURN(std::string source, times->Time(prefix + "codegen", [&] {
+    return backend.Generate(lowered.kernels, lowered.symbols);
+  }));
+  const bool cuda = target.device_type() == "cuda";
+  (*trace)[absl::StrCat(prefix, "generated_code", cuda ? ".cu" : ".cc")] = source;
+  if (cuda) RETURN_IF_ERROR(SizeLaunches(lowered.kernels, backend, out.mutable_plan()));
+  if (!options.compile) {
+    v1::CompiledModule* module = out.add_modules();
+    module->set_language(backend.language());
+    module->set_source(std::move(source));
+    return out;
+  }
+  auto module = times->Time(prefix + "native-compile", [&] { return backend.Compile(source); });
+  if (!module.ok()) {
+    // The whole compiler log, when the code generator attached it.
+    auto log = module.status().GetPayload(codegen::kCompilerLogPayload);
+    (*trace)[prefix + "compile_error.txt"] =
+        log.has_value() ? std::string(*log) : std::string(module.status().message());
+    return module.status();
+  }
+  *out.add_modules() = *std::move(module);
+  return out;
+}
+
+}  // namespace
+
+void PhaseTimes::Add(const std::string& name, int64_t micros) {
+  v1::PhaseTime t;
+  t.set_phase(name);
+  t.set_micros(micros);
+  phases_.push_back(std::move(t));
+}
+
+void RunEager(const ir::Graph& graph, PhaseTimes* times, v1::Artifact* artifact) {
+  *artifact->mutable_graph() = times->Time("canonicalize", [&] { return ir::Canonicalize(graph); });
+  artifact->mutable_graph()->set_name(graph.name());
+}
+
+absl::Status RunAotEager(const ir::Graph& graph, PhaseTimes* times, v1::Artifact* artifact) {
+  RunEager(graph, times, artifact);
+  ASSIGN_OR_RETURN(Split split, JointAndPartition(graph, times));
+  FillAutograd(split.joint, split.partition, artifact->mutable_autograd());
+  return absl::OkStatus();
+}
+
+absl::Status RunKiln(const ir::Graph& graph, const v1::Target& wanted, const KilnOptions& options,
+                     PhaseTimes* times, Trace* trace, v1::Artifact* artifact) {
+  (*trace)["input_graph.txt"] = ir::PrintReadable(graph);
+  ASSIGN_OR_RETURN(std::unique_ptr<target::Target> target, target::SelectTarget(wanted, graph));
+  std::unique_ptr<codegen::CodegenBackend> backend = target->MakeCodegen(options.toolchain);
+
+  bool training = false;
+  for (const auto& in : graph.inputs()) {
+    training = training || graph.value(in.value).meta.requires_grad;
+  }
+  if (!training) {
+    ASSIGN_OR_RETURN(*artifact->mutable_compiled(),
+                     CompileGraph(graph, "", *target, *backend, options, times, trace));
+    return absl::OkStatus();
+  }
+  ASSIGN_OR_RETURN(Split split, JointAndPartition(graph, times));
+  (*trace)["joint_graph.txt"] = ir::PrintReadable(split.joint.graph);
+  (*trace)["forward_graph.txt"] = ir::PrintReadable(split.partition.forward);
+  (*trace)["backward_graph.txt"] = ir::PrintReadable(split.partition.backward);
+  FillAutograd(split.joint, split.partition, artifact->mutable_autograd());
+  ASSIGN_OR_RETURN(
+      *artifact->mutable_compiled_forward(),
+      CompileGraph(split.partition.forward, "forward_", *target, *backend, options, times, trace));
+  ASSIGN_OR_RETURN(*artifact->mutable_compiled_backward(),
+                   CompileGraph(split.partition.backward, "backward_", *target, *backend, options,
+                                times, trace));
+  return absl::OkStatus();
+}
+
+void FillAutograd(const autograd::JointGraph& joint, const autograd::Partition& split,
+                  v1::AutogradGraphs* out) {
+  split.forward.ToProto(out->mutable_forward());
+  split.backward.ToProto(out->mutable_backward());
+  joint.graph.ToProto(out->mutable_joint());
+  out->set_num_forward_outputs(split.num_forward_outputs);
+  for (const auto& s : split.saved) out->add_saved(s);
+  out->set_saved_bytes(split.saved_bytes);
+  for (bool b : joint.inputs_need_grad) out->add_inputs_need_grad(b);
+  for (bool b : joint.outputs_receive_grad) out->add_outputs_receive_grad(b);
+  std::vector<int> by_output(joint.graph.outputs().size() - joint.num_forward_outputs, -1);
+  for (size_t i = 0; i < joint.grad_output_index.size(); ++i) {
+    if (joint.grad_output_index[i] >= 0) {
+      by_output[joint.grad_output_index[i] - joint.num_forward_outputs] = static_cast<int>(i);
+    }
+  }
+  for (int i : by_output) out->add_grad_input_index(i);
+  for (const auto& r : split.recomputed) out->add_recomputed(r);
+}
+
+}  // namespace kiln::pipeline

@@ -1,0 +1,88 @@
+// The compile pipeline (docs/architecture.md §5): what runs after
+// verification, in order, for each backend.
+//
+//   eager:      canonicalize
+//   aot_eager:  canonicalize, joint graph, min-cut partition
+//   kiln:       choose the target (compiler/target/target.h) from the options
+//               and the graph's devices; for training, joint graph and
+//               partition; then for the graph (or each half): lower, fuse,
+//               plan (compiler/loop/lowering.h), generate, compile with the
+//               target's toolchain, and size the GPU launches.
+//
+// kilnd's backends (server/backend.h) call these and add nothing but the
+// artifact's common fields. Every stage is timed in `times` and leaves its
+// output in `trace` as it finishes, so a failed compile still shows how far
+// it got.
+//
+// Thread-safe: pure functions of their arguments.
+#ifndef KILN_COMPILER_PIPELINE_PIPELINE_H_
+#define KILN_COMPILER_PIPELINE_PIPELINE_H_
+
+#include <atomic>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "compiler/autograd/joint_graph.h"
+#include "compiler/autograd/partition.h"
+#include "compiler/ir/graph.h"
+#include "compiler/target/target.h"
+#include "kiln/v1/artifact.pb.h"
+
+namespace kiln::pipeline {
+
+// Collects the time of each named phase, in order.
+class PhaseTimes {
+ public:
+  // Times `fn` as phase `name` and returns its result.
+  template <typename Fn>
+  auto Time(const std::string& name, Fn&& fn) {
+    const absl::Time start = absl::Now();
+    struct Record {
+      PhaseTimes* self;
+      std::string name;
+      absl::Time start;
+      ~Record() { self->Add(name, absl::ToInt64Microseconds(absl::Now() - start)); }
+    } record{this, name, start};
+    return fn();
+  }
+  void Add(const std::string& name, int64_t micros);
+  const std::vector<v1::PhaseTime>& phases() const { return phases_; }
+
+ private:
+  std::vector<v1::PhaseTime> phases_;
+};
+
+using Trace = std::map<std::string, std::string>;
+
+// eager: the canonical graph into artifact->graph.
+void RunEager(const ir::Graph& graph, PhaseTimes* times, v1::Artifact* artifact);
+
+// aot_eager: RunEager, then the forward/backward split into
+// artifact->autograd.
+absl::Status RunAotEager(const ir::Graph& graph, PhaseTimes* times, v1::Artifact* artifact);
+
+struct KilnOptions {
+  target::ToolchainOptions toolchain;
+  // false: stop after generating the code (no toolchain run; modules hold
+  // the source only).
+  bool compile = true;
+};
+
+// kiln: artifact->compiled for inference, or artifact->autograd with
+// compiled_forward and compiled_backward when an input requires grad.
+// `wanted` is the normalized options' target. Generated sources are in
+// `trace` as "[forward_|backward_]generated_code.<cc|cu>".
+absl::Status RunKiln(const ir::Graph& graph, const v1::Target& wanted, const KilnOptions& options,
+                     PhaseTimes* times, Trace* trace, v1::Artifact* artifact);
+
+// The forward/backward split in wire form.
+void FillAutograd(const autograd::JointGraph& joint, const autograd::Partition& split,
+                  v1::AutogradGraphs* out);
+
+}  // namespace kiln::pipeline
+
+#endif  // KILN_COMPILER_PIPELINE_PIPELINE_H_

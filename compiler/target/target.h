@@ -1,0 +1,59 @@
+// Targets: what the kiln backend generates code for (docs/architecture.md
+// §5). A Target bundles, for one device kind, the code generator (its
+// emitter and its toolchain) and how its launches are sized:
+//   - cpu: C++ with OpenMP for a named x86-64 level, compiled by g++;
+//   - cuda: CUDA C++ compiled by NVRTC into a CUBIN for a named SM arch,
+//     one block per row for reductions, a grid-stride loop for pointwise
+//     kernels.
+// The pipeline (compiler/pipeline/pipeline.h) chooses the Target from the
+// normalized options and the graph's devices.
+//
+// Targets are immutable and thread-safe.
+#ifndef KILN_COMPILER_TARGET_TARGET_H_
+#define KILN_COMPILER_TARGET_TARGET_H_
+
+#include <atomic>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "compiler/codegen/codegen.h"
+#include "compiler/ir/graph.h"
+#include "kiln/v1/artifact.pb.h"
+
+namespace kiln::target {
+
+// Where and how long a target's toolchain may run.
+struct ToolchainOptions {
+  std::string scratch_dir = "/tmp";
+  absl::Duration timeout = absl::Seconds(120);
+  std::string cpp_compiler = "g++";  // searched in PATH
+  // The NVRTC helper program (codegen.h, CudaOptions::helper); empty: the
+  // one installed beside the running program.
+  std::string nvrtc_helper;
+  const std::atomic<bool>* cancel = nullptr;
+};
+
+class Target {
+ public:
+  virtual ~Target() = default;
+  // "cpu" or "cuda".
+  virtual std::string device_type() const = 0;
+  // The normalized wire form: every field that enters the key.
+  virtual const v1::Target& proto() const = 0;
+  // The code generator, writing into and running from `options`.
+  virtual std::unique_ptr<codegen::CodegenBackend> MakeCodegen(
+      const ToolchainOptions& options) const = 0;
+};
+
+// The target `wanted` (normalized options: ir::NormalizeOptions) names, for
+// a graph whose tensors live on its device. INVALID_ARGUMENT naming the
+// field for an unknown device type or an SM arch that is not "sm_<digits>",
+// and naming the value when a tensor of `graph` is on another device type.
+absl::StatusOr<std::unique_ptr<Target>> SelectTarget(const v1::Target& wanted,
+                                                     const ir::Graph& graph);
+
+}  // namespace kiln::target
+
+#endif  // KILN_COMPILER_TARGET_TARGET_H_
