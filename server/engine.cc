@@ -102,7 +102,7 @@ absl::StatusOr<v1::CompileResponse> Engine::Compile(const v1::CompileRequest& re
   PhaseTimes times;
   ASSIGN_OR_RETURN(ir::Graph graph,
                    times.Time("verify", [&] { return BuildVerified(req.graph()); }));
-  const v1::CompileOptions options = ir::NormalizeOptions(req.options());
+  const v1::CompileOptions options = ir::NormalizeOptions(req.options(), &graph);
   RETURN_IF_ERROR(backends_.Find(options.backend()).status());
   const v1::GuardSet guards = req.has_guards() ? req.guards() : cache::DeriveGuards(graph);
   if (guards.tensors_size() != static_cast<int>(graph.inputs().size())) {
@@ -320,7 +320,7 @@ absl::StatusOr<v1::LookupResponse> Engine::Lookup(const v1::LookupRequest& req) 
   switch (req.what_case()) {
     case v1::LookupRequest::kGraph: {
       ASSIGN_OR_RETURN(ir::Graph graph, BuildVerified(req.graph()));
-      key = ir::CacheKey(graph, ir::NormalizeOptions(req.options()));
+      key = ir::CacheKey(graph, ir::NormalizeOptions(req.options(), &graph));
       if (!req.has_signature()) {
         ASSIGN_OR_RETURN(signature, cache::SignatureFromGraph(graph));
       }

@@ -235,9 +235,17 @@ std::string CanonicalBytes(const Graph& graph) {
   return DeterministicBytes(*c);
 }
 
-v1::CompileOptions NormalizeOptions(const v1::CompileOptions& options) {
+v1::CompileOptions NormalizeOptions(const v1::CompileOptions& options, const Graph* graph) {
   v1::CompileOptions o = options;
   if (o.backend().empty()) o.set_backend("eager");
+  if (o.backend() == "kiln" && o.target().device_type().empty() && graph != nullptr) {
+    for (const Input& in : graph->inputs()) {
+      if (graph->value(in.value).meta.device_type == "cuda") {
+        o.mutable_target()->set_device_type("cuda");
+        break;
+      }
+    }
+  }
   // Generated CPU code is compiled for a named ISA, never for whatever the
   // compiling machine happens to be: the key must say what the code needs.
   if (o.backend() == "kiln") {
@@ -261,7 +269,7 @@ v1::CompileOptions NormalizeOptions(const v1::CompileOptions& options) {
 
 std::string CacheKey(const Graph& graph, const v1::CompileOptions& options,
                      const std::string& compiler_version) {
-  const v1::CompileOptions o = NormalizeOptions(options);
+  const v1::CompileOptions o = NormalizeOptions(options, &graph);
   Sha256 s;
   s.Update("kiln-cache-key-v1");
   s.Update(CanonicalBytes(graph));

@@ -43,9 +43,11 @@ inline constexpr char kDefaultSmArch[] = "sm_90";
 inline constexpr char kDefaultCudaVersion[] = "13.0";
 
 // The options as they enter the key: backend defaulted to "eager", options
-// sorted by name, and for `kiln` the target device (cpu) and CPU ISA
-// (kDefaultCpuIsa), or for cuda the SM arch and CUDA version, filled in.
-v1::CompileOptions NormalizeOptions(const v1::CompileOptions& options);
+// sorted by name, and for `kiln` the target device filled in (cuda when an
+// input of `graph` is on a GPU, else cpu) with its defaults: the CPU ISA
+// (kDefaultCpuIsa), or the SM arch and CUDA version.
+v1::CompileOptions NormalizeOptions(const v1::CompileOptions& options,
+                                    const Graph* graph = nullptr);
 
 // Hex SHA-256 over the canonical graph, the normalized options (backend,
 // target, backend options) and `compiler_version`.

@@ -101,8 +101,11 @@ class Client:
                 raise KilnError(code.name, e.details() or "") from None
 
     @staticmethod
-    def _options(backend):
-        return service_pb2.CompileOptions(backend=backend)
+    def _options(backend, target=None):
+        options = service_pb2.CompileOptions(backend=backend)
+        if target is not None:
+            options.target.CopyFrom(target)
+        return options
 
     def _graph_id(self, graph, options, namespace):
         digest = hashlib.sha256(graph.SerializeToString(deterministic=True)).digest()
@@ -110,15 +113,18 @@ class Client:
 
     # Compiler service.
 
-    def compile(self, graph, guards=None, backend="eager", namespace="", frozen=False):
+    def compile(self, graph, guards=None, backend="eager", namespace="", frozen=False,
+                target=None):
         """Compiles `graph` (kiln.v1.Graph) unless a cached variant admits it.
 
         `guards` (kiln.v1.GuardSet) defaults, on the server, to guards that
         hold every input's size, stride, dtype and device exact. With
         `frozen`, a miss fails with FAILED_PRECONDITION instead of compiling.
-        Returns the kiln.v1.CompileResponse.
+        `target` (kiln.v1.Target) names what the `kiln` backend generates code
+        for; by default kilnd picks the device of the graph's inputs (cpu at
+        x86-64-v3, or cuda at sm_90). Returns the kiln.v1.CompileResponse.
         """
-        options = self._options(backend)
+        options = self._options(backend, target)
         request = service_pb2.CompileRequest(graph=graph, options=options,
                                              namespace=namespace, frozen=frozen)
         if guards is not None:
@@ -129,7 +135,7 @@ class Client:
         return response
 
     def lookup(self, graph=None, key=None, signature=None, backend="eager", namespace="",
-               include_artifact=False):
+               include_artifact=False, target=None):
         """Asks whether a cached variant admits `signature` (kiln.v1.InputSignature).
 
         Give either `graph` or `key` (hex). With a graph and no signature, the
@@ -139,7 +145,7 @@ class Client:
         """
         if (graph is None) == (key is None):
             raise ValueError("lookup() takes exactly one of graph and key")
-        options = self._options(backend)
+        options = self._options(backend, target)
         request = service_pb2.LookupRequest(options=options, namespace=namespace,
                                             include_artifact=include_artifact)
         remembered = None

@@ -204,17 +204,19 @@ class ArtifactFunction:
         # inference (a `kiln` artifact with `compiled` alone).
         self.inference_only = False
 
-        if artifact.HasField("compiled") or artifact.HasField("compiled_forward"):
+        arch = artifact.target.sm_arch if artifact.target.device_type == "cuda" else ""
+        if (artifact.HasField("compiled") or artifact.HasField("compiled_forward")) and not arch:
             check_cpu_supports(artifact.target.cpu_isa)
         if artifact.HasField("compiled_forward") or artifact.HasField("compiled_backward"):
             if not (artifact.HasField("compiled_forward") and artifact.HasField("compiled_backward")
                     and artifact.HasField("autograd")):
                 raise ValueError(f"artifact of backend '{artifact.backend}' lacks one of "
                                  "compiled_forward, compiled_backward and autograd")
-            self._init_training(artifact.autograd, PlanRunner(artifact.compiled_forward),
-                                PlanRunner(artifact.compiled_backward))
+            self._init_training(artifact.autograd,
+                                PlanRunner(artifact.compiled_forward, sm_arch=arch),
+                                PlanRunner(artifact.compiled_backward, sm_arch=arch))
         elif artifact.HasField("compiled"):
-            self._forward = PlanRunner(artifact.compiled)
+            self._forward = PlanRunner(artifact.compiled, sm_arch=arch)
             self._backward = None
             self._num_outputs = len(self._forward.output_names)
             self._inputs_need_grad = [False] * self._num_primals

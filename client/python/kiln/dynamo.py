@@ -39,6 +39,7 @@ import torch
 from kiln import lower as lowering
 from kiln.client import Client, KilnError
 from kiln.compiled import ArtifactFunction, verify_artifact
+from kiln.v1 import artifact_pb2
 
 __all__ = ["backend", "KilnBackend", "register_backends", "DEFAULT_SERVER"]
 
@@ -153,8 +154,9 @@ class KilnBackend:
         client = self._get_client()
         start = time.perf_counter()
         signature = _signature(lowered, example_inputs)
+        target = _target(example_inputs)
         found = client.lookup(graph=lowered.graph, signature=signature, backend=self.compiler,
-                              namespace=self.namespace, include_artifact=True)
+                              namespace=self.namespace, include_artifact=True, target=target)
         self.times["lookup"] += time.perf_counter() - start
         if found.HasField("artifact") and found.artifact.backend:
             self.stats["hits"] += 1
@@ -162,7 +164,7 @@ class KilnBackend:
             return found.artifact
         start = time.perf_counter()
         response = client.compile(lowered.graph, guards=lowered.guards, backend=self.compiler,
-                                  namespace=self.namespace, frozen=self.frozen)
+                                  namespace=self.namespace, frozen=self.frozen, target=target)
         self.times["compile"] += time.perf_counter() - start
         self.stats["compiles"] += 1
         self._verify(response)
@@ -203,6 +205,17 @@ class _Compiled:
                 for arg, out in self._mutations:
                     args[arg].copy_(outputs[out])
         return list(outputs[:self._num_outputs])
+
+
+def _target(example_inputs):
+    """The target of a graph whose inputs are on a GPU: cuda for that GPU's
+    SM arch (kilnd compiles for it without having one). None otherwise: kilnd
+    then targets the CPU."""
+    for t in example_inputs:
+        if isinstance(t, torch.Tensor) and t.device.type == "cuda":
+            major, minor = torch.cuda.get_device_capability(t.device)
+            return artifact_pb2.Target(device_type="cuda", sm_arch=f"sm_{major}{minor}")
+    return None
 
 
 def _graph_name(gm):

@@ -29,7 +29,9 @@ of the C++ client/runtime/plan_executor.h and follows the same contract:
     compiler/codegen/codegen.h,
         extern "C" void symbol(void* const* buffers, const int64_t* symbols);
     called through ctypes with the data pointers (tensor.data_ptr(), storage
-    offset included) of the Launch's buffers and the symbol values.
+    offset included) of the Launch's buffers and the symbol values. A cuda
+    module's kernel is launched with the Launch's grid and block on torch's
+    current stream (kiln.cuda), its buffers all on one GPU.
   - View: torch.as_strided(base, sizes, strides, storage_offset), never a
     copy. Extern: the ATen op through torch.ops, bound once with the
     reference runner's argument conversion (kiln.runtime.BoundNode).
@@ -74,6 +76,7 @@ from collections import defaultdict
 
 import torch
 
+from kiln.cuda import CudaLaunch, CudaModule
 from kiln.runtime import BoundNode, SymExpr, torch_device, torch_dtype
 
 __all__ = ["PlanRunner", "ModuleLoader", "LoadedModule"]
@@ -255,13 +258,14 @@ def _evaluate(dim, values):
 # Steps. Each runs on a _RunState; `label` names it in errors.
 
 class _RunState:
-    __slots__ = ("env", "dead", "values", "symbol_array", "storage_users")
+    __slots__ = ("env", "dead", "values", "symbol_array", "symbol_list", "storage_users")
 
-    def __init__(self, env, values, symbol_array, track_storage):
+    def __init__(self, env, values, symbol_array, track_storage, symbol_list=()):
         self.env = env                      # value name -> tensor
         self.dead = {}                      # freed values kept for reuse
         self.values = values                # symbol name -> int
         self.symbol_array = symbol_array    # the kernels' int64 symbols
+        self.symbol_list = symbol_list      # the same as a list (cuda launches)
         # storage address -> live values using it (only when a plan reuses)
         self.storage_users = defaultdict(int) if track_storage else None
 
@@ -341,6 +345,25 @@ class _Launch:
                                  "tensor in host memory")
             pointers[k] = t.data_ptr()
         self.fn(pointers, state.symbol_array)
+
+
+class _CudaLaunch:
+    __slots__ = ("label", "launch", "buffers", "grid", "block")
+
+    def run(self, state):
+        env = state.env
+        pointers = []
+        device = None
+        for name in self.buffers:
+            t = env[name]
+            if t is None or t.device.type != "cuda" or (device is not None and t.device != device):
+                where = "undefined" if t is None else f"on {t.device}"
+                raise ValueError(f"buffer '{name}' is {where}; a cuda kernel needs defined "
+                                 f"tensors on one GPU{f' ({device})' if device else ''}")
+            device = t.device
+            pointers.append(t.data_ptr())
+        grid = self.grid.evaluate(state.values, sizes=True)[0]
+        self.launch.run(pointers, state.symbol_list, grid, self.block, device)
 
 
 class _View:
@@ -474,12 +497,24 @@ class _PlanBuilder:
         if not 0 <= p.module < len(self.modules):
             raise ValueError(f"{where}: module {p.module} out of range (the graph has "
                              f"{len(self.modules)} modules)")
-        s = _Launch()
+        module = self.modules[p.module]
+        if isinstance(module, CudaModule):
+            s = _CudaLaunch()
+            s.launch = CudaLaunch(module, p.symbol)
+            if len(p.grid) != 1 or len(p.block) != 1 or not p.block[0].HasField("int_value"):
+                raise ValueError(f"{where}: a cuda launch needs one grid size and one constant "
+                                 "block size")
+            s.grid = _Dims(p.grid, self.symbols, where, "grid")
+            s.block = p.block[0].int_value
+            if not 1 <= s.block <= 1024:
+                raise ValueError(f"{where}: block size {s.block} is outside [1, 1024]")
+        else:
+            s = _Launch()
+            try:
+                s.fn = module.kernel(p.symbol)
+            except ValueError as e:
+                raise ValueError(f"{where}: {e}") from None
         s.label = where
-        try:
-            s.fn = self.modules[p.module].kernel(p.symbol)
-        except ValueError as e:
-            raise ValueError(f"{where}: {e}") from None
         for name in p.buffers:
             self._use(name, where)
         s.buffers = list(p.buffers)
@@ -530,15 +565,21 @@ class PlanRunner:
 
     Attributes: `input_names`, `output_names`, `kernels` (plan.kernels)."""
 
-    def __init__(self, compiled_graph, loader=None):
+    def __init__(self, compiled_graph, loader=None, sm_arch=""):
         loader = loader or ModuleLoader.shared()
         plan = compiled_graph.plan
         self.kernels = plan.kernels
         self._modules = []
         for m, module in enumerate(compiled_graph.modules):
+            if module.language == "cuda":
+                if not sm_arch:
+                    raise ValueError(f"modules[{m}]: a cuda module needs the artifact's "
+                                     "target.sm_arch")
+                self._modules.append(CudaModule(module.binary, sm_arch))
+                continue
             if module.language != "c++":
                 raise ValueError(f"modules[{m}]: language '{module.language}': this runtime "
-                                 "loads only c++")
+                                 "loads c++ and cuda")
             try:
                 self._modules.append(loader.load(module.binary))
             except RuntimeError as e:
@@ -655,7 +696,8 @@ class PlanRunner:
         self._check_sizes(inputs, values)
         symbol_array = (ctypes.c_int64 * max(len(self._symbols), 1))(
             *[values[s] for s in self._symbols])
-        state = _RunState({}, values, symbol_array, self._reuses)
+        state = _RunState({}, values, symbol_array, self._reuses,
+                          [values[s] for s in self._symbols])
         for t, spec in zip(inputs, self._inputs):
             state.define(spec.name, t)
             if self._reuses:
