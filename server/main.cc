@@ -74,6 +74,8 @@ ABSL_FLAG(int64_t, open_file_limit, 0,
           "beyond it less a reserve of 128 are closed on arrival");
 ABSL_FLAG(int32_t, idle_connection_timeout_s, 300,
           "close a client connection with no call for this long (clients reconnect)");
+ABSL_FLAG(std::string, nvrtc_helper, "",
+          "the program that runs NVRTC for cuda targets (default: kiln_nvrtc beside kilnd)");
 ABSL_FLAG(std::string, native_compiler, "g++",
           "the C++ compiler the kiln backend runs on generated code (a path, or a name in PATH)");
 ABSL_FLAG(int32_t, compile_timeout_s, 120,
@@ -200,6 +202,7 @@ absl::Status Serve() {
   if (timeout_s <= 0) return absl::InvalidArgumentError("compile_timeout_s: must be positive");
   backend_options.native_compile_timeout = absl::Seconds(timeout_s);
   backend_options.native_compiler = absl::GetFlag(FLAGS_native_compiler);
+  backend_options.nvrtc_helper = absl::GetFlag(FLAGS_nvrtc_helper);
   auto engine = std::make_unique<Engine>(engine_options, cache.get(),
                                          BackendRegistry::Default(backend_options));
 

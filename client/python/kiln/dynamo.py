@@ -65,7 +65,8 @@ class KilnBackend:
     raises SignatureError.
 
     Counters (`stats`): graphs, hits, compiles, eager (graphs run eagerly by
-    a policy or because they have no kiln form)."""
+    a policy or because they have no kiln form). `loaded` holds the
+    kiln.compiled.ArtifactFunction of every graph served, in order."""
 
     RETRY_AFTER_S = 30.0  # how long an unanswering server is left alone
 
@@ -92,6 +93,7 @@ class KilnBackend:
         # round trip), load (the artifact into runners).
         self.times = {"lower": 0.0, "lookup": 0.0, "compile": 0.0, "load": 0.0}
         self.last_lowered = None  # the kiln.lower.Lowered of the latest graph
+        self.loaded = []  # every kiln.compiled.ArtifactFunction built, in order
         self._client = None
         self._lock = threading.Lock()
         self._warned = set()
@@ -146,7 +148,9 @@ class KilnBackend:
             self.stats["eager"] += 1
             return gm.forward
         start = time.perf_counter()
-        compiled = _Compiled(lowered, ArtifactFunction(artifact, lowered.graph))
+        function = ArtifactFunction(artifact, lowered.graph)
+        self.loaded.append(function)
+        compiled = _Compiled(lowered, function)
         self.times["load"] += time.perf_counter() - start
         return compiled
 

@@ -1,0 +1,252 @@
+"""The kiln backend against Inductor and eager on a CUDA GPU: steady-state
+time, cold compile and warm start for six models, inference and training,
+float32 and bfloat16, in one run.
+
+    KILN_SERVER=127.0.0.1:50151 python3 tests/bench/cuda_bench.py [--dtypes float32,bfloat16]
+        [--models layernorm,...] [--out bench.md]
+
+(tests/gpu/run.sh --bench starts kilnd and runs this.) Per row, in this
+process:
+  - steady state: CUDA events around each call, 5 warm-up calls, then the
+    median of 20, each on one of 4 sets of fresh random inputs (never
+    zeros); training calls run forward and backward;
+  - cold compile: the first call's time less the steady-state time
+    (Inductor: its caches are empty on a fresh machine; kiln: kilnd's cache
+    is empty, so kilnd lowers, generates and runs NVRTC);
+  - kiln warm start: after torch._dynamo.reset(), a new backend on the same
+    kilnd (every graph cached): the first call less the steady-state time,
+    less the same for backend="eager" (Dynamo's tracing alone), per graph;
+  - bandwidth: for the memory-bound models (layernorm, rmsnorm, softmax),
+    the bytes the operation must move (inputs read and outputs written once)
+    over kiln's time, against a device-to-device copy measured in the same
+    run.
+Prints one markdown table per dtype, and writes them to --out.
+"""
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+import kiln
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "gpu"))
+from test_cuda import MLP, Block, ConvNet  # noqa: E402
+
+DEVICE = "cuda"
+
+
+class LayerNorm(torch.nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(d)
+
+    def forward(self, x):
+        return self.norm(x)
+
+
+class RMSNorm(torch.nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.ones(d))
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-6).to(x.dtype) \
+            * self.weight
+
+
+class Softmax(torch.nn.Module):
+    """Softmax attention: scores, softmax, weighted sum (matmuls through ATen)."""
+
+    def forward(self, q, k, v):
+        s = (q @ k.transpose(-1, -2)) * (q.shape[-1] ** -0.5)
+        return torch.softmax(s, -1) @ v
+
+
+class GeluMLP(torch.nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.mlp = MLP(d)
+
+    def forward(self, x):
+        return self.mlp(x)
+
+
+# name -> (module factory, input shapes, memory-bound bytes per element count)
+MODELS = {
+    "layernorm": (lambda: LayerNorm(4096), [(16384, 4096)]),
+    "rmsnorm": (lambda: RMSNorm(4096), [(16384, 4096)]),
+    "softmax_attention": (lambda: Softmax(), [(8, 12, 1024, 64)] * 3),
+    "mlp_gelu": (lambda: GeluMLP(1024), [(8192, 1024)]),
+    "convnet": (lambda: ConvNet(), [(128, 3, 64, 64)]),
+    "gpt2_block": (lambda: Block(768), [(8, 1024, 768)]),
+}
+MEMORY_BOUND = {"layernorm", "rmsnorm"}
+
+
+def time_calls(fn, input_sets, training, reps=20, warmup=5):
+    """Median milliseconds of fn over `reps` calls (after `warmup`)."""
+    def call(inputs):
+        if training:
+            out = fn(*inputs)
+            out.float().sum().backward()
+        else:
+            with torch.no_grad():
+                fn(*inputs)
+
+    for i in range(warmup):
+        call(input_sets[i % len(input_sets)])
+    times = []
+    for i in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        call(input_sets[i % len(input_sets)])
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def first_call(fn, inputs, training):
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    if training:
+        fn(*inputs).float().sum().backward()
+    else:
+        with torch.no_grad():
+            fn(*inputs)
+    torch.cuda.synchronize()
+    return (time.perf_counter() - start) * 1000
+
+
+def copy_bandwidth():
+    x = torch.randn(256 * 1024 * 1024, device=DEVICE)  # 1 GiB
+    y = torch.empty_like(x)
+    for _ in range(3):
+        y.copy_(x)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(10):
+        y.copy_(x)
+    end.record()
+    end.synchronize()
+    return 2 * x.numel() * 4 * 10 / (start.elapsed_time(end) / 1000) / 1e9
+
+
+def bench_row(name, dtype, training, server):
+    factory, shapes = MODELS[name]
+    torch.manual_seed(0)
+    model = factory().to(DEVICE, dtype)
+    if not training:
+        model.eval()
+    input_sets = [[torch.randn(s, device=DEVICE, dtype=dtype).requires_grad_(training)
+                   for s in shapes] for _ in range(4)]
+    row = {"model": name, "mode": "training" if training else "inference"}
+    row["eager_ms"] = time_calls(model, input_sets, training)
+
+    torch._dynamo.reset()
+    inductor = torch.compile(model)
+    cold = first_call(inductor, input_sets[0], training)
+    row["inductor_ms"] = time_calls(inductor, input_sets, training)
+    row["inductor_compile_ms"] = cold - row["inductor_ms"]
+
+    torch._dynamo.reset()
+    dynamo = torch.compile(model, backend="eager")
+    dynamo_first = first_call(dynamo, input_sets[0], training)
+    dynamo_ms = time_calls(dynamo, input_sets, training, reps=5, warmup=2)
+
+    torch._dynamo.reset()
+    backend = kiln.backend(server, on_unavailable="raise", timeout=600)
+    compiled = torch.compile(model, backend=backend)
+    cold = first_call(compiled, input_sets[0], training)
+    row["kiln_ms"] = time_calls(compiled, input_sets, training)
+    row["kiln_compile_ms"] = cold - row["kiln_ms"]
+    row["graphs"] = backend.stats["graphs"]
+    row["kernels"] = sum(g.plan.kernels for fn in backend.loaded
+                         for g in (fn.artifact.compiled, fn.artifact.compiled_forward,
+                                   fn.artifact.compiled_backward))
+    if backend.stats["eager"]:
+        row["note"] = f"{backend.stats['eager']} graphs ran eagerly"
+
+    torch._dynamo.reset()
+    warm_backend = kiln.backend(server, on_unavailable="raise", timeout=600)
+    warm = torch.compile(model, backend=warm_backend)
+    warm_first = first_call(warm, input_sets[0], training)
+    graphs = max(warm_backend.stats["graphs"], 1)
+    row["kiln_warm_ms_per_graph"] = ((warm_first - row["kiln_ms"]) -
+                                     (dynamo_first - dynamo_ms)) / graphs
+    row["warm_hits"] = warm_backend.stats["hits"]
+
+    if name in MEMORY_BOUND and not training:
+        n = input_sets[0][0].numel()
+        row["bytes"] = 2 * n * input_sets[0][0].element_size()  # read x, write y
+        row["kiln_gbps"] = row["bytes"] / (row["kiln_ms"] / 1000) / 1e9
+        row["inductor_gbps"] = row["bytes"] / (row["inductor_ms"] / 1000) / 1e9
+    return row
+
+
+def table(rows, dtype, copy_gbps):
+    lines = [f"### {dtype} (copy bandwidth {copy_gbps:.0f} GB/s)", "",
+             "| model | mode | eager ms | Inductor ms | kiln ms | kiln vs Inductor | "
+             "Inductor compile s | kiln cold compile s | kiln warm ms/graph beyond Dynamo | "
+             "graphs | kernels | kiln GB/s (of copy) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['model']} | {r['mode']} | error: {r['error'][:120]} |"
+                         + " |" * 9)
+            continue
+        bw = (f"{r['kiln_gbps']:.0f} ({100 * r['kiln_gbps'] / copy_gbps:.0f}%)"
+              if "kiln_gbps" in r else "")
+        lines.append(
+            f"| {r['model']} | {r['mode']} | {r['eager_ms']:.3f} | {r['inductor_ms']:.3f} | "
+            f"{r['kiln_ms']:.3f} | {r['inductor_ms'] / r['kiln_ms']:.2f}x | "
+            f"{r['inductor_compile_ms'] / 1000:.2f} | {r['kiln_compile_ms'] / 1000:.2f} | "
+            f"{r['kiln_warm_ms_per_graph']:.1f} | {r['graphs']} | {r['kernels']} | {bw} |"
+            + (f" {r['note']}" if "note" in r else ""))
+    ratios = [r["inductor_ms"] / r["kiln_ms"] for r in rows if "error" not in r]
+    if ratios:
+        geo = statistics.geometric_mean(ratios)
+        ok = [r for r in rows if "error" not in r]
+        inductor_s = sum(r["inductor_compile_ms"] for r in ok) / 1000
+        kiln_s = sum(r["kiln_compile_ms"] for r in ok) / 1000
+        lines += ["", f"Geomean kiln vs Inductor ({dtype}): {geo:.2f}x over {len(ratios)} rows; "
+                  f"sum of cold compile: Inductor {inductor_s:.1f} s, kiln {kiln_s:.1f} s"]
+    return "\n".join(lines)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--dtypes", default="float32,bfloat16")
+    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--modes", default="inference,training")
+    parser.add_argument("--out", default="")
+    args = parser.parse_args()
+    server = os.environ.get("KILN_SERVER", "127.0.0.1:50051")
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}")
+    copy_gbps = copy_bandwidth()
+    out = []
+    for dtype_name in args.dtypes.split(","):
+        dtype = getattr(torch, dtype_name)
+        rows = []
+        for name in args.models.split(","):
+            for mode in args.modes.split(","):
+                try:
+                    rows.append(bench_row(name, dtype, mode == "training", server))
+                except Exception as e:  # a failing row is reported, the others still run
+                    rows.append({"model": name, "mode": mode, "error": f"{type(e).__name__}: {e}"})
+                print(rows[-1], flush=True)
+        out.append(table(rows, dtype_name, copy_gbps))
+        print(out[-1], flush=True)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write("\n\n".join(out) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,309 @@
+"""The kiln backend on a GPU: every lowered op family, the models of the
+torch 2 tests, inference and training, against eager CUDA.
+
+Runs on a machine with a CUDA GPU and a kilnd (with NVRTC) at $KILN_SERVER;
+tests/gpu/run.sh starts one and runs this file. Skipped where there is no
+GPU. Each case compiles with torch.compile(backend=kiln.backend(...)) and
+asserts that Dynamo's graphs were compiled by kilnd (no eager fallback), that
+the artifacts hold generated CUDA kernels, and that outputs (and gradients)
+match eager within a tolerance computed for the dtype.
+"""
+
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import kiln
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+DEVICE = "cuda"
+TOL = {torch.float32: (2e-4, 2e-4), torch.float16: (1e-2, 1e-2), torch.bfloat16: (3e-2, 3e-2)}
+
+
+def _backend():
+    return kiln.backend(os.environ.get("KILN_SERVER"), on_unavailable="raise")
+
+
+def _kernels(backend):
+    """Generated kernels in the artifacts `backend` loaded."""
+    total = 0
+    for fn in backend.loaded:
+        art = fn.artifact
+        for g in (art.compiled, art.compiled_forward, art.compiled_backward):
+            total += g.plan.kernels
+            for m in g.modules:
+                assert m.language == "cuda", m.language
+    return total
+
+
+def _close(got, want, dtype, what):
+    rtol, atol = TOL[dtype]
+    scale = want.detach().abs().max().item() if want.numel() else 1.0
+    torch.testing.assert_close(got.float(), want.float(), rtol=rtol, atol=atol * max(scale, 1.0),
+                               msg=lambda m: f"{what}: {m}")
+
+
+def check(fn, *inputs, training=False, dynamic=None, min_kernels=1, dtype=None):
+    dtype = dtype or next(t.dtype for t in inputs if t.is_floating_point())
+    torch._dynamo.reset()  # the test lambdas share code objects: Dynamo's cache would serve them
+    backend = _backend()
+    compiled = torch.compile(fn, backend=backend, dynamic=dynamic)
+    args = [t.detach().clone().requires_grad_(training and t.is_floating_point()) for t in inputs]
+    ref_args = [t.detach().clone().requires_grad_(training and t.is_floating_point())
+                for t in inputs]
+    got = compiled(*args)
+    want = fn(*ref_args)
+    got = got if isinstance(got, tuple) else (got,)
+    want = want if isinstance(want, tuple) else (want,)
+    for k, (g, w) in enumerate(zip(got, want)):
+        _close(g, w, dtype, f"output {k}")
+    if training:
+        seeds = [torch.randn_like(w) for w in want]
+        torch.autograd.backward(got, seeds)
+        torch.autograd.backward(want, seeds)
+        for k, (a, r) in enumerate(zip(args, ref_args)):
+            if r.grad is not None:
+                _close(a.grad, r.grad, dtype, f"grad of input {k}")
+    torch.cuda.synchronize()
+    assert backend.stats["eager"] == 0, backend.stats
+    assert backend.stats["graphs"] >= 1, backend.stats
+    assert _kernels(backend) >= min_kernels, "no generated CUDA kernel ran"
+    return backend
+
+
+def rand(*shape, dtype=torch.float32, low=None):
+    t = torch.randn(*shape, device=DEVICE, dtype=torch.float32)
+    if low is not None:
+        t = t.abs() + low
+    return t.to(dtype)
+
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+
+
+def _dtype_id(dtype):
+    return str(dtype).split(".")[-1]
+
+UNARY = {
+    "exp": torch.exp, "log": lambda x: torch.log(x.abs() + 0.5), "sqrt": lambda x: x.abs().sqrt(),
+    "rsqrt": lambda x: torch.rsqrt(x.abs() + 0.1), "sigmoid": torch.sigmoid, "tanh": torch.tanh,
+    "gelu": F.gelu, "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"), "silu": F.silu,
+    "relu": F.relu, "abs_neg": lambda x: -x.abs(), "erf": torch.erf, "sin_cos": lambda x:
+    torch.sin(x) + torch.cos(x), "floor_ceil": lambda x: torch.floor(x * 4) + torch.ceil(x),
+    "reciprocal": lambda x: 1.0 / (x.abs() + 0.5), "log1p_expm1": lambda x:
+    torch.log1p(x.abs()) + torch.expm1(x * 0.1), "sign": torch.sign,
+}
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=_dtype_id)
+@pytest.mark.parametrize("name", sorted(UNARY))
+def test_unary(name, dtype):
+    op = UNARY[name]
+    check(lambda x: op(x) * 2.0 + 1.0, rand(64, 1000, dtype=dtype))
+
+
+BINARY = {
+    "add_bcast_row": lambda x, y: x + y[0],
+    "mul_bcast_col": lambda x, y: x * y[:, :1],
+    "div": lambda x, y: x / (y.abs() + 1.0),
+    "sub_max_min": lambda x, y: torch.maximum(x, y) - torch.minimum(x, y * 0.5),
+    "pow": lambda x, y: torch.pow(x.abs() + 0.1, 1.5) + y,
+    "where_cmp": lambda x, y: torch.where(x > y, x, y * 2) + (x <= 0).to(x.dtype),
+}
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=_dtype_id)
+@pytest.mark.parametrize("name", sorted(BINARY))
+def test_binary(name, dtype):
+    op = BINARY[name]
+    check(op, rand(128, 513, dtype=dtype), rand(128, 513, dtype=dtype))
+
+
+REDUCTIONS = {
+    "sum_last": lambda x: x.sum(-1),
+    "sum_first": lambda x: x.sum(0),
+    "sum_middle": lambda x: x.view(16, 32, -1).sum(1),
+    "sum_all": lambda x: x.sum(),
+    "mean_keepdim": lambda x: x - x.mean(-1, keepdim=True),
+    "amax_amin": lambda x: x.amax(-1) - x.amin(-1),
+    "var_std": lambda x: x.var(-1) + x.std(0, correction=0).sum(),
+    "softmax": lambda x: torch.softmax(x, -1),
+    "log_softmax": lambda x: torch.log_softmax(x * 2, -1),
+    "softmax_dim0": lambda x: torch.softmax(x, 0),
+    "layer_norm": lambda x: F.layer_norm(x, (x.shape[-1],)),
+    "rms_norm": lambda x: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6),
+}
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=_dtype_id)
+@pytest.mark.parametrize("name", sorted(REDUCTIONS))
+def test_reduction(name, dtype):
+    check(REDUCTIONS[name], rand(512, 768, dtype=dtype))
+
+
+@pytest.mark.parametrize("row", [1, 7, 32, 1000, 4096, 30000])
+def test_reduction_row_lengths(row):
+    check(lambda x: torch.softmax(x, -1) * x.sum(-1, keepdim=True), rand(64, row))
+
+
+VIEWS = {
+    "transpose": lambda x: x.t() * 2 + 1,
+    "permute": lambda x: x.view(8, 64, 768).permute(2, 0, 1).exp(),
+    "expand": lambda x: x[:1].expand(512, 768) + x,
+    "slice": lambda x: x[::2, 10:500].sigmoid(),
+    "cat_like": lambda x: (x.view(512, 2, 384)[:, 0] * x.view(512, 2, 384)[:, 1]).sum(-1),
+}
+
+
+@pytest.mark.parametrize("name", sorted(VIEWS))
+def test_views(name):
+    check(VIEWS[name], rand(512, 768))
+
+
+def test_dynamic_batch():
+    torch._dynamo.reset()
+    backend = _backend()
+    fn = torch.compile(lambda x, w: F.layer_norm(x, (x.shape[-1],), w) * torch.sigmoid(x),
+                       backend=backend, dynamic=True)
+    w = rand(256)
+    for batch in (3, 17, 64, 1000):
+        x = rand(batch, 256)
+        _close(fn(x, w), F.layer_norm(x, (256,), w) * torch.sigmoid(x), torch.float32,
+               f"batch {batch}")
+    assert backend.stats["eager"] == 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=_dtype_id)
+def test_training_layernorm_gelu(dtype):
+    def fn(x, w, b):
+        return F.gelu(F.layer_norm(x, (x.shape[-1],), w, b)).sum(-1)
+    check(fn, rand(256, 512, dtype=dtype), rand(512, dtype=dtype), rand(512, dtype=dtype),
+          training=True)
+
+
+def test_training_softmax_cross_entropy():
+    def fn(x, target_onehot):
+        return -(torch.log_softmax(x, -1) * target_onehot).sum(-1).mean()
+    onehot = F.one_hot(torch.randint(0, 1000, (128,), device=DEVICE), 1000).float()
+    check(fn, rand(128, 1000), onehot, training=True)
+
+
+# Models (the torch 2 tests' kinds), on the GPU.
+
+class MLP(torch.nn.Module):
+    def __init__(self, d=256):
+        super().__init__()
+        self.fc1 = torch.nn.Linear(d, 4 * d)
+        self.fc2 = torch.nn.Linear(4 * d, d)
+        self.norm = torch.nn.LayerNorm(d)
+
+    def forward(self, x):
+        return x + self.fc2(F.gelu(self.fc1(self.norm(x))))
+
+
+class RMSNorm(torch.nn.Module):
+    def __init__(self, d=512):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.randn(d))
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * self.weight
+
+
+class Attention(torch.nn.Module):
+    def __init__(self, d=256, heads=4):
+        super().__init__()
+        self.qkv = torch.nn.Linear(d, 3 * d)
+        self.proj = torch.nn.Linear(d, d)
+        self.heads = heads
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = self.qkv(x).split(d, -1)
+        q, k, v = (z.view(b, t, self.heads, -1).transpose(1, 2) for z in (q, k, v))
+        att = torch.softmax(q @ k.transpose(-1, -2) / (d // self.heads) ** 0.5, -1)
+        return self.proj((att @ v).transpose(1, 2).reshape(b, t, d))
+
+
+class Block(torch.nn.Module):
+    """A GPT-2 block."""
+
+    def __init__(self, d=256):
+        super().__init__()
+        self.ln1 = torch.nn.LayerNorm(d)
+        self.ln2 = torch.nn.LayerNorm(d)
+        self.attn = Attention(d)
+        self.mlp = torch.nn.Sequential(torch.nn.Linear(d, 4 * d), torch.nn.GELU(approximate="tanh"),
+                                       torch.nn.Linear(4 * d, d))
+
+    def forward(self, x):
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+
+
+class ConvNet(torch.nn.Module):
+    """ResNet-18-style: conv, batch norm, relu, a residual block, pooling."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1 = torch.nn.Conv2d(3, 32, 3, padding=1, bias=False)
+        self.bn1 = torch.nn.BatchNorm2d(32)
+        self.conv2 = torch.nn.Conv2d(32, 32, 3, padding=1, bias=False)
+        self.bn2 = torch.nn.BatchNorm2d(32)
+        self.fc = torch.nn.Linear(32, 10)
+
+    def forward(self, x):
+        y = F.relu(self.bn1(self.conv1(x)))
+        y = F.relu(y + self.bn2(self.conv2(y)))
+        return self.fc(y.mean((2, 3)))
+
+
+MODELS = {
+    "mlp": (MLP, (64, 256)),
+    "rmsnorm": (RMSNorm, (256, 512)),
+    "attention": (Attention, (4, 64, 256)),
+    "gpt2_block": (Block, (4, 64, 256)),
+    "convnet": (ConvNet, (8, 3, 32, 32)),
+}
+
+
+@pytest.mark.parametrize("training", [False, True], ids=["inference", "training"])
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_model(name, training):
+    cls, shape = MODELS[name]
+    torch.manual_seed(0)
+    model = cls().to(DEVICE)
+    ref = cls().to(DEVICE)
+    ref.load_state_dict(model.state_dict())
+    if not training:
+        model.eval()
+        ref.eval()
+    torch._dynamo.reset()
+    backend = _backend()
+    compiled = torch.compile(model, backend=backend)
+    x = rand(*shape)
+    with torch.set_grad_enabled(training):
+        got = compiled(x)
+        want = ref(x)
+    _close(got, want, torch.float32, f"{name} output")
+    if training:
+        seed = torch.randn_like(want)
+        got.backward(seed)
+        want.backward(seed)
+        for (pname, p), (_, q) in zip(model.named_parameters(), ref.named_parameters()):
+            _close(p.grad, q.grad, torch.float32, f"{name} grad of {pname}")
+        for (bname, b), (_, c) in zip(model.named_buffers(), ref.named_buffers()):
+            _close(b.float(), c.float(), torch.float32, f"{name} buffer {bname}")
+    torch.cuda.synchronize()
+    assert backend.stats["eager"] == 0, backend.stats
+    assert _kernels(backend) >= 1
+
+
+def test_arch_mismatch_is_refused():
+    from kiln.cuda import check_arch
+    major, minor = torch.cuda.get_device_capability()
+    with pytest.raises(ValueError, match=f"compiled for sm_{major + 1}0.*sm_{major}{minor}"):
+        check_arch(f"sm_{major + 1}0", torch.device("cuda", 0))
