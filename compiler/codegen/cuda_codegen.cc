@@ -76,13 +76,72 @@ int64_t ConstantProduct(const std::vector<ir::SymInt>& sizes, bool* constant) {
   return n;
 }
 
-// Threads per block of a reduction kernel: the row rounded up to whole
-// warps, at most 1024; 256 for a row of symbolic size.
-int ReductionBlock(const Kernel& k) {
+// How a reduction kernel maps rows (outer points) onto threads.
+//   kRow: one block per row, its threads striding along the row (the row is
+//     contiguous, or nearly so). A row of constant length up to
+//     kMaxCachedPerThread elements per thread is swept in a fully unrolled
+//     loop, and every load that a later pass repeats is kept in registers:
+//     softmax and layer norm then read their row once.
+//   kColumn: 32 rows per block, one per lane of a warp, and the block's 32
+//     warps striding along the rows together; for rows whose elements are
+//     far apart while neighbouring rows are adjacent (a sum over the batch
+//     dimension), so that each warp reads 32 adjacent elements at a time.
+enum class Layout { kRow, kColumn };
+
+struct Schedule {
+  Layout layout = Layout::kRow;
+  int block = 256;
+  int per_thread = 0;  // kRow over a constant row: elements per thread; 0: a loop
+};
+
+constexpr int kColumnRows = 32;
+constexpr int kMaxCachedPerThread = 16;
+// Elements per thread a constant row is split into, when it fits a block:
+// many independent loads per thread, and blocks small enough (a row of 4096
+// takes 256 threads) that several rows are in flight on each SM.
+constexpr int kRowElementsPerThread = 16;
+
+// The stride of the last dimension of `strides` (0 when there is none).
+const ir::SymInt& LastStride(const std::vector<ir::SymInt>& strides) {
+  static const ir::SymInt kZero{int64_t{0}};
+  return strides.empty() ? kZero : strides.back();
+}
+
+// Whether the kernel's inner loads mostly read along the outer space
+// (adjacent rows adjacent in memory) rather than along their rows.
+bool ReadsAcrossRows(const Kernel& k) {
+  int across = 0, along = 0;
+  for (const Stmt& s : k.stmts) {
+    if (s.kind != StmtKind::kLoad || !s.inner) continue;
+    const ir::SymInt& inner = LastStride(s.index.inner_strides);
+    if (IsOne(inner)) {
+      ++along;
+    } else if (!IsZero(inner) && IsOne(LastStride(s.index.outer_strides))) {
+      ++across;
+    }
+  }
+  return across > along;
+}
+
+Schedule ScheduleOf(const Kernel& k) {
+  Schedule s;
+  if (!HasReduction(k)) {
+    s.block = kPointwiseBlock;
+    return s;
+  }
+  if (ReadsAcrossRows(k)) {
+    s.layout = Layout::kColumn;
+    s.block = 32 * kColumnRows;
+    return s;
+  }
   bool constant = false;
   const int64_t row = ConstantProduct(k.inner, &constant);
-  if (!constant) return 256;
-  return static_cast<int>(std::clamp<int64_t>((row + 31) / 32 * 32, 32, 1024));
+  if (!constant) return s;  // 256 threads, a loop
+  const int64_t threads = (row + kRowElementsPerThread - 1) / kRowElementsPerThread;
+  s.block = static_cast<int>(std::clamp<int64_t>((threads + 31) / 32 * 32, 32, 1024));
+  const int64_t per_thread = (row + s.block - 1) / s.block;
+  if (per_thread <= kMaxCachedPerThread) s.per_thread = static_cast<int>(std::max<int64_t>(per_thread, 1));
+  return s;
 }
 
 // A product of sizes as an expression of the plan's symbols.
@@ -101,22 +160,24 @@ std::string ProductExpr(const std::vector<ir::SymInt>& sizes) {
 }
 
 LaunchSize SizeLaunch(const Kernel& k) {
+  const Schedule sched = ScheduleOf(k);
   LaunchSize size;
+  size.block = sched.block;
   const bool reduce = HasReduction(k);
-  size.block = reduce ? ReductionBlock(k) : kPointwiseBlock;
+  // Work items: points (pointwise), rows (kRow) or groups of 32 rows.
+  const int64_t per_block = !reduce ? sched.block : sched.layout == Layout::kColumn ? kColumnRows : 1;
   std::vector<ir::SymInt> space = k.outer;
   if (!reduce) space.insert(space.end(), k.inner.begin(), k.inner.end());
   bool constant = false;
   const int64_t n = ConstantProduct(space, &constant);
   if (constant) {
-    const int64_t blocks = reduce ? n : (n + size.block - 1) / size.block;
-    size.grid = ir::SymInt{std::min(blocks, kMaxGrid)};
+    size.grid = ir::SymInt{std::min((n + per_block - 1) / per_block, kMaxGrid)};
     return size;
   }
   const std::string total = ProductExpr(space);
-  size.grid = ir::SymInt{reduce ? absl::StrCat("Min(", total, ", ", kMaxGrid, ")")
-                                : absl::StrCat("Min((", total, " + ", size.block - 1, ")//",
-                                               size.block, ", ", kMaxGrid, ")")};
+  size.grid = ir::SymInt{per_block == 1 ? absl::StrCat("Min(", total, ", ", kMaxGrid, ")")
+                                        : absl::StrCat("Min((", total, " + ", per_block - 1, ")//",
+                                                       per_block, ", ", kMaxGrid, ")")};
   return size;
 }
 
@@ -133,15 +194,15 @@ class CudaKernelEmitter {
     type_ = std::move(check.type);
     after_ = std::move(check.after);
     if (k_.buffers.empty()) return KernelError(k_, "has no buffers");
-    const LaunchSize launch = SizeLaunch(k_);
+    const Schedule sched = ScheduleOf(k_);
     std::string body;
-    RETURN_IF_ERROR(HasReduction(k_) ? EmitReduction(launch.block, &body)
-                                     : EmitPointwise(launch.block, &body));
+    RETURN_IF_ERROR(HasReduction(k_) ? EmitReduction(sched, &body)
+                                     : EmitPointwise(sched.block, &body));
 
     std::string out =
         absl::StrCat("\nstruct ", k_.name, "_args {\n  void* b[", k_.buffers.size(), "];\n");
     if (symbols_.size() > 0) absl::StrAppend(&out, "  int64_t s[", symbols_.size(), "];\n");
-    absl::StrAppend(&out, "};\n\nextern \"C\" __global__ void __launch_bounds__(", launch.block,
+    absl::StrAppend(&out, "};\n\nextern \"C\" __global__ void __launch_bounds__(", sched.block,
                     ") ", k_.name, "(const ", k_.name, "_args a) {\n");
     if (!k_.nodes.empty()) {
       absl::StrAppend(&out, "  // nodes: ", CommentText(absl::StrJoin(k_.nodes, ", ")), "\n");
@@ -254,8 +315,10 @@ class CudaKernelEmitter {
   }
 
   // Statement j (not a reduction) as a line. Outer-level stores are made by
-  // one thread: `guard` is the condition.
-  absl::StatusOr<std::string> Statement(int j, const std::string& guard) {
+  // one thread: `guard` is the condition. With `live`, loads and stores are
+  // made only where it holds (loads read 0 elsewhere).
+  absl::StatusOr<std::string> Statement(int j, const std::string& guard,
+                                        const std::string& live = "") {
     const Stmt& s = k_.stmts[j];
     const char* T = CName(type_[j]);
     switch (s.kind) {
@@ -268,6 +331,7 @@ class CudaKernelEmitter {
           value = type_[j] == CType::kBool ? absl::StrCat("(", value, " != 0)")
                                            : absl::StrCat("static_cast<", T, ">(", value, ")");
         }
+        if (!live.empty()) value = absl::StrCat("(", live, ") ? ", value, " : ", T, "(0)");
         return absl::StrCat("const ", T, " t", j, " = ", value, ";");
       }
       case StmtKind::kConstant:
@@ -282,7 +346,9 @@ class CudaKernelEmitter {
         const int a = s.args[0];
         std::string line =
             absl::StrCat(addr, " = ", ToStorage(k_.buffers[s.buffer].dtype, type_[a], Val(a)), ";");
-        if (!s.inner && !guard.empty()) line = absl::StrCat("if (", guard, ") ", line);
+        std::string cond = s.inner ? "" : guard;
+        if (!live.empty()) cond = cond.empty() ? live : absl::StrCat(cond, " && ", live);
+        if (!cond.empty()) line = absl::StrCat("if (", cond, ") ", line);
         return line;
       }
       case StmtKind::kReduce:
@@ -347,13 +413,38 @@ class CudaKernelEmitter {
     return op == ReduceOp::kMax ? "kiln_max()" : op == ReduceOp::kMin ? "kiln_min()" : "kiln_add()";
   }
 
-  absl::Status EmitReduction(int block, std::string* out) {
+  // Whether load statements a and b read the same element as the same type.
+  bool SameLoad(int a, int b) const {
+    const Stmt& x = k_.stmts[a];
+    const Stmt& y = k_.stmts[b];
+    return x.buffer == y.buffer && type_[a] == type_[b] &&
+           x.index.outer_strides == y.index.outer_strides &&
+           x.index.inner_strides == y.index.inner_strides && x.index.offset == y.index.offset;
+  }
+
+  absl::Status EmitReduction(const Schedule& sched, std::string* out) {
     RETURN_IF_ERROR(Sizes(out));
-    // 32 values of the widest accumulator, three for Welford.
-    absl::StrAppend(out, "  __shared__ double kiln_smem[96];\n",
-                    "  for (int64_t o = blockIdx.x; o < outer_n; o += gridDim.x) {\n");
+    const bool column = sched.layout == Layout::kColumn;
+    const bool cached = sched.per_thread > 0;
+    // Shared memory for the combination of one value per warp (kRow) or
+    // 32 x 32 values (kColumn, padded), three for Welford.
+    absl::StrAppend(out, "  __shared__ double kiln_smem[", column ? 3 * 32 * 33 : 96, "];\n");
+    std::string live;
+    if (column) {
+      absl::StrAppend(out, "  const int lane = threadIdx.x >> 5;  // along the rows\n",
+                      "  for (int64_t tile = blockIdx.x; tile * 32 < outer_n; tile += gridDim.x) {\n",
+                      "    const int64_t o = tile * 32 + (threadIdx.x & 31);\n",
+                      "    const bool live = o < outer_n;\n");
+      live = "live";
+    } else {
+      absl::StrAppend(out, "  const int lane = threadIdx.x;\n",
+                      "  for (int64_t o = blockIdx.x; o < outer_n; o += gridDim.x) {\n");
+    }
     RETURN_IF_ERROR(Decompose(k_.outer, "o", "o", 2, out));
+    const std::string store_guard = column ? "lane == 0" : "threadIdx.x == 0";
+    const int lanes = column ? kColumnRows : sched.block;
     const int n = static_cast<int>(k_.stmts.size());
+    std::vector<int> cache_of(n, -1);  // load -> the earlier load whose registers it reads
     for (int p = 0; p < k_.passes; ++p) {
       std::vector<int> before, inner, after;
       for (int j = 0; j < n; ++j) {
@@ -363,66 +454,112 @@ class CudaKernelEmitter {
       }
       absl::StrAppend(out, "    // pass ", p, "\n");
       for (int j : before) {
-        ASSIGN_OR_RETURN(std::string line, Statement(j, "threadIdx.x == 0"));
+        ASSIGN_OR_RETURN(std::string line, Statement(j, store_guard, live));
         absl::StrAppend(out, "    ", line, "\n");
       }
-      if (!inner.empty()) {
+      if (inner.empty()) {
+        for (int j : after) {
+          ASSIGN_OR_RETURN(std::string line, Statement(j, store_guard, live));
+          absl::StrAppend(out, "    ", line, "\n");
+        }
+        continue;
+      }
+      // Loads that a later pass repeats are kept: registers c<j>[e].
+      std::vector<int> keep;
+      if (cached) {
         for (int j : inner) {
-          const Stmt& s = k_.stmts[j];
-          if (s.kind != StmtKind::kReduce) continue;
-          const char* T = CName(type_[j]);
-          if (IsWelford(s)) {
-            if (WelfordId(j) == j) {
-              absl::StrAppend(out, "    ", T, " wm", j, " = 0, wq", j, " = 0, wn", j,
-                              " = 0;  // mean, M2, count\n");
+          if (k_.stmts[j].kind != StmtKind::kLoad) continue;
+          for (int q = 0; q < j && cache_of[j] < 0; ++q) {
+            if (k_.stmts[q].kind == StmtKind::kLoad && k_.stmts[q].inner &&
+                k_.stmts[q].pass < p && SameLoad(q, j)) {
+              cache_of[j] = cache_of[q] >= 0 ? cache_of[q] : q;
             }
-          } else {
-            absl::StrAppend(out, "    ", T, " acc", j, " = ", Identity(j), ";\n");
+          }
+          if (cache_of[j] >= 0) continue;
+          for (int later = j + 1; later < n; ++later) {
+            const Stmt& l = k_.stmts[later];
+            if (l.kind == StmtKind::kLoad && l.inner && l.pass > p && SameLoad(j, later)) {
+              keep.push_back(j);
+              break;
+            }
           }
         }
-        absl::StrAppend(out, "    for (int64_t i = threadIdx.x; i < inner_n; i += ", block,
-                        ") {\n");
-        RETURN_IF_ERROR(Decompose(k_.inner, "i", "i", 3, out));
-        for (int j : inner) {
-          const Stmt& s = k_.stmts[j];
-          if (s.kind != StmtKind::kReduce) {
-            ASSIGN_OR_RETURN(std::string line, Statement(j, ""));
-            absl::StrAppend(out, "      ", line, "\n");
+        for (int j : keep) {
+          absl::StrAppend(out, "    ", CName(type_[j]), " c", j, "[", sched.per_thread, "];\n");
+        }
+      }
+      for (int j : inner) {
+        const Stmt& s = k_.stmts[j];
+        if (s.kind != StmtKind::kReduce) continue;
+        const char* T = CName(type_[j]);
+        if (IsWelford(s)) {
+          if (WelfordId(j) == j) {
+            absl::StrAppend(out, "    ", T, " wm", j, " = 0, wq", j, " = 0, wn", j,
+                            " = 0;  // mean, M2, count\n");
+          }
+        } else {
+          absl::StrAppend(out, "    ", T, " acc", j, " = ", Identity(j), ";\n");
+        }
+      }
+      if (cached) {
+        absl::StrAppend(out, "#pragma unroll\n    for (int e = 0; e < ", sched.per_thread,
+                        "; ++e) {\n      const int64_t i = lane + e * ", lanes, ";\n",
+                        "      if (i < inner_n) {\n");
+      } else {
+        absl::StrAppend(out, "    for (int64_t i = lane; ", column ? "live && " : "",
+                        "i < inner_n; i += ", lanes, ") {\n      {\n");
+      }
+      RETURN_IF_ERROR(Decompose(k_.inner, "i", "i", 4, out));
+      for (int j : inner) {
+        const Stmt& s = k_.stmts[j];
+        if (s.kind != StmtKind::kReduce) {
+          if (cache_of[j] >= 0) {
+            absl::StrAppend(out, "        const ", CName(type_[j]), " t", j, " = c", cache_of[j],
+                            "[e];\n");
             continue;
           }
-          const std::string v = CastValue(type_, s.args[0], type_[j]);
-          if (IsWelford(s)) {
-            if (WelfordId(j) != j) continue;
-            const char* T = CName(type_[j]);
-            absl::StrAppend(out, "      { wn", j, " += ", T, "(1); const ", T, " d = ", v, " - wm",
-                            j, "; wm", j, " += d / wn", j, "; wq", j, " += d * (", v, " - wm", j,
-                            "); }\n");
-          } else {
-            absl::StrAppend(out, "      acc", j, " = ", Combiner(s.reduce), "(acc", j, ", ", v,
-                            ");\n");
+          ASSIGN_OR_RETURN(std::string line, Statement(j, "", live));
+          absl::StrAppend(out, "        ", line, "\n");
+          if (std::find(keep.begin(), keep.end(), j) != keep.end()) {
+            absl::StrAppend(out, "        c", j, "[e] = t", j, ";\n");
           }
+          continue;
         }
-        absl::StrAppend(out, "    }\n");
-        for (int j : inner) {
-          const Stmt& s = k_.stmts[j];
-          if (s.kind != StmtKind::kReduce) continue;
+        const std::string v = CastValue(type_, s.args[0], type_[j]);
+        if (IsWelford(s)) {
+          if (WelfordId(j) != j) continue;
           const char* T = CName(type_[j]);
-          if (IsWelford(s)) {
-            const int w = WelfordId(j);
-            if (w == j) {
-              absl::StrAppend(out, "    kiln_block_welford(wm", j, ", wq", j, ", wn", j,
-                              ", kiln_smem);\n");
-            }
-            absl::StrAppend(out, "    const ", T, " t", j, " = ",
-                            s.reduce == ReduceOp::kWelfordMean ? "wm" : "wq", w, ";\n");
-          } else {
-            absl::StrAppend(out, "    const ", T, " t", j, " = kiln_block_reduce(acc", j, ", ",
-                            Combiner(s.reduce), ", ", T, "(", Identity(j), "), kiln_smem);\n");
+          absl::StrAppend(out, "        { wn", j, " += ", T, "(1); const ", T, " d = ", v, " - wm",
+                          j, "; wm", j, " += d / wn", j, "; wq", j, " += d * (", v, " - wm", j,
+                          "); }\n");
+        } else {
+          absl::StrAppend(out, "        acc", j, " = ", Combiner(s.reduce), "(acc", j, ", ", v,
+                          ");\n");
+        }
+      }
+      absl::StrAppend(out, "      }\n    }\n");
+      for (int j : inner) {
+        const Stmt& s = k_.stmts[j];
+        if (s.kind != StmtKind::kReduce) continue;
+        const char* T = CName(type_[j]);
+        if (IsWelford(s)) {
+          const int w = WelfordId(j);
+          if (w == j) {
+            absl::StrAppend(out, "    ", column ? "kiln_column_welford" : "kiln_block_welford",
+                            "(wm", j, ", wq", j, ", wn", j, ", kiln_smem);\n");
           }
+          absl::StrAppend(out, "    const ", T, " t", j, " = ",
+                          s.reduce == ReduceOp::kWelfordMean ? "wm" : "wq", w, ";\n");
+        } else if (column) {
+          absl::StrAppend(out, "    const ", T, " t", j, " = kiln_column_reduce(acc", j, ", ",
+                          Combiner(s.reduce), ", kiln_smem);\n");
+        } else {
+          absl::StrAppend(out, "    const ", T, " t", j, " = kiln_block_reduce(acc", j, ", ",
+                          Combiner(s.reduce), ", ", T, "(", Identity(j), "), kiln_smem);\n");
         }
       }
       for (int j : after) {
-        ASSIGN_OR_RETURN(std::string line, Statement(j, "threadIdx.x == 0"));
+        ASSIGN_OR_RETURN(std::string line, Statement(j, store_guard, live));
         absl::StrAppend(out, "    ", line, "\n");
       }
     }

@@ -213,6 +213,38 @@ template <typename T> KILN_D void kiln_block_welford(T& m, T& q, T& n, void* sme
     kiln_welford_merge(m, q, n, kiln_shfl_xor(m, k), kiln_shfl_xor(q, k), kiln_shfl_xor(n, k));
   }
 }
+
+// Column layout (1024 threads: 32 rows, one per lane of a warp, 32 warps
+// along them): the reduction over the 32 threads of each row (threadIdx.x
+// & 31), in every one of them. `smem` holds 32 x 33 values of T (three
+// times that for Welford).
+template <typename T, typename Op> KILN_D T kiln_column_reduce(T v, Op op, void* smem) {
+  T* part = static_cast<T*>(smem);
+  const int row = threadIdx.x & 31;
+  __syncthreads();
+  part[(threadIdx.x >> 5) * 33 + row] = v;
+  __syncthreads();
+  T r = part[row];
+#pragma unroll 8
+  for (int k = 1; k < 32; ++k) r = op(r, part[k * 33 + row]);
+  return r;
+}
+template <typename T> KILN_D void kiln_column_welford(T& m, T& q, T& n, void* smem) {
+  T* part = static_cast<T*>(smem);
+  const int row = threadIdx.x & 31, at = (threadIdx.x >> 5) * 33 + row;
+  __syncthreads();
+  part[at] = m;
+  part[32 * 33 + at] = q;
+  part[2 * 32 * 33 + at] = n;
+  __syncthreads();
+  m = part[row];
+  q = part[32 * 33 + row];
+  n = part[2 * 32 * 33 + row];
+  for (int k = 1; k < 32; ++k) {
+    kiln_welford_merge(m, q, n, part[k * 33 + row], part[32 * 33 + k * 33 + row],
+                       part[2 * 32 * 33 + k * 33 + row]);
+  }
+}
 )";
 
 }  // namespace kiln::codegen

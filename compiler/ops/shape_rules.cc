@@ -582,9 +582,13 @@ ShapeRule BatchNorm(bool has_training, bool training_default, bool functional) {
     Metas out{NewTensor(input->dtype, input->sizes, *input), NewTensor(stats, {stat_size}, *input),
               NewTensor(stats, {stat_size}, *input)};
     if (functional) {
+      // The new statistics are computed in the input's computation dtype
+      // (float32 for float16 and bfloat16) and, when training, mixed with
+      // the old ones by type promotion: float32 over bfloat16 buffers.
+      const v1::DType compute = ComputationDType(input->dtype);
       for (const char* name : {"running_mean", "running_var"}) {
         ASSIGN_OR_RETURN(const TensorMeta* m, c.Meta(name));
-        out.push_back(NewTensor(m->dtype, m->sizes, *m));
+        out.push_back(NewTensor(training ? PromoteTypes(compute, m->dtype) : compute, m->sizes, *m));
       }
     }
     return out;

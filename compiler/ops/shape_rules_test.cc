@@ -899,6 +899,17 @@ TEST(ShapeRules, BatchNormVariants) {
   ASSERT_TRUE(r.ok()) << r.status();
   ASSERT_EQ(r->size(), 5u);
   EXPECT_EQ(Str((*r)[4].sizes), "[8]");
+  // bfloat16 input and buffers: the new running statistics are float32, as
+  // torch computes them (float32 statistics mixed into bfloat16 buffers).
+  auto xb = env.In(v1::BFLOAT16, {2, 8, 4, 4});
+  auto cb = env.In(v1::BFLOAT16, {8});
+  r = env.Infer("aten._native_batch_norm_legit_functional.default",
+                {ir::Ref(xb), ir::Ref(cb), ir::Ref(cb), ir::Ref(cb), ir::Ref(cb), ir::Bool(true),
+                 ir::Float(0.1), ir::Float(1e-5)});
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ((*r)[0].dtype, v1::BFLOAT16);
+  EXPECT_EQ((*r)[3].dtype, v1::FLOAT32);
+  EXPECT_EQ((*r)[4].dtype, v1::FLOAT32);
   r = env.Infer("aten._native_batch_norm_legit_no_training.default",
                 {ir::Ref(x), ir::Ref(c), ir::Ref(c), ir::Ref(c), ir::Ref(c), ir::Float(0.1),
                  ir::Float(1e-5)});

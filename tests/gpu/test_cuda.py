@@ -307,3 +307,25 @@ def test_arch_mismatch_is_refused():
     major, minor = torch.cuda.get_device_capability()
     with pytest.raises(ValueError, match=f"compiled for sm_{major + 1}0.*sm_{major}{minor}"):
         check_arch(f"sm_{major + 1}0", torch.device("cuda", 0))
+
+
+def test_convnet_bfloat16_training():
+    """Batch norm over bfloat16: torch computes the new running statistics in
+    float32 and copies them back into the bfloat16 buffers."""
+    torch.manual_seed(0)
+    model = ConvNet().to(DEVICE, torch.bfloat16)
+    ref = ConvNet().to(DEVICE, torch.bfloat16)
+    ref.load_state_dict(model.state_dict())
+    torch._dynamo.reset()
+    backend = _backend()
+    x = rand(8, 3, 32, 32, dtype=torch.bfloat16)
+    got = torch.compile(model, backend=backend)(x)
+    want = ref(x)
+    _close(got, want, torch.bfloat16, "output")
+    got.float().sum().backward()
+    want.float().sum().backward()
+    for (name, p), (_, q) in zip(model.named_parameters(), ref.named_parameters()):
+        _close(p.grad, q.grad, torch.bfloat16, f"grad of {name}")
+    for (name, b), (_, c) in zip(model.named_buffers(), ref.named_buffers()):
+        _close(b.float(), c.float(), torch.bfloat16, f"buffer {name}")
+    assert backend.stats["eager"] == 0, backend.stats
