@@ -92,6 +92,10 @@ struct Schedule {
   Layout layout = Layout::kRow;
   int block = 256;
   int per_thread = 0;  // kRow over a constant row: elements per thread; 0: a loop
+  // Elements each thread reads and writes as one vector (16 bytes of the
+  // widest vectorized buffer) where every access along the last inner
+  // dimension is contiguous and every chunk starts aligned; 1: none.
+  int vector = 1;
 };
 
 constexpr int kColumnRows = 32;
@@ -123,10 +127,66 @@ bool ReadsAcrossRows(const Kernel& k) {
   return across > along;
 }
 
+int StorageBytes(v1::DType dtype) {
+  switch (dtype) {
+    case v1::FLOAT64:
+    case v1::INT64:
+      return 8;
+    case v1::FLOAT32:
+    case v1::INT32:
+      return 4;
+    case v1::FLOAT16:
+    case v1::BFLOAT16:
+    case v1::INT16:
+      return 2;
+    default:
+      return 1;
+  }
+}
+
+bool DivisibleBy(const ir::SymInt& s, int64_t v) {
+  return s.is_constant() && s.constant() % v == 0;
+}
+
+// Whether access statement `s` moves along the last inner dimension (it is
+// then vectorized).
+bool MovesAlongRow(const Stmt& s) {
+  return (s.kind == StmtKind::kLoad || s.kind == StmtKind::kStore) && s.inner &&
+         !IsZero(LastStride(s.index.inner_strides));
+}
+
+// The vector width of a kernel whose last inner dimension is swept `row`
+// elements at a time: every access moving along it has stride 1 there, and
+// constant other strides and offset that keep each chunk of V aligned.
+int VectorWidth(const Kernel& k) {
+  if (k.inner.empty() || !k.inner.back().is_constant()) return 1;
+  int widest = 0;
+  for (const Stmt& s : k.stmts) {
+    if (!MovesAlongRow(s)) continue;
+    if (!IsOne(s.index.inner_strides.back())) return 1;
+    widest = std::max(widest, StorageBytes(k.buffers[s.buffer].dtype));
+  }
+  if (widest == 0) return 1;
+  const int v = 16 / widest;
+  if (k.inner.back().constant() % v != 0) return 1;
+  for (const Stmt& s : k.stmts) {
+    if (!MovesAlongRow(s)) continue;
+    if (!DivisibleBy(s.index.offset, v)) return 1;
+    for (const ir::SymInt& st : s.index.outer_strides) {
+      if (!DivisibleBy(st, v)) return 1;
+    }
+    for (size_t d = 0; d + 1 < s.index.inner_strides.size(); ++d) {
+      if (!DivisibleBy(s.index.inner_strides[d], v)) return 1;
+    }
+  }
+  return v;
+}
+
 Schedule ScheduleOf(const Kernel& k) {
   Schedule s;
   if (!HasReduction(k)) {
     s.block = kPointwiseBlock;
+    s.vector = VectorWidth(k);
     return s;
   }
   if (ReadsAcrossRows(k)) {
@@ -140,7 +200,12 @@ Schedule ScheduleOf(const Kernel& k) {
   const int64_t threads = (row + kRowElementsPerThread - 1) / kRowElementsPerThread;
   s.block = static_cast<int>(std::clamp<int64_t>((threads + 31) / 32 * 32, 32, 1024));
   const int64_t per_thread = (row + s.block - 1) / s.block;
-  if (per_thread <= kMaxCachedPerThread) s.per_thread = static_cast<int>(std::max<int64_t>(per_thread, 1));
+  if (per_thread > kMaxCachedPerThread) return s;
+  s.per_thread = static_cast<int>(std::max<int64_t>(per_thread, 1));
+  if (k.inner.size() == 1) {
+    const int v = VectorWidth(k);
+    if (v > 1 && s.per_thread % v == 0) s.vector = v;
+  }
   return s;
 }
 
@@ -165,7 +230,9 @@ LaunchSize SizeLaunch(const Kernel& k) {
   size.block = sched.block;
   const bool reduce = HasReduction(k);
   // Work items: points (pointwise), rows (kRow) or groups of 32 rows.
-  const int64_t per_block = !reduce ? sched.block : sched.layout == Layout::kColumn ? kColumnRows : 1;
+  const int64_t per_block = !reduce                           ? int64_t{sched.block} * sched.vector
+                            : sched.layout == Layout::kColumn ? kColumnRows
+                                                              : 1;
   std::vector<ir::SymInt> space = k.outer;
   if (!reduce) space.insert(space.end(), k.inner.begin(), k.inner.end());
   bool constant = false;
@@ -196,8 +263,7 @@ class CudaKernelEmitter {
     if (k_.buffers.empty()) return KernelError(k_, "has no buffers");
     const Schedule sched = ScheduleOf(k_);
     std::string body;
-    RETURN_IF_ERROR(HasReduction(k_) ? EmitReduction(sched, &body)
-                                     : EmitPointwise(sched.block, &body));
+    RETURN_IF_ERROR(HasReduction(k_) ? EmitReduction(sched, &body) : EmitPointwise(sched, &body));
 
     std::string out =
         absl::StrCat("\nstruct ", k_.name, "_args {\n  void* b[", k_.buffers.size(), "];\n");
@@ -323,7 +389,12 @@ class CudaKernelEmitter {
     const char* T = CName(type_[j]);
     switch (s.kind) {
       case StmtKind::kLoad: {
-        ASSIGN_OR_RETURN(std::string addr, Access(j));
+        std::string addr;
+        if (vectorized_.count(j) > 0) {
+          addr = absl::StrCat("v", j, "[v]");
+        } else {
+          ASSIGN_OR_RETURN(addr, Access(j));
+        }
         const v1::DType bdt = k_.buffers[s.buffer].dtype;
         std::string value = FromStorage(bdt, addr);
         ASSIGN_OR_RETURN(CType bt, ComputeType(bdt, "CUDA"));
@@ -342,8 +413,12 @@ class CudaKernelEmitter {
         return absl::StrCat("const ", T, " t", j, " = ", e, ";");
       }
       case StmtKind::kStore: {
-        ASSIGN_OR_RETURN(std::string addr, Access(j));
         const int a = s.args[0];
+        if (vectorized_.count(j) > 0) {
+          return absl::StrCat(
+              "v", j, "[v] = ", ToStorage(k_.buffers[s.buffer].dtype, type_[a], Val(a)), ";");
+        }
+        ASSIGN_OR_RETURN(std::string addr, Access(j));
         std::string line =
             absl::StrCat(addr, " = ", ToStorage(k_.buffers[s.buffer].dtype, type_[a], Val(a)), ";");
         std::string cond = s.inner ? "" : guard;
@@ -365,18 +440,82 @@ class CudaKernelEmitter {
     return absl::OkStatus();
   }
 
-  absl::Status EmitPointwise(int block, std::string* out) {
+  // The flag that every vectorized buffer is aligned to its chunk (kernels
+  // fall back to element accesses otherwise), and the accesses vectorized.
+  void DeclareVectors(int vector, std::string* out) {
+    std::vector<std::string> masks;
+    std::set<int> buffers;
+    for (size_t j = 0; j < k_.stmts.size(); ++j) {
+      if (!MovesAlongRow(k_.stmts[j])) continue;
+      vectorized_.insert(static_cast<int>(j));
+      buffers.insert(k_.stmts[j].buffer);
+    }
+    for (int b : buffers) {
+      masks.push_back(absl::StrCat("(reinterpret_cast<uint64_t>(buf", b, ") & ",
+                                   vector * StorageBytes(k_.buffers[b].dtype) - 1, ")"));
+    }
+    absl::StrAppend(out, "  const bool aligned = (", absl::StrJoin(masks, " | "), ") == 0;\n");
+  }
+
+  // Chunk arrays and vector loads of the vectorized loads among `stmts`
+  // (before the element loop), or vector stores (after it).
+  absl::Status VectorAccesses(const std::vector<int>& stmts, StmtKind kind, int vector, int depth,
+                              std::string* out) {
+    for (int j : stmts) {
+      const Stmt& s = k_.stmts[j];
+      if (s.kind != kind || vectorized_.count(j) == 0) continue;
+      ASSIGN_OR_RETURN(std::string addr, Access(j));
+      const char* storage = StorageName(k_.buffers[s.buffer].dtype);
+      if (kind == StmtKind::kLoad) {
+        absl::StrAppend(out, Pad(depth), "alignas(16) ", storage, " v", j, "[", vector, "];\n",
+                        Pad(depth), "kiln_vload<", vector, ">(v", j, ", &", addr, ", aligned);\n");
+      } else {
+        absl::StrAppend(out, Pad(depth), "kiln_vstore<", vector, ">(&", addr, ", v", j,
+                        ", aligned);\n");
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  void DeclareStoreChunks(const std::vector<int>& stmts, int vector, int depth, std::string* out) {
+    for (int j : stmts) {
+      const Stmt& s = k_.stmts[j];
+      if (s.kind != StmtKind::kStore || vectorized_.count(j) == 0) continue;
+      absl::StrAppend(out, Pad(depth), "alignas(16) ", StorageName(k_.buffers[s.buffer].dtype),
+                      " v", j, "[", vector, "];\n");
+    }
+  }
+
+  absl::Status EmitPointwise(const Schedule& sched, std::string* out) {
     RETURN_IF_ERROR(Sizes(out));
-    absl::StrAppend(out, "  const int64_t total = outer_n * inner_n;\n",
-                    "  for (int64_t x = static_cast<int64_t>(blockIdx.x) * ", block,
-                    " + threadIdx.x; x < total;\n       x += static_cast<int64_t>(gridDim.x) * ",
-                    block, ") {\n", "    const int64_t o = x / inner_n;\n",
-                    "    const int64_t i = x - o * inner_n;\n");
+    const int block = sched.block, vector = sched.vector;
+    if (vector > 1) DeclareVectors(vector, out);
+    const std::string step = vector > 1 ? absl::StrCat(" * ", vector) : "";
+    absl::StrAppend(
+        out, "  const int64_t total = outer_n * inner_n;\n",
+        "  for (int64_t x = (static_cast<int64_t>(blockIdx.x) * ", block, " + threadIdx.x)", step,
+        "; x < total;\n       x += static_cast<int64_t>(gridDim.x) * ", block, step, ") {\n",
+        "    const int64_t o = x / inner_n;\n", "    const int64_t i = x - o * inner_n;\n");
     RETURN_IF_ERROR(Decompose(k_.outer, "o", "o", 2, out));
     RETURN_IF_ERROR(Decompose(k_.inner, "i", "i", 2, out));
-    for (size_t j = 0; j < k_.stmts.size(); ++j) {
-      ASSIGN_OR_RETURN(std::string line, Statement(static_cast<int>(j), "i == 0"));
-      absl::StrAppend(out, "    ", line, "\n");
+    std::vector<int> all(k_.stmts.size());
+    for (size_t j = 0; j < all.size(); ++j) all[j] = static_cast<int>(j);
+    int depth = 2;
+    std::string first = "i == 0";
+    if (vector > 1) {
+      RETURN_IF_ERROR(VectorAccesses(all, StmtKind::kLoad, vector, depth, out));
+      DeclareStoreChunks(all, vector, depth, out);
+      absl::StrAppend(out, "#pragma unroll\n    for (int v = 0; v < ", vector, "; ++v) {\n");
+      depth = 3;
+      first = "i == 0 && v == 0";
+    }
+    for (int j : all) {
+      ASSIGN_OR_RETURN(std::string line, Statement(j, first));
+      absl::StrAppend(out, Pad(depth), line, "\n");
+    }
+    if (vector > 1) {
+      absl::StrAppend(out, "    }\n");
+      RETURN_IF_ERROR(VectorAccesses(all, StmtKind::kStore, vector, 2, out));
     }
     absl::StrAppend(out, "  }\n");
     return absl::OkStatus();
@@ -429,12 +568,14 @@ class CudaKernelEmitter {
     // Shared memory for the combination of one value per warp (kRow) or
     // 32 x 32 values (kColumn, padded), three for Welford.
     absl::StrAppend(out, "  __shared__ double kiln_smem[", column ? 3 * 32 * 33 : 96, "];\n");
+    if (sched.vector > 1) DeclareVectors(sched.vector, out);
     std::string live;
     if (column) {
-      absl::StrAppend(out, "  const int lane = threadIdx.x >> 5;  // along the rows\n",
-                      "  for (int64_t tile = blockIdx.x; tile * 32 < outer_n; tile += gridDim.x) {\n",
-                      "    const int64_t o = tile * 32 + (threadIdx.x & 31);\n",
-                      "    const bool live = o < outer_n;\n");
+      absl::StrAppend(
+          out, "  const int lane = threadIdx.x >> 5;  // along the rows\n",
+          "  for (int64_t tile = blockIdx.x; tile * 32 < outer_n; tile += gridDim.x) {\n",
+          "    const int64_t o = tile * 32 + (threadIdx.x & 31);\n",
+          "    const bool live = o < outer_n;\n");
       live = "live";
     } else {
       absl::StrAppend(out, "  const int lane = threadIdx.x;\n",
@@ -470,8 +611,8 @@ class CudaKernelEmitter {
         for (int j : inner) {
           if (k_.stmts[j].kind != StmtKind::kLoad) continue;
           for (int q = 0; q < j && cache_of[j] < 0; ++q) {
-            if (k_.stmts[q].kind == StmtKind::kLoad && k_.stmts[q].inner &&
-                k_.stmts[q].pass < p && SameLoad(q, j)) {
+            if (k_.stmts[q].kind == StmtKind::kLoad && k_.stmts[q].inner && k_.stmts[q].pass < p &&
+                SameLoad(q, j)) {
               cache_of[j] = cache_of[q] >= 0 ? cache_of[q] : q;
             }
           }
@@ -501,27 +642,46 @@ class CudaKernelEmitter {
           absl::StrAppend(out, "    ", T, " acc", j, " = ", Identity(j), ";\n");
         }
       }
-      if (cached) {
+      const int vector = sched.vector;
+      std::vector<int> fresh;  // the sweep's statements that are not read from registers
+      for (int j : inner) {
+        if (cache_of[j] < 0) fresh.push_back(j);
+      }
+      int depth = 4;
+      if (cached && vector > 1) {
+        absl::StrAppend(out, "#pragma unroll\n    for (int ec = 0; ec < ",
+                        sched.per_thread / vector,
+                        "; ++ec) {\n      const int64_t i = (lane + ec * ", lanes, ") * ", vector,
+                        ";\n      if (i < inner_n) {\n");
+        RETURN_IF_ERROR(Decompose(k_.inner, "i", "i", 4, out));
+        RETURN_IF_ERROR(VectorAccesses(fresh, StmtKind::kLoad, vector, 4, out));
+        DeclareStoreChunks(fresh, vector, 4, out);
+        absl::StrAppend(out, "#pragma unroll\n        for (int v = 0; v < ", vector,
+                        "; ++v) {\n          const int e = ec * ", vector, " + v;\n");
+        depth = 5;
+      } else if (cached) {
         absl::StrAppend(out, "#pragma unroll\n    for (int e = 0; e < ", sched.per_thread,
                         "; ++e) {\n      const int64_t i = lane + e * ", lanes, ";\n",
                         "      if (i < inner_n) {\n");
+        RETURN_IF_ERROR(Decompose(k_.inner, "i", "i", 4, out));
       } else {
         absl::StrAppend(out, "    for (int64_t i = lane; ", column ? "live && " : "",
                         "i < inner_n; i += ", lanes, ") {\n      {\n");
+        RETURN_IF_ERROR(Decompose(k_.inner, "i", "i", 4, out));
       }
-      RETURN_IF_ERROR(Decompose(k_.inner, "i", "i", 4, out));
+      const std::string pad = Pad(depth);
       for (int j : inner) {
         const Stmt& s = k_.stmts[j];
         if (s.kind != StmtKind::kReduce) {
           if (cache_of[j] >= 0) {
-            absl::StrAppend(out, "        const ", CName(type_[j]), " t", j, " = c", cache_of[j],
+            absl::StrAppend(out, pad, "const ", CName(type_[j]), " t", j, " = c", cache_of[j],
                             "[e];\n");
             continue;
           }
           ASSIGN_OR_RETURN(std::string line, Statement(j, "", live));
-          absl::StrAppend(out, "        ", line, "\n");
+          absl::StrAppend(out, pad, line, "\n");
           if (std::find(keep.begin(), keep.end(), j) != keep.end()) {
-            absl::StrAppend(out, "        c", j, "[e] = t", j, ";\n");
+            absl::StrAppend(out, pad, "c", j, "[e] = t", j, ";\n");
           }
           continue;
         }
@@ -529,13 +689,17 @@ class CudaKernelEmitter {
         if (IsWelford(s)) {
           if (WelfordId(j) != j) continue;
           const char* T = CName(type_[j]);
-          absl::StrAppend(out, "        { wn", j, " += ", T, "(1); const ", T, " d = ", v, " - wm",
-                          j, "; wm", j, " += d / wn", j, "; wq", j, " += d * (", v, " - wm", j,
+          absl::StrAppend(out, pad, "{ wn", j, " += ", T, "(1); const ", T, " d = ", v, " - wm", j,
+                          "; wm", j, " += d / wn", j, "; wq", j, " += d * (", v, " - wm", j,
                           "); }\n");
         } else {
-          absl::StrAppend(out, "        acc", j, " = ", Combiner(s.reduce), "(acc", j, ", ", v,
+          absl::StrAppend(out, pad, "acc", j, " = ", Combiner(s.reduce), "(acc", j, ", ", v,
                           ");\n");
         }
+      }
+      if (cached && vector > 1) {
+        absl::StrAppend(out, "        }\n");
+        RETURN_IF_ERROR(VectorAccesses(fresh, StmtKind::kStore, vector, 4, out));
       }
       absl::StrAppend(out, "      }\n    }\n");
       for (int j : inner) {
@@ -572,6 +736,7 @@ class CudaKernelEmitter {
   std::vector<CType> type_;
   std::vector<bool> after_;
   std::set<int> used_symbols_;
+  std::set<int> vectorized_;  // accesses read or written as chunks of the vector width
   std::map<std::string, std::string> hoisted_;
   std::vector<std::string> hoisted_decls_;
 };

@@ -151,6 +151,32 @@ template <typename T> KILN_D T kiln_pow_int(T base, T exp) {
   return static_cast<T>(r);
 }
 
+// Chunks of N elements moved as one access of N * sizeof(S) bytes (at most
+// 16) when `aligned`, element by element otherwise.
+template <int Bytes> struct kiln_chunk;
+template <> struct kiln_chunk<16> { typedef uint4 type; };
+template <> struct kiln_chunk<8> { typedef uint2 type; };
+template <> struct kiln_chunk<4> { typedef unsigned int type; };
+template <> struct kiln_chunk<2> { typedef unsigned short type; };
+template <int N, typename S> KILN_D void kiln_vload(S* dst, const S* src, bool aligned) {
+  typedef typename kiln_chunk<N * sizeof(S)>::type V;
+  if (aligned) {
+    *reinterpret_cast<V*>(dst) = __ldg(reinterpret_cast<const V*>(src));
+  } else {
+#pragma unroll
+    for (int k = 0; k < N; ++k) dst[k] = src[k];
+  }
+}
+template <int N, typename S> KILN_D void kiln_vstore(S* dst, const S* src, bool aligned) {
+  typedef typename kiln_chunk<N * sizeof(S)>::type V;
+  if (aligned) {
+    *reinterpret_cast<V*>(dst) = *reinterpret_cast<const V*>(src);
+  } else {
+#pragma unroll
+    for (int k = 0; k < N; ++k) dst[k] = src[k];
+  }
+}
+
 // Reductions. max/min propagate NaN (the comparison is false for it).
 struct kiln_add { template <typename T> KILN_D T operator()(T a, T b) const { return a + b; } };
 struct kiln_max { template <typename T> KILN_D T operator()(T a, T b) const { return (a != a || a > b) ? a : b; } };

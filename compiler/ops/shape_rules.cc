@@ -588,7 +588,8 @@ ShapeRule BatchNorm(bool has_training, bool training_default, bool functional) {
       const v1::DType compute = ComputationDType(input->dtype);
       for (const char* name : {"running_mean", "running_var"}) {
         ASSIGN_OR_RETURN(const TensorMeta* m, c.Meta(name));
-        out.push_back(NewTensor(training ? PromoteTypes(compute, m->dtype) : compute, m->sizes, *m));
+        out.push_back(
+            NewTensor(training ? PromoteTypes(compute, m->dtype) : compute, m->sizes, *m));
       }
     }
     return out;

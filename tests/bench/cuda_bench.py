@@ -85,6 +85,7 @@ MODELS = {
     "gpt2_block": (lambda: Block(768), [(8, 1024, 768)]),
 }
 MEMORY_BOUND = {"layernorm", "rmsnorm"}
+PROFILE = False
 
 
 def time_calls(fn, input_sets, training, reps=20, warmup=5):
@@ -180,6 +181,21 @@ def bench_row(name, dtype, training, server):
                                      (dynamo_first - dynamo_ms)) / graphs
     row["warm_hits"] = warm_backend.stats["hits"]
 
+    if PROFILE:
+        from torch.profiler import ProfilerActivity, profile
+        for label, fn in (("inductor", inductor), ("kiln", compiled)):
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                for i in range(5):
+                    if training:
+                        fn(*input_sets[i % 4]).float().sum().backward()
+                    else:
+                        with torch.no_grad():
+                            fn(*input_sets[i % 4])
+                torch.cuda.synchronize()
+            print(f"--- {name} {row['mode']} {dtype} {label}: CUDA time per kernel, 5 calls")
+            print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=12,
+                                            max_name_column_width=60))
+
     if name in MEMORY_BOUND and not training:
         n = input_sets[0][0].numel()
         row["bytes"] = 2 * n * input_sets[0][0].element_size()  # read x, write y
@@ -224,7 +240,11 @@ def main():
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--modes", default="inference,training")
     parser.add_argument("--out", default="")
+    parser.add_argument("--profile", action="store_true",
+                        help="print torch.profiler's kernel table of Inductor and kiln per row")
     args = parser.parse_args()
+    global PROFILE
+    PROFILE = args.profile
     server = os.environ.get("KILN_SERVER", "127.0.0.1:50051")
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False

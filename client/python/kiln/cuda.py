@@ -50,7 +50,7 @@ class _Driver:
         lib.cuModuleGetFunction.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p,
                                             ctypes.c_char_p]
         lib.cuLaunchKernel.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [
-            ctypes.c_void_p, ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p)]
+            ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
         lib.cuDeviceGetAttribute.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_int,
                                              ctypes.c_int]
         lib.cuCtxGetCurrent.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
@@ -137,6 +137,14 @@ class CudaModule:
             return fn
 
 
+def _raw_stream(index):
+    """torch's current stream of device `index`, as a CUstream handle."""
+    getter = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if getter is not None:
+        return getter(index)
+    return torch.cuda.current_stream(index).cuda_stream
+
+
 class CudaLaunch:
     """Launches one kernel of a CudaModule: `run(pointers, symbols, grid,
     block, device)` on torch's current stream of `device`."""
@@ -144,19 +152,22 @@ class CudaLaunch:
     def __init__(self, module, name):
         self.module = module
         self.name = name
+        self._functions = {}  # device index -> CUfunction
+        self._driver = _Driver.get()
 
     def run(self, pointers, symbols, grid, block, device):
         if grid <= 0:
             return  # nothing to compute (an empty tensor)
-        fn = self.module.function(self.name, device)
-        params = (ctypes.c_uint64 * max(len(pointers) + len(symbols), 1))(*pointers, *symbols)
-        size = ctypes.c_size_t(8 * (len(pointers) + len(symbols)))
-        extra = (ctypes.c_void_p * 5)(_PARAM_BUFFER_POINTER, ctypes.cast(params, ctypes.c_void_p),
-                                      _PARAM_BUFFER_SIZE, ctypes.cast(ctypes.pointer(size),
-                                                                      ctypes.c_void_p),
-                                      _PARAM_END)
-        stream = torch.cuda.current_stream(device).cuda_stream
-        driver = _Driver.get()
-        driver.check(driver.lib.cuLaunchKernel(fn, grid, 1, 1, block, 1, 1, 0,
-                                               ctypes.c_void_p(stream), None, extra),
-                     f"cuLaunchKernel({self.name})")
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        fn = self._functions.get(index)
+        if fn is None:
+            fn = self._functions[index] = self.module.function(self.name, device)
+        count = len(pointers) + len(symbols)
+        params = (ctypes.c_uint64 * max(count, 1))(*pointers, *symbols)
+        size = ctypes.c_size_t(8 * count)
+        extra = (ctypes.c_void_p * 5)(_PARAM_BUFFER_POINTER, ctypes.addressof(params),
+                                      _PARAM_BUFFER_SIZE, ctypes.addressof(size), _PARAM_END)
+        rc = self._driver.lib.cuLaunchKernel(fn, grid, 1, 1, block, 1, 1, 0,
+                                             _raw_stream(index), None, ctypes.addressof(extra))
+        if rc != 0:
+            self._driver.check(rc, f"cuLaunchKernel({self.name})")

@@ -34,7 +34,9 @@ of the C++ client/runtime/plan_executor.h and follows the same contract:
     current stream (kiln.cuda), its buffers all on one GPU.
   - View: torch.as_strided(base, sizes, strides, storage_offset), never a
     copy. Extern: the ATen op through torch.ops, bound once with the
-    reference runner's argument conversion (kiln.runtime.BoundNode).
+    reference runner's argument conversion (kiln.runtime.BoundNode); an
+    output the kernel returns in another dtype than the graph gives it is
+    converted to the graph's.
   - Free: the value is dead; it is dropped (or kept for the Alloc that
     reuses its storage).
   - Autograd is off while a plan runs (torch.no_grad()): outputs carry no
@@ -377,11 +379,15 @@ class _View:
 
 
 class _Extern:
-    __slots__ = ("label", "node")
+    __slots__ = ("label", "node", "dtypes")
 
     def run(self, state):
         env = state.env
         self.node.call(env, state.values)
+        for name, dtype in self.dtypes:
+            t = env[name]
+            if t is not None and t.dtype != dtype:
+                env[name] = t.to(dtype)
         if state.storage_users is not None:
             for name in self.node.outputs:
                 t = env[name]  # None for an output the op does not compute
@@ -547,6 +553,16 @@ class _PlanBuilder:
             _check_bound(expr, self.symbols, where)
         for name in s.node.outputs:
             self._define(name, where)
+        # The dtypes the graph gives the outputs: a few ATen kernels disagree
+        # with torch's own meta functions (batch norm's new running statistics
+        # of bfloat16 buffers are bfloat16 on CUDA, float32 by its meta).
+        s.dtypes = []
+        for out in node.outputs:
+            if out.name and out.meta.dtype:
+                try:
+                    s.dtypes.append((out.name, torch_dtype(out.meta.dtype)))
+                except ValueError:
+                    pass
         return s
 
 
