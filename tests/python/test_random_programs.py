@@ -28,6 +28,8 @@ import torch
 import torch.nn.functional as F
 
 import kiln
+from kiln import tracer
+from kiln.v1 import artifact_pb2
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -221,6 +223,47 @@ class RandomProgramsTest(test_server.SharedKilnd, unittest.TestCase):
                         self.assertIsNone(g, f"{what}: grad of input {i}")
                     else:
                         self.check(g, w, f"{what}: grad of input {i}")
+
+    def test_cuda_kernels_compile(self):
+        """Every program, as if captured on a GPU, compiled for the cuda
+        target: kilnd generates CUDA C++ and NVRTC builds a CUBIN for sm_90
+        (no GPU needed; tests/gpu runs the kernels)."""
+        target = artifact_pb2.Target(device_type="cuda", sm_arch="sm_90")
+        for seed in list(range(PROGRAMS)) + list(range(1000, 1000 + PROGRAMS)):
+            program = Program(seed, casts=seed < 1000)
+            with self.subTest(program=seed):
+                inputs = [torch.randn(s).requires_grad_(seed >= 1000) for s in program.shapes]
+                graph = tracer.capture(program, *inputs)
+                _move_to_cuda(graph)
+                response = self.client.compile(graph, backend="kiln", target=target)
+                art = response.artifact
+                self.assertEqual(art.target.device_type, "cuda")
+                self.assertEqual(art.target.sm_arch, "sm_90")
+                compiled = [g for g in (art.compiled, art.compiled_forward, art.compiled_backward)
+                            if g.plan.steps]
+                self.assertTrue(compiled, f"{program}: nothing compiled")
+                for g in compiled:
+                    for m in g.modules:
+                        self.assertEqual(m.language, "cuda")
+                        self.assertEqual(m.binary[:4], b"\x7fELF", f"{program}: not a CUBIN")
+                    for step in g.plan.steps:
+                        if step.HasField("launch"):
+                            self.assertEqual(len(step.launch.grid), 1)
+                            self.assertGreater(step.launch.block[0].int_value, 0)
+
+
+def _move_to_cuda(graph):
+    """Every tensor of `graph` (a kiln.v1.Graph) on cuda:0."""
+    metas = [ph.value.meta for ph in graph.inputs]
+    metas += [out.meta for node in graph.nodes for out in node.outputs]
+    for meta in metas:
+        meta.device.type = "cuda"
+        meta.device.index = 0
+    for node in graph.nodes:
+        for arg in list(node.args) + list(node.kwargs):
+            if arg.HasField("device"):
+                arg.device.type = "cuda"
+                arg.device.index = 0
 
 
 if __name__ == "__main__":

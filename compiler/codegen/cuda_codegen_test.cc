@@ -1,0 +1,177 @@
+// The CUDA backend without a GPU: what it generates for hand-built kernels
+// (layouts, vector widths, launch sizes), and that NVRTC (in the kiln_nvrtc
+// helper) compiles it into a CUBIN for sm_90. tests/gpu runs the kernels.
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "compiler/codegen/codegen.h"
+#include "compiler/loop/kernel.h"
+#include "compiler/loop/kernel_builder.h"
+#include "gtest/gtest.h"
+
+namespace kiln::codegen {
+namespace {
+
+using loop::Kernel;
+using loop::ReduceOp;
+using loop::testing::C;
+using loop::testing::E;
+using loop::testing::Idx;
+using loop::testing::KernelBuilder;
+
+std::unique_ptr<CodegenBackend> Backend() {
+  CudaOptions options;
+  options.sm_arch = "sm_90";
+  return MakeCudaBackend(options);
+}
+
+// out = x * 2 + y, y broadcast over the rows.
+Kernel Pointwise(ir::SymInt rows, int64_t cols, v1::DType dtype = v1::FLOAT32) {
+  KernelBuilder kb("pointwise", {rows}, {C(cols)});
+  const int x = kb.Buffer("x", dtype);
+  const int y = kb.Buffer("y", dtype);
+  const int out = kb.Buffer("out", dtype, true);
+  const int lx = kb.Load(x, Idx({C(cols)}, {C(1)}));
+  const int ly = kb.Load(y, Idx({C(0)}, {C(1)}));
+  const int two = kb.Const(2);
+  const int r = kb.Op("add", {kb.Op("mul", {lx, two}), ly});
+  kb.Store(out, Idx({C(cols)}, {C(1)}), r);
+  return kb.kernel();
+}
+
+// Softmax over rows of `cols` elements `row_stride` apart.
+Kernel Softmax(int64_t rows, int64_t cols, ir::SymInt row_stride, ir::SymInt col_stride,
+               std::string name = "softmax") {
+  KernelBuilder kb(std::move(name), {C(rows)}, {C(cols)}, 3);
+  const int x = kb.Buffer("x", v1::FLOAT32);
+  const int out = kb.Buffer("out", v1::FLOAT32, true);
+  kb.At(0, true);
+  const int mx = kb.Reduce(ReduceOp::kMax, kb.Load(x, Idx({row_stride}, {col_stride})));
+  kb.At(1, true);
+  const int e1 = kb.Op("exp", {kb.Op("sub", {kb.Load(x, Idx({row_stride}, {col_stride})), mx})});
+  const int sum = kb.Reduce(ReduceOp::kSum, e1);
+  kb.At(2, true);
+  const int e2 = kb.Op("exp", {kb.Op("sub", {kb.Load(x, Idx({row_stride}, {col_stride})), mx})});
+  kb.Store(out, Idx({row_stride}, {col_stride}), kb.Op("div", {e2, sum}));
+  return kb.kernel();
+}
+
+TEST(CudaCodegen, PointwiseMovesSixteenByteChunks) {
+  auto backend = Backend();
+  const Kernel k = Pointwise(C(64), 1024);
+  auto source = backend->Generate({k}, {});
+  ASSERT_TRUE(source.ok()) << source.status();
+  EXPECT_TRUE(absl::StrContains(*source, "kiln_vload<4>(v")) << *source;
+  EXPECT_TRUE(absl::StrContains(*source, "kiln_vstore<4>(")) << *source;
+  auto launch = backend->Launch(k);
+  ASSERT_TRUE(launch.ok());
+  EXPECT_EQ(launch->block, 256);
+  EXPECT_EQ(launch->grid, C(64 * 1024 / (256 * 4)));
+  // bfloat16: chunks of 8.
+  auto bf16 = backend->Generate({Pointwise(C(64), 1024, v1::BFLOAT16)}, {});
+  ASSERT_TRUE(bf16.ok());
+  EXPECT_TRUE(absl::StrContains(*bf16, "kiln_vload<8>(v")) << *bf16;
+}
+
+TEST(CudaCodegen, RowsThatDoNotDivideIntoChunksAreNotVectorized) {
+  auto backend = Backend();
+  auto source = backend->Generate({Pointwise(C(64), 1023)}, {});
+  ASSERT_TRUE(source.ok());
+  EXPECT_FALSE(absl::StrContains(*source, "kiln_vload<4>(v")) << *source;
+}
+
+TEST(CudaCodegen, SymbolicSizesAreKernelArgumentsAndGridExpressions) {
+  auto backend = Backend();
+  const Kernel k = Pointwise(E("s0"), 256);
+  auto source = backend->Generate({k}, {"s0"});
+  ASSERT_TRUE(source.ok()) << source.status();
+  EXPECT_TRUE(absl::StrContains(*source, "const int64_t s0 = a.s[0];")) << *source;
+  auto launch = backend->Launch(k);
+  ASSERT_TRUE(launch.ok());
+  ASSERT_FALSE(launch->grid.is_constant());
+  EXPECT_EQ(launch->grid.expr(), "Min(((s0)*256 + 1023)//1024, 1048576)");
+}
+
+TEST(CudaCodegen, ShortRowsStayInRegistersAcrossPasses) {
+  auto backend = Backend();
+  const Kernel k = Softmax(512, 4096, C(4096), C(1));
+  auto source = backend->Generate({k}, {});
+  ASSERT_TRUE(source.ok()) << source.status();
+  // 4096 elements: 256 threads of 16, loaded once, reread from registers.
+  EXPECT_TRUE(absl::StrContains(*source, "__launch_bounds__(256)")) << *source;
+  EXPECT_TRUE(absl::StrContains(*source, "c0[16]")) << *source;
+  EXPECT_TRUE(absl::StrContains(*source, "= c0[e];")) << *source;
+  EXPECT_TRUE(absl::StrContains(*source, "kiln_block_reduce(")) << *source;
+  auto launch = backend->Launch(k);
+  ASSERT_TRUE(launch.ok());
+  EXPECT_EQ(launch->block, 256);
+  EXPECT_EQ(launch->grid, C(512));
+}
+
+TEST(CudaCodegen, LongRowsAreSweptByALoop) {
+  auto backend = Backend();
+  auto source = backend->Generate({Softmax(8, 100000, C(100000), C(1))}, {});
+  ASSERT_TRUE(source.ok());
+  EXPECT_FALSE(absl::StrContains(*source, "c0[")) << *source;
+  EXPECT_TRUE(absl::StrContains(*source, "i += 1024")) << *source;
+}
+
+TEST(CudaCodegen, StridedRowsTakeTheColumnLayout) {
+  auto backend = Backend();
+  // Softmax over dim 0 of a [1000, 300] tensor: rows 1 apart, elements 300.
+  const Kernel k = Softmax(300, 1000, C(1), C(300));
+  auto source = backend->Generate({k}, {});
+  ASSERT_TRUE(source.ok()) << source.status();
+  EXPECT_TRUE(absl::StrContains(*source, "kiln_column_reduce(")) << *source;
+  auto launch = backend->Launch(k);
+  ASSERT_TRUE(launch.ok());
+  EXPECT_EQ(launch->block, 1024);
+  EXPECT_EQ(launch->grid, C((300 + 31) / 32));
+}
+
+TEST(CudaCodegen, NvrtcBuildsACubinForSm90) {
+  auto backend = Backend();
+  auto source = backend->Generate(
+      {Pointwise(E("s0"), 256), Softmax(300, 1000, C(1), C(300), "softmax_columns"),
+       Softmax(512, 4096, C(4096), C(1), "softmax_rows")},
+      {"s0"});
+  ASSERT_TRUE(source.ok()) << source.status();
+  auto module = backend->Compile(*source);
+  ASSERT_TRUE(module.ok()) << module.status();
+  EXPECT_EQ(module->language(), "cuda");
+  ASSERT_GT(module->binary().size(), 4u);
+  EXPECT_EQ(module->binary().substr(0, 4),
+            "\x7f"
+            "ELF");
+  EXPECT_TRUE(absl::StrContains(module->compile_command(), "--arch=sm_90"));
+}
+
+TEST(CudaCodegen, CompileErrorIsInternalWithNvrtcsLog) {
+  auto backend = Backend();
+  auto module = backend->Compile("extern \"C\" __global__ void k() { undefined_thing(); }\n");
+  ASSERT_FALSE(module.ok());
+  EXPECT_EQ(module.status().code(), absl::StatusCode::kInternal);
+  EXPECT_TRUE(absl::StrContains(module.status().message(), "undefined_thing")) << module.status();
+  EXPECT_TRUE(module.status().GetPayload(kCompilerLogPayload).has_value());
+}
+
+TEST(CudaCodegen, UnknownArchIsRefusedByTheHelper) {
+  CudaOptions options;
+  options.sm_arch = "sm_x";
+  auto module = MakeCudaBackend(options)->Compile("__global__ void k() {}\n");
+  ASSERT_FALSE(module.ok());
+  EXPECT_TRUE(absl::StrContains(module.status().message(), "sm_x")) << module.status();
+}
+
+TEST(CudaCodegen, GenerateIsDeterministic) {
+  auto backend = Backend();
+  const std::vector<Kernel> kernels = {Pointwise(C(64), 1024), Softmax(512, 4096, C(4096), C(1))};
+  auto a = backend->Generate(kernels, {});
+  auto b = backend->Generate(kernels, {});
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(*a, *b);
+}
+
+}  // namespace
+}  // namespace kiln::codegen
