@@ -84,6 +84,9 @@ std::unique_ptr<CodegenBackend> MakeCppBackend(const CppOptions& options);
 
 struct CudaOptions {
   std::string sm_arch = "sm_90";  // NVRTC's --gpu-architecture
+  // The CUDA version the code is for ("13.0"); Compile fails with
+  // FAILED_PRECONDITION naming both when NVRTC is another. Empty: any.
+  std::string cuda_version;
   // The program that runs NVRTC (compiler/codegen/nvrtc_main.cc): NVRTC runs
   // in a process of its own, under the time limit and killed on cancel like
   // g++, and a crash in it cannot take the server down. Empty: the

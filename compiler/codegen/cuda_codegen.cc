@@ -33,9 +33,11 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
 #include "common/status_macros.h"
 #include "compiler/codegen/c_family.h"
 #include "compiler/codegen/codegen.h"
@@ -754,6 +756,25 @@ std::string FindHelper(const std::string& configured) {
   return KILN_NVRTC_HELPER_BUILD_PATH;
 }
 
+// The CUDA version ("13.0") of the NVRTC that `helper` runs, asked once per
+// helper.
+absl::StatusOr<std::string> NvrtcVersion(const std::string& helper, absl::Duration timeout) {
+  static absl::Mutex mu(absl::kConstInit);
+  static auto* versions = new std::map<std::string, std::string>();
+  {
+    absl::MutexLock lock(&mu);
+    auto it = versions->find(helper);
+    if (it != versions->end()) return it->second;
+  }
+  const std::vector<std::string> argv = {helper, "--version"};
+  ASSIGN_OR_RETURN(CommandResult run, RunCommand(argv, timeout, nullptr));
+  if (!Succeeded(run)) return CompilerFailed("NVRTC", absl::StrJoin(argv, " "), run);
+  const std::string version(absl::StripAsciiWhitespace(run.log));
+  absl::MutexLock lock(&mu);
+  (*versions)[helper] = version;
+  return version;
+}
+
 class CudaBackend : public CodegenBackend {
  public:
   explicit CudaBackend(CudaOptions options) : options_(std::move(options)) {}
@@ -782,6 +803,15 @@ class CudaBackend : public CodegenBackend {
     ASSIGN_OR_RETURN(TempFile cubin, TempFile::Create(options_.scratch_dir, ".cubin"));
     RETURN_IF_ERROR(WriteFile(src.path(), source));
     const std::string helper = FindHelper(options_.helper);
+    if (!options_.cuda_version.empty()) {
+      ASSIGN_OR_RETURN(std::string version, NvrtcVersion(helper, options_.timeout));
+      if (version != options_.cuda_version) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("options.target.cuda_version is ", options_.cuda_version,
+                         ", but this server's NVRTC is ", version, ": compile with cuda_version ",
+                         version, " or on a server that has ", options_.cuda_version));
+      }
+    }
     const std::vector<std::string> argv = {helper, absl::StrCat("--arch=", options_.sm_arch), "-o",
                                            cubin.path(), src.path()};
     const std::string command = absl::StrJoin(argv, " ");

@@ -164,6 +164,19 @@ TEST(CudaCodegen, UnknownArchIsRefusedByTheHelper) {
   EXPECT_TRUE(absl::StrContains(module.status().message(), "sm_x")) << module.status();
 }
 
+TEST(CudaCodegen, AnotherCudaVersionIsRefusedNamingBoth) {
+  CudaOptions options;
+  options.cuda_version = "9.1";
+  auto module = MakeCudaBackend(options)->Compile("__global__ void k() {}\n");
+  ASSERT_FALSE(module.ok());
+  EXPECT_EQ(module.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(absl::StrContains(module.status().message(),
+                                "cuda_version is 9.1, but this server's NVRTC is 13."))
+      << module.status();
+  options.cuda_version = "13.0";
+  EXPECT_TRUE(MakeCudaBackend(options)->Compile("__global__ void k() {}\n").ok());
+}
+
 TEST(CudaCodegen, GenerateIsDeterministic) {
   auto backend = Backend();
   const std::vector<Kernel> kernels = {Pointwise(C(64), 1024), Softmax(512, 4096, C(4096), C(1))};

@@ -39,6 +39,7 @@ class CudaTarget final : public Target {
       const ToolchainOptions& options) const override {
     codegen::CudaOptions cuda;
     cuda.sm_arch = proto_.sm_arch();
+    cuda.cuda_version = proto_.cuda_version();
     cuda.helper = options.nvrtc_helper;
     cuda.scratch_dir = options.scratch_dir;
     cuda.timeout = options.timeout;
