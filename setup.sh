@@ -5,8 +5,8 @@
 #                                    data in ~/.local/share/kiln)
 #   ./setup.sh test                  runs every C++ and Python test
 #   ./setup.sh build                 only builds
-# serve builds kilnd and kilnctl only and installs no torch. build and test
-# also make the Python environment .venv/ (requirements.txt: torch 2.11 from
+# serve builds kilnd, kilnctl and kiln_nvrtc only and installs no torch. build
+# and test also make the Python environment .venv/ (requirements.txt: torch 2.11 from
 # PyPI, grpcio, ...), build the runtime and its tests against its torch and
 # install the client package (client/python) into it.
 set -euo pipefail
@@ -55,7 +55,7 @@ if [ "$mode" != serve ]; then
 fi
 cmake -S . -B build -G Ninja "${cmake_args[@]}" >/dev/null
 if [ "$mode" = serve ]; then
-  cmake --build build -j "$jobs" --target kilnd kilnctl
+  cmake --build build -j "$jobs" --target kilnd kilnctl kiln_nvrtc
 else
   cmake --build build -j "$jobs"
   "$venv/bin/pip" install --quiet --disable-pip-version-check --no-build-isolation \
