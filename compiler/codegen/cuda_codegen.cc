@@ -196,6 +196,9 @@ Schedule ScheduleOf(const Kernel& k) {
     s.block = 32 * kColumnRows;
     return s;
   }
+  // A long row, or one of symbolic length, is swept by a loop over chunks
+  // of the vector width (4 chunks unrolled: several loads in flight).
+  s.vector = VectorWidth(k);
   bool constant = false;
   const int64_t row = ConstantProduct(k.inner, &constant);
   if (!constant) return s;  // 256 threads, a loop
@@ -204,10 +207,7 @@ Schedule ScheduleOf(const Kernel& k) {
   const int64_t per_thread = (row + s.block - 1) / s.block;
   if (per_thread > kMaxCachedPerThread) return s;
   s.per_thread = static_cast<int>(std::max<int64_t>(per_thread, 1));
-  if (k.inner.size() == 1) {
-    const int v = VectorWidth(k);
-    if (v > 1 && s.per_thread % v == 0) s.vector = v;
-  }
+  if (k.inner.size() != 1 || s.per_thread % s.vector != 0) s.vector = 1;
   return s;
 }
 
@@ -666,6 +666,15 @@ class CudaKernelEmitter {
                         "; ++e) {\n      const int64_t i = lane + e * ", lanes, ";\n",
                         "      if (i < inner_n) {\n");
         RETURN_IF_ERROR(Decompose(k_.inner, "i", "i", 4, out));
+      } else if (vector > 1) {
+        absl::StrAppend(out, "#pragma unroll 4\n    for (int64_t ch = lane; ch < inner_n / ",
+                        vector, "; ch += ", lanes, ") {\n      const int64_t i = ch * ", vector,
+                        ";\n      {\n");
+        RETURN_IF_ERROR(Decompose(k_.inner, "i", "i", 4, out));
+        RETURN_IF_ERROR(VectorAccesses(fresh, StmtKind::kLoad, vector, 4, out));
+        DeclareStoreChunks(fresh, vector, 4, out);
+        absl::StrAppend(out, "#pragma unroll\n        for (int v = 0; v < ", vector, "; ++v) {\n");
+        depth = 5;
       } else {
         absl::StrAppend(out, "    for (int64_t i = lane; ", column ? "live && " : "",
                         "i < inner_n; i += ", lanes, ") {\n      {\n");
@@ -699,7 +708,7 @@ class CudaKernelEmitter {
                           ");\n");
         }
       }
-      if (cached && vector > 1) {
+      if (vector > 1) {
         absl::StrAppend(out, "        }\n");
         RETURN_IF_ERROR(VectorAccesses(fresh, StmtKind::kStore, vector, 4, out));
       }

@@ -109,12 +109,17 @@ TEST(CudaCodegen, ShortRowsStayInRegistersAcrossPasses) {
   EXPECT_EQ(launch->grid, C(512));
 }
 
-TEST(CudaCodegen, LongRowsAreSweptByALoop) {
+TEST(CudaCodegen, LongRowsAreSweptByALoopOfChunks) {
   auto backend = Backend();
   auto source = backend->Generate({Softmax(8, 100000, C(100000), C(1))}, {});
   ASSERT_TRUE(source.ok());
   EXPECT_FALSE(absl::StrContains(*source, "c0[")) << *source;
-  EXPECT_TRUE(absl::StrContains(*source, "i += 1024")) << *source;
+  EXPECT_TRUE(absl::StrContains(*source, "ch < inner_n / 4; ch += 1024")) << *source;
+  EXPECT_TRUE(absl::StrContains(*source, "kiln_vload<4>(v")) << *source;
+  // A row that does not divide into chunks: element by element.
+  auto odd = backend->Generate({Softmax(8, 100001, C(100001), C(1))}, {});
+  ASSERT_TRUE(odd.ok());
+  EXPECT_TRUE(absl::StrContains(*odd, "i < inner_n; i += 1024")) << *odd;
 }
 
 TEST(CudaCodegen, StridedRowsTakeTheColumnLayout) {

@@ -175,6 +175,68 @@ TEST(HostileInputTest, EveryBadGraphIsRefusedByNameAndKilndKeepsServing) {
   EXPECT_EQ(kilnd.Terminate(), 0);
 }
 
+// Targets a client names: an unknown device, an SM arch that is not one (it
+// would reach NVRTC's command line), a CUDA version the server lacks, and
+// tensors on another device than the target's.
+TEST(HostileInputTest, BadTargetsAreRefusedByField) {
+  TempDir dir;
+  KilndProcess kilnd(dir.path());
+  ClientOptions o;
+  o.address = kilnd.address();
+  o.deadline = absl::Seconds(60);
+  auto c = Client::Connect(o);
+  ASSERT_TRUE(c.ok()) << c.status();
+  v1::Graph cuda_graph = OneNode({"8"}, {"1"}, "aten.relu.default", "", 1, {"8"});
+  cuda_graph.mutable_inputs(0)->mutable_value()->mutable_meta()->mutable_device()->set_type("cuda");
+  cuda_graph.mutable_nodes(0)->mutable_outputs(0)->mutable_meta()->mutable_device()->set_type(
+      "cuda");
+  struct TargetCase {
+    std::string what;
+    std::string device, sm_arch, cuda_version;
+    bool cuda_tensors;
+    absl::StatusCode code;
+    std::string expect;
+  };
+  const std::vector<TargetCase> cases = {
+      {"unknown device", "tpu", "", "", false, absl::StatusCode::kInvalidArgument,
+       "options.target.device_type: 'tpu' is not a device"},
+      {"an arch with a quote", "cuda", "sm_9'; rm -rf /", "", true,
+       absl::StatusCode::kInvalidArgument, "options.target.sm_arch"},
+      {"a megabyte of arch", "cuda", std::string(1 << 20, 'a'), "", true,
+       absl::StatusCode::kInvalidArgument, "options.target.sm_arch"},
+      {"a CUDA version the server lacks", "cuda", "sm_90", "9.1", true,
+       absl::StatusCode::kFailedPrecondition, "cuda_version is 9.1"},
+      {"cuda tensors for a cpu target", "cpu", "", "", true, absl::StatusCode::kInvalidArgument,
+       "is on cuda but options.target.device_type is cpu"},
+  };
+  for (const TargetCase& k : cases) {
+    SCOPED_TRACE(k.what);
+    v1::CompileRequest compile;
+    *compile.mutable_graph() =
+        k.cuda_tensors ? cuda_graph : OneNode({"8"}, {"1"}, "aten.relu.default", "", 1, {"8"});
+    compile.mutable_options()->set_backend("kiln");
+    v1::Target* t = compile.mutable_options()->mutable_target();
+    t->set_device_type(k.device);
+    t->set_sm_arch(k.sm_arch);
+    t->set_cuda_version(k.cuda_version);
+    auto compiled = (*c)->Compile(compile);
+    EXPECT_EQ(compiled.status().code(), k.code) << compiled.status().message().substr(0, 300);
+    EXPECT_TRUE(absl::StrContains(compiled.status().message(), k.expect))
+        << compiled.status().message().substr(0, 300);
+    EXPECT_LT(compiled.status().message().size(), 4200u);
+    EXPECT_TRUE((*c)->Health().ok());
+  }
+  // The same graph on the GPU compiles for sm_90 (NVRTC, no GPU needed).
+  v1::CompileRequest good;
+  *good.mutable_graph() = cuda_graph;
+  good.mutable_options()->set_backend("kiln");
+  auto compiled = (*c)->Compile(good);
+  ASSERT_TRUE(compiled.ok()) << compiled.status();
+  EXPECT_EQ(compiled->artifact().target().sm_arch(), "sm_90");
+  EXPECT_EQ(compiled->artifact().compiled().modules(0).language(), "cuda");
+  EXPECT_EQ(kilnd.Terminate(), 0);
+}
+
 }  // namespace
 }  // namespace kiln::testing
 
