@@ -581,6 +581,8 @@ class PlanRunner:
 
     Attributes: `input_names`, `output_names`, `kernels` (plan.kernels)."""
 
+    _MAX_CHECKED = 64  # input signatures whose checks run() remembers
+
     def __init__(self, compiled_graph, loader=None, sm_arch=""):
         loader = loader or ModuleLoader.shared()
         plan = compiled_graph.plan
@@ -641,6 +643,7 @@ class PlanRunner:
         self._steps = builder.build_steps()
         self.output_names = builder.outputs()
         self._reuses = any(isinstance(s, _Alloc) and s.reuse is not None for s in self._steps)
+        self._checked = {}  # (shape, stride, dtype, device) per input -> run() inputs
 
     @property
     def num_inputs(self):
@@ -707,13 +710,25 @@ class PlanRunner:
         """Runs the plan on `inputs` (one tensor per plan input, in order) and
         returns the list of its outputs."""
         inputs = list(inputs)
-        self._check_inputs(inputs)
-        values = self._resolve_symbols(inputs)
-        self._check_sizes(inputs, values)
-        symbol_array = (ctypes.c_int64 * max(len(self._symbols), 1))(
-            *[values[s] for s in self._symbols])
-        state = _RunState({}, values, symbol_array, self._reuses,
-                          [values[s] for s in self._symbols])
+        # Inputs of sizes, strides, dtypes and devices checked before reuse
+        # that check, its symbol values and the kernels' symbol array (both
+        # only read by the steps).
+        try:
+            key = tuple((t.shape, t.stride(), t.dtype, t.device) for t in inputs)
+        except (AttributeError, TypeError):
+            key = None
+        checked = self._checked.get(key) if key is not None else None
+        if checked is None:
+            self._check_inputs(inputs)
+            values = self._resolve_symbols(inputs)
+            self._check_sizes(inputs, values)
+            symbol_list = [values[s] for s in self._symbols]
+            symbol_array = (ctypes.c_int64 * max(len(symbol_list), 1))(*symbol_list)
+            checked = (values, symbol_array, symbol_list)
+            if key is not None and len(self._checked) < self._MAX_CHECKED:
+                self._checked[key] = checked
+        values, symbol_array, symbol_list = checked
+        state = _RunState({}, values, symbol_array, self._reuses, symbol_list)
         for t, spec in zip(inputs, self._inputs):
             state.define(spec.name, t)
             if self._reuses:
