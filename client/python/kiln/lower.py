@@ -27,7 +27,7 @@ import operator
 
 import torch
 import torch.fx
-from torch._decomp import core_aten_decompositions
+from torch._decomp import core_aten_decompositions, decomposition_table
 from torch._dispatch.python import enable_python_dispatcher
 from torch.fx.experimental.proxy_tensor import make_fx
 
@@ -134,13 +134,46 @@ def _functional_variant(op):
     return candidate, mutated
 
 
+# Besides torch's core-ATen decompositions, batch norm into the reductions
+# and pointwise ops it is made of (var_mean into var and mean): kilnd then
+# fuses its statistics and normalization into generated kernels, and
+# differentiates them itself, instead of calling ATen's batch norm kernels
+# (on a GPU, ATen's bfloat16 batch norm backward alone took longer than the
+# whole step's convolutions).
+_EXTRA_DECOMPOSITIONS = (
+    torch.ops.aten._native_batch_norm_legit_functional.default,
+    torch.ops.aten._native_batch_norm_legit.default,
+    torch.ops.aten._native_batch_norm_legit_no_training.default,
+)
+_DECOMPOSITIONS = None
+
+
+def _var_mean(x, dim=None, *, correction=None, keepdim=False):
+    """aten.var_mean.correction as var and mean, both of which kilnd lowers."""
+    dims = list(range(x.dim())) if dim is None else dim
+    return (torch.ops.aten.var.correction(x, dims, correction=correction, keepdim=keepdim),
+            torch.ops.aten.mean.dim(x, dims, keepdim))
+
+
+def _decompositions():
+    global _DECOMPOSITIONS
+    if _DECOMPOSITIONS is None:
+        table = dict(core_aten_decompositions())
+        for op in _EXTRA_DECOMPOSITIONS:
+            if op in decomposition_table:
+                table[op] = decomposition_table[op]
+        table[torch.ops.aten.var_mean.correction] = _var_mean
+        _DECOMPOSITIONS = table
+    return _DECOMPOSITIONS
+
+
 def _trace(gm, fakes, fake_mode):
     def run(*args):
         return torch.fx.Interpreter(gm).run(*args)
 
     with fake_mode, enable_python_dispatcher():
         return make_fx(torch.func.functionalize(run, remove="mutations"),
-                       decomposition_table=core_aten_decompositions())(*fakes)
+                       decomposition_table=_decompositions())(*fakes)
 
 
 def _mutations(fx, placeholders):
