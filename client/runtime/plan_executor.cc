@@ -117,6 +117,11 @@ struct ViewStep {
 struct ExternStep {
   BoundOp op;                                   // its node names slots
   absl::flat_hash_map<std::string, Dim> exprs;  // its symbolic arguments
+  // (slot, dtype) of the outputs whose dtype the graph gives: a few ATen
+  // kernels disagree with torch's meta functions (batch norm's new running
+  // statistics of bfloat16 buffers are bfloat16 on CUDA, float32 by its
+  // meta), and the plan's later steps rely on the graph's dtypes.
+  std::vector<std::pair<int, at::ScalarType>> dtypes;
 };
 
 struct FreeStep {
@@ -398,7 +403,15 @@ class PlanBuilder {
     }
     absl::StatusOr<BoundOp> op = BoundOp::Create(n);
     if (!op.ok()) return Annotate(op.status(), where);
-    ExternStep s{*std::move(op), {}};
+    ExternStep s{*std::move(op), {}, {}};
+    for (int k = 0; k < node.outputs_size() && k < static_cast<int>(n.outputs.size()); ++k) {
+      const v1::Value& out = node.outputs(k);
+      if (out.name().empty() || !out.has_meta() || out.meta().dtype() == v1::DTYPE_UNSPECIFIED) {
+        continue;
+      }
+      absl::StatusOr<at::ScalarType> dtype = ScalarTypeFromProto(out.meta().dtype());
+      if (dtype.ok()) s.dtypes.emplace_back(n.outputs[k], *dtype);
+    }
     for (const std::string& text : s.op.SymbolicExprs()) {
       absl::StatusOr<Dim> d = Dim::Parse(text, symbols_);
       if (!d.ok()) return Annotate(d.status(), where);
@@ -673,13 +686,18 @@ absl::Status PlanExecutor::Impl::RunStep(const Step& step, const std::vector<int
   }
 
   if (const auto* s = std::get_if<ExternStep>(&step.kind)) {
-    return s->op.Call(env, [&](const std::string& expr) -> absl::StatusOr<int64_t> {
+    RETURN_IF_ERROR(s->op.Call(env, [&](const std::string& expr) -> absl::StatusOr<int64_t> {
       auto it = s->exprs.find(expr);
       if (it == s->exprs.end()) {  // SymbolicExprs() names every one
         return absl::InternalError("expression not prepared at Create");
       }
       return it->second.Evaluate(values, symbols);
-    });
+    }));
+    for (const auto& [slot, dtype] : s->dtypes) {
+      at::Tensor& t = env[slot];
+      if (t.defined() && t.scalar_type() != dtype) t = t.to(dtype);
+    }
+    return absl::OkStatus();
   }
 
   const auto& s = std::get<FreeStep>(step.kind);

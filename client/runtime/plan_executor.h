@@ -28,7 +28,9 @@
 //     buffers[i] = data_ptr() of buffers[i] (storage offset included).
 //   - View: at::as_strided(base, sizes, strides, storage_offset), never a
 //     copy. Extern: the ATen op called boxed through the dispatcher (BoundOp,
-//     interpreter.h); its outputs define the node's output names.
+//     interpreter.h); its outputs define the node's output names, each
+//     converted to the dtype the node gives it when the kernel returned
+//     another.
 //   - Free: the value is dead; its tensor is dropped (or kept for an Alloc
 //     that reuses it).
 //   - Outputs are the named values as the steps left them: an Alloc'd output

@@ -10,6 +10,7 @@
 #include <ATen/ops/equal.h>
 #include <ATen/ops/mm.h>
 #include <ATen/ops/randn.h>
+#include <ATen/ops/relu.h>
 #include <ATen/ops/sum.h>
 #include <c10/core/GradMode.h>
 #include <stdlib.h>
@@ -424,6 +425,31 @@ TEST(PlanExecutorTest, OutputsCarryNoGradFn) {
   absl::StatusOr<std::vector<at::Tensor>> out = (*exec)->Run(m.inputs);
   ASSERT_TRUE(out.ok()) << out.status();
   EXPECT_FALSE((*out)[2].requires_grad());
+}
+
+// An extern whose ATen kernel returns another dtype than the node's metadata
+// (as batch norm's running statistics do on CUDA) yields the node's dtype:
+// the plan's later steps were compiled for it.
+TEST(PlanExecutorTest, ExternOutputsTakeTheDtypeTheGraphGives) {
+  PlanMaker p;
+  p.Input("x", {Int(3), Int(4)}, {Int(4), Int(1)})
+      .Extern("r", "aten.relu.default", {TensorArg("x")}, {"y"})
+      .Outputs({"y"});
+  v1::CompiledGraph graph = p.graph();
+  v1::TensorMeta* meta = graph.mutable_plan()
+                             ->mutable_steps(0)
+                             ->mutable_extern_call()
+                             ->mutable_node()
+                             ->mutable_outputs(0)
+                             ->mutable_meta();
+  meta->set_dtype(v1::FLOAT64);
+  absl::StatusOr<std::unique_ptr<PlanExecutor>> exec = PlanExecutor::Create(graph);
+  ASSERT_TRUE(exec.ok()) << exec.status();
+  const at::Tensor x = at::randn({3, 4});
+  absl::StatusOr<std::vector<at::Tensor>> out = (*exec)->Run({x});
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ((*out)[0].scalar_type(), at::kDouble);
+  EXPECT_TRUE(at::allclose((*out)[0], at::relu(x).to(at::kDouble)));
 }
 
 // ------------------------------------------------------------- run errors
