@@ -676,8 +676,10 @@ class CudaKernelEmitter {
         absl::StrAppend(out, "#pragma unroll\n        for (int v = 0; v < ", vector, "; ++v) {\n");
         depth = 5;
       } else {
-        absl::StrAppend(out, "    for (int64_t i = lane; ", column ? "live && " : "",
-                        "i < inner_n; i += ", lanes, ") {\n      {\n");
+        // Unrolled: several rows' loads in flight per thread (a column
+        // sweep reads one element per row).
+        absl::StrAppend(out, "#pragma unroll 4\n    for (int64_t i = lane; ",
+                        column ? "live && " : "", "i < inner_n; i += ", lanes, ") {\n      {\n");
         RETURN_IF_ERROR(Decompose(k_.inner, "i", "i", 4, out));
       }
       const std::string pad = Pad(depth);
