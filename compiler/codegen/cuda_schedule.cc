@@ -1,0 +1,191 @@
+#include "compiler/codegen/cuda_schedule.h"
+
+#include <algorithm>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "compiler/codegen/c_family.h"
+
+namespace kiln::codegen {
+namespace {
+
+using loop::Kernel;
+using loop::Stmt;
+using loop::StmtKind;
+
+// The most blocks a launch asks for (the grid-stride loops cover the rest).
+constexpr int64_t kMaxGrid = int64_t{1} << 20;
+
+int64_t ConstantProduct(const std::vector<ir::SymInt>& sizes, bool* constant) {
+  int64_t n = 1;
+  *constant = true;
+  for (const ir::SymInt& s : sizes) {
+    if (!s.is_constant()) {
+      *constant = false;
+      continue;
+    }
+    n = s.constant() > 0 && n > (int64_t{1} << 50) / s.constant() ? (int64_t{1} << 50)
+                                                                  : n * s.constant();
+  }
+  return n;
+}
+
+// The longest row (in elements per thread) kept in registers.
+constexpr int kMaxCachedPerThread = 16;
+// Elements per thread a constant row is split into, when it fits a block:
+// many independent loads per thread, and blocks small enough (a row of 4096
+// takes 256 threads) that several rows are in flight on each SM.
+constexpr int kRowElementsPerThread = 16;
+
+// The stride of the last dimension of `strides` (0 when there is none).
+const ir::SymInt& LastStride(const std::vector<ir::SymInt>& strides) {
+  static const ir::SymInt kZero{int64_t{0}};
+  return strides.empty() ? kZero : strides.back();
+}
+
+// Whether the kernel's inner loads mostly read along the outer space
+// (adjacent rows adjacent in memory) rather than along their rows.
+bool ReadsAcrossRows(const Kernel& k) {
+  int across = 0, along = 0;
+  for (const Stmt& s : k.stmts) {
+    if (s.kind != StmtKind::kLoad || !s.inner) continue;
+    const ir::SymInt& inner = LastStride(s.index.inner_strides);
+    if (IsOne(inner)) {
+      ++along;
+    } else if (!IsZero(inner) && IsOne(LastStride(s.index.outer_strides))) {
+      ++across;
+    }
+  }
+  return across > along;
+}
+
+bool DivisibleBy(const ir::SymInt& s, int64_t v) {
+  return s.is_constant() && s.constant() % v == 0;
+}
+
+// The vector width of a kernel whose last inner dimension is swept `row`
+// elements at a time: every access moving along it has stride 1 there, and
+// constant other strides and offset that keep each chunk of V aligned.
+int VectorWidth(const Kernel& k) {
+  if (k.inner.empty() || !k.inner.back().is_constant()) return 1;
+  int widest = 0;
+  for (const Stmt& s : k.stmts) {
+    if (!MovesAlongRow(s)) continue;
+    if (!IsOne(s.index.inner_strides.back())) return 1;
+    widest = std::max(widest, StorageBytes(k.buffers[s.buffer].dtype));
+  }
+  if (widest == 0) return 1;
+  const int v = 16 / widest;
+  if (k.inner.back().constant() % v != 0) return 1;
+  for (const Stmt& s : k.stmts) {
+    if (!MovesAlongRow(s)) continue;
+    if (!DivisibleBy(s.index.offset, v)) return 1;
+    for (const ir::SymInt& st : s.index.outer_strides) {
+      if (!DivisibleBy(st, v)) return 1;
+    }
+    for (size_t d = 0; d + 1 < s.index.inner_strides.size(); ++d) {
+      if (!DivisibleBy(s.index.inner_strides[d], v)) return 1;
+    }
+  }
+  return v;
+}
+
+// A product of sizes as an expression of the plan's symbols.
+std::string ProductExpr(const std::vector<ir::SymInt>& sizes) {
+  int64_t constant = 1;
+  std::vector<std::string> parts;
+  for (const ir::SymInt& s : sizes) {
+    if (s.is_constant()) {
+      constant *= s.constant();
+    } else {
+      parts.push_back(absl::StrCat("(", s.expr(), ")"));
+    }
+  }
+  if (constant != 1 || parts.empty()) parts.push_back(absl::StrCat(constant));
+  return absl::StrJoin(parts, "*");
+}
+
+}  // namespace
+
+bool HasReduction(const Kernel& k) {
+  for (const Stmt& s : k.stmts) {
+    if (s.kind == StmtKind::kReduce) return true;
+  }
+  return false;
+}
+
+int StorageBytes(v1::DType dtype) {
+  switch (dtype) {
+    case v1::FLOAT64:
+    case v1::INT64:
+      return 8;
+    case v1::FLOAT32:
+    case v1::INT32:
+      return 4;
+    case v1::FLOAT16:
+    case v1::BFLOAT16:
+    case v1::INT16:
+      return 2;
+    default:
+      return 1;
+  }
+}
+
+bool MovesAlongRow(const Stmt& s) {
+  return (s.kind == StmtKind::kLoad || s.kind == StmtKind::kStore) && s.inner &&
+         !IsZero(LastStride(s.index.inner_strides));
+}
+
+Schedule ScheduleOf(const Kernel& k) {
+  Schedule s;
+  if (!HasReduction(k)) {
+    s.block = kPointwiseBlock;
+    s.vector = VectorWidth(k);
+    return s;
+  }
+  if (ReadsAcrossRows(k)) {
+    s.layout = Layout::kColumn;
+    s.block = 32 * kColumnRows;
+    return s;
+  }
+  // A long row, or one of symbolic length, is swept by a loop over chunks
+  // of the vector width (4 chunks unrolled: several loads in flight).
+  s.vector = VectorWidth(k);
+  bool constant = false;
+  const int64_t row = ConstantProduct(k.inner, &constant);
+  if (!constant) return s;  // 256 threads, a loop
+  const int64_t threads = (row + kRowElementsPerThread - 1) / kRowElementsPerThread;
+  s.block = static_cast<int>(std::clamp<int64_t>((threads + 31) / 32 * 32, 32, 1024));
+  const int64_t per_thread = (row + s.block - 1) / s.block;
+  if (per_thread > kMaxCachedPerThread) return s;
+  s.per_thread = static_cast<int>(std::max<int64_t>(per_thread, 1));
+  if (k.inner.size() != 1 || s.per_thread % s.vector != 0) s.vector = 1;
+  return s;
+}
+
+LaunchSize SizeLaunch(const Kernel& k) {
+  const Schedule sched = ScheduleOf(k);
+  LaunchSize size;
+  size.block = sched.block;
+  const bool reduce = HasReduction(k);
+  // Work items: points (pointwise), rows (kRow) or groups of 32 rows.
+  const int64_t per_block = !reduce                           ? int64_t{sched.block} * sched.vector
+                            : sched.layout == Layout::kColumn ? kColumnRows
+                                                              : 1;
+  std::vector<ir::SymInt> space = k.outer;
+  if (!reduce) space.insert(space.end(), k.inner.begin(), k.inner.end());
+  bool constant = false;
+  const int64_t n = ConstantProduct(space, &constant);
+  if (constant) {
+    size.grid = ir::SymInt{std::min((n + per_block - 1) / per_block, kMaxGrid)};
+    return size;
+  }
+  const std::string total = ProductExpr(space);
+  size.grid = ir::SymInt{per_block == 1 ? absl::StrCat("Min(", total, ", ", kMaxGrid, ")")
+                                        : absl::StrCat("Min((", total, " + ", per_block - 1, ")//",
+                                                       per_block, ", ", kMaxGrid, ")")};
+  return size;
+}
+
+}  // namespace kiln::codegen

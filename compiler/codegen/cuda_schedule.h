@@ -1,0 +1,59 @@
+// How the CUDA backend maps a loop::Kernel onto threads (compiler/codegen/
+// cuda_codegen.cc emits what this decides): its layout, block size,
+// register caching and vector width, and the launch size that follows.
+//
+//   - Pointwise kernels: a grid-stride loop of kPointwiseBlock threads over
+//     the flattened space, each thread a chunk of `vector` elements.
+//   - kRow: one block per row, its threads striding along the row (the row
+//     is contiguous, or nearly so). A row of constant length up to
+//     kMaxCachedPerThread elements per thread is swept in a fully unrolled
+//     loop, and every load that a later pass repeats is kept in registers:
+//     softmax and layer norm then read their row once. Longer rows are swept
+//     by a loop over chunks.
+//   - kColumn: 32 rows per block, one per lane of a warp, and the block's 32
+//     warps striding along the rows together; for rows whose elements are
+//     far apart while neighbouring rows are adjacent (a sum over the batch
+//     dimension), so that each warp reads 32 adjacent elements at a time.
+//
+// Internal to compiler/codegen. Pure functions; thread-safe.
+#ifndef KILN_COMPILER_CODEGEN_CUDA_SCHEDULE_H_
+#define KILN_COMPILER_CODEGEN_CUDA_SCHEDULE_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "compiler/codegen/codegen.h"
+#include "compiler/loop/kernel.h"
+
+namespace kiln::codegen {
+
+enum class Layout { kRow, kColumn };
+
+struct Schedule {
+  Layout layout = Layout::kRow;
+  int block = 256;
+  int per_thread = 0;  // kRow over a constant row: elements per thread; 0: a loop
+  // Elements each thread reads and writes as one vector (16 bytes of the
+  // widest vectorized buffer) where every access along the last inner
+  // dimension is contiguous and every chunk starts aligned; 1: none.
+  int vector = 1;
+};
+
+// Threads per block of a pointwise kernel.
+inline constexpr int kPointwiseBlock = 256;
+// Rows per block in the column layout.
+inline constexpr int kColumnRows = 32;
+
+bool HasReduction(const loop::Kernel& k);
+Schedule ScheduleOf(const loop::Kernel& k);
+// The grid and block `k` is generated for.
+LaunchSize SizeLaunch(const loop::Kernel& k);
+// Bytes of one element of `dtype` in memory.
+int StorageBytes(v1::DType dtype);
+// Whether access statement `s` moves along the last inner dimension (it is
+// then vectorized).
+bool MovesAlongRow(const loop::Stmt& s);
+
+}  // namespace kiln::codegen
+
+#endif  // KILN_COMPILER_CODEGEN_CUDA_SCHEDULE_H_
