@@ -15,6 +15,7 @@ version, at its minor version or above) is refused naming both.
 """
 
 import ctypes
+import hashlib
 import threading
 
 import torch
@@ -89,7 +90,22 @@ def check_arch(sm_arch, device):
 
 
 class CudaModule:
-    """One CUBIN, loaded lazily into each device's primary context."""
+    """One CUBIN, loaded lazily into each device's primary context.
+    CudaModule.shared() gives one object per distinct binary in the process
+    (artifacts compiled again, or served again after a recompile, load
+    nothing new); loaded modules are never unloaded."""
+
+    _shared = {}  # (SHA-256 of the binary, sm_arch) -> CudaModule
+    _shared_lock = threading.Lock()
+
+    @classmethod
+    def shared(cls, binary, sm_arch):
+        key = (hashlib.sha256(binary).hexdigest(), sm_arch)
+        with cls._shared_lock:
+            module = cls._shared.get(key)
+            if module is None:
+                module = cls._shared[key] = cls(binary, sm_arch)
+            return module
 
     def __init__(self, binary, sm_arch):
         self._binary = bytes(binary)

@@ -593,7 +593,7 @@ class PlanRunner:
                 if not sm_arch:
                     raise ValueError(f"modules[{m}]: a cuda module needs the artifact's "
                                      "target.sm_arch")
-                self._modules.append(CudaModule(module.binary, sm_arch))
+                self._modules.append(CudaModule.shared(module.binary, sm_arch))
                 continue
             if module.language != "c++":
                 raise ValueError(f"modules[{m}]: language '{module.language}': this runtime "
