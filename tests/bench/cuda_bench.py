@@ -20,7 +20,10 @@ process:
     the bytes the operation must move (inputs read and outputs written once)
     over kiln's time, against a device-to-device copy measured in the same
     run.
-Prints one markdown table per dtype, and writes them to --out.
+With `--models families --modes inference`, one row per kernel family
+(pointwise chains, broadcasting through a transpose, row and column sums,
+softmax, the norms, Welford over long rows) with its bandwidth. Prints one
+markdown table per dtype, and writes them to --out.
 """
 
 import argparse
@@ -30,6 +33,7 @@ import sys
 import time
 
 import torch
+import torch.nn.functional as F
 
 import kiln
 
@@ -84,7 +88,33 @@ MODELS = {
     "convnet": (lambda: ConvNet(), [(128, 3, 64, 64)]),
     "gpt2_block": (lambda: Block(768), [(8, 1024, 768)]),
 }
-MEMORY_BOUND = {"layernorm", "rmsnorm"}
+class Fn(torch.nn.Module):
+    """A kernel family: one function of its inputs."""
+
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, *xs):
+        return self.fn(*xs)
+
+
+# One kernel family per row, at sizes where the copy bandwidth is reached:
+# `--models families` runs them (inference).
+FAMILIES = {
+    "pointwise_chain": (lambda: Fn(lambda x, y: torch.sigmoid(F.gelu(x) * y + 1.0)),
+                        [(8192, 8192)] * 2),
+    "broadcast_transpose": (lambda: Fn(lambda x, b: x.t() * 2.0 + b), [(8192, 8192), (8192,)]),
+    "sum_rows": (lambda: Fn(lambda x: x.sum(-1)), [(8192, 8192)]),
+    "sum_columns": (lambda: Fn(lambda x: x.sum(0)), [(8192, 8192)]),
+    "softmax": (lambda: Fn(lambda x: torch.softmax(x, -1)), [(16384, 4096)]),
+    "layer_norm": (lambda: LayerNorm(4096), [(16384, 4096)]),
+    "rms_norm": (lambda: RMSNorm(4096), [(16384, 4096)]),
+    "welford_long_rows": (lambda: Fn(lambda x: x.var(-1) + x.mean(-1)), [(64, 1 << 20)]),
+}
+MODELS.update(FAMILIES)
+# Rows whose bytes (inputs read and outputs written once) give a bandwidth.
+MEMORY_BOUND = {"layernorm", "rmsnorm", *FAMILIES}
 PROFILE = False
 
 
@@ -197,8 +227,10 @@ def bench_row(name, dtype, training, server):
                                             max_name_column_width=60))
 
     if name in MEMORY_BOUND and not training:
-        n = input_sets[0][0].numel()
-        row["bytes"] = 2 * n * input_sets[0][0].element_size()  # read x, write y
+        with torch.no_grad():
+            out = model(*input_sets[0])
+        row["bytes"] = sum(t.numel() * t.element_size() for t in input_sets[0]) + \
+            out.numel() * out.element_size()
         row["kiln_gbps"] = row["bytes"] / (row["kiln_ms"] / 1000) / 1e9
         row["inductor_gbps"] = row["bytes"] / (row["inductor_ms"] / 1000) / 1e9
     return row
@@ -215,8 +247,8 @@ def table(rows, dtype, copy_gbps):
             lines.append(f"| {r['model']} | {r['mode']} | error: {r['error'][:120]} |"
                          + " |" * 9)
             continue
-        bw = (f"{r['kiln_gbps']:.0f} ({100 * r['kiln_gbps'] / copy_gbps:.0f}%)"
-              if "kiln_gbps" in r else "")
+        bw = (f"{r['kiln_gbps']:.0f} ({100 * r['kiln_gbps'] / copy_gbps:.0f}%; Inductor "
+              f"{100 * r['inductor_gbps'] / copy_gbps:.0f}%)" if "kiln_gbps" in r else "")
         lines.append(
             f"| {r['model']} | {r['mode']} | {r['eager_ms']:.3f} | {r['inductor_ms']:.3f} | "
             f"{r['kiln_ms']:.3f} | {r['inductor_ms'] / r['kiln_ms']:.2f}x | "
@@ -237,7 +269,8 @@ def table(rows, dtype, copy_gbps):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--dtypes", default="float32,bfloat16")
-    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--models", default=",".join(m for m in MODELS if m not in FAMILIES),
+                        help="comma-separated; 'families' for the kernel-family rows")
     parser.add_argument("--modes", default="inference,training")
     parser.add_argument("--out", default="")
     parser.add_argument("--profile", action="store_true",
@@ -254,7 +287,10 @@ def main():
     for dtype_name in args.dtypes.split(","):
         dtype = getattr(torch, dtype_name)
         rows = []
-        for name in args.models.split(","):
+        names = args.models.split(",")
+        if "families" in names:
+            names = [n for n in names if n != "families"] + list(FAMILIES)
+        for name in names:
             for mode in args.modes.split(","):
                 try:
                     rows.append(bench_row(name, dtype, mode == "training", server))
