@@ -135,6 +135,14 @@ class CudaKernelEmitter {
   // index `flat` (row-major).
   absl::Status Decompose(const std::vector<ir::SymInt>& sizes, const std::string& flat,
                          const std::string& prefix, int depth, std::string* out) {
+    std::vector<std::string> names;
+    for (size_t k = 0; k < sizes.size(); ++k) names.push_back(absl::StrCat(prefix, k));
+    return Decompose(sizes, names, flat, depth, out);
+  }
+  // The same with a name per dimension.
+  absl::Status Decompose(const std::vector<ir::SymInt>& sizes,
+                         const std::vector<std::string>& names, const std::string& flat, int depth,
+                         std::string* out) {
     const size_t n = sizes.size();
     for (size_t k = 0; k < n; ++k) {
       std::string value = flat;
@@ -150,7 +158,7 @@ class CudaKernelEmitter {
           value = absl::StrCat("(", flat, " / ", div, ") % ", size);
         }
       }
-      absl::StrAppend(out, Pad(depth), "const int64_t ", prefix, k, " = ", value, ";\n");
+      absl::StrAppend(out, Pad(depth), "const int64_t ", names[k], " = ", value, ";\n");
     }
     return absl::OkStatus();
   }
@@ -299,10 +307,23 @@ class CudaKernelEmitter {
     absl::StrAppend(
         out, "  const int64_t total = outer_n * inner_n;\n",
         "  for (int64_t x = (static_cast<int64_t>(blockIdx.x) * ", block, " + threadIdx.x)", step,
-        "; x < total;\n       x += static_cast<int64_t>(gridDim.x) * ", block, step, ") {\n",
-        "    const int64_t o = x / inner_n;\n", "    const int64_t i = x - o * inner_n;\n");
-    RETURN_IF_ERROR(Decompose(k_.outer, "o", "o", 2, out));
-    RETURN_IF_ERROR(Decompose(k_.inner, "i", "i", 2, out));
+        "; x < total;\n       x += static_cast<int64_t>(gridDim.x) * ", block, step, ") {\n");
+    if (!sched.order.empty()) {
+      // Consecutive threads take consecutive elements of the output.
+      std::vector<ir::SymInt> sizes;
+      std::vector<std::string> names;
+      const int n_outer = static_cast<int>(k_.outer.size());
+      for (int d : sched.order) {
+        sizes.push_back(d < n_outer ? k_.outer[d] : k_.inner[d - n_outer]);
+        names.push_back(d < n_outer ? absl::StrCat("o", d) : absl::StrCat("i", d - n_outer));
+      }
+      RETURN_IF_ERROR(Decompose(sizes, names, "x", 2, out));
+    } else {
+      absl::StrAppend(out, "    const int64_t o = x / inner_n;\n",
+                      "    const int64_t i = x - o * inner_n;\n");
+      RETURN_IF_ERROR(Decompose(k_.outer, "o", "o", 2, out));
+      RETURN_IF_ERROR(Decompose(k_.inner, "i", "i", 2, out));
+    }
     std::vector<int> all(k_.stmts.size());
     for (size_t j = 0; j < all.size(); ++j) all[j] = static_cast<int>(j);
     int depth = 2;

@@ -81,6 +81,25 @@ TEST(CudaCodegen, RowsThatDoNotDivideIntoChunksAreNotVectorized) {
   EXPECT_FALSE(absl::StrContains(*source, "kiln_vload<4>(v")) << *source;
 }
 
+// y = x.t() * 2 with y laid out as x (column-major in y's own view):
+// consecutive threads take consecutive elements of y, so both the load and
+// the store are coalesced.
+TEST(CudaCodegen, PointwiseFollowsTheOutputsMemoryOrder) {
+  KernelBuilder kb("transposed", {C(512)}, {C(1024)});
+  const int x = kb.Buffer("x", v1::FLOAT32);
+  const int y = kb.Buffer("y", v1::FLOAT32, true);
+  const int l = kb.Load(x, Idx({C(1)}, {C(512)}));
+  kb.Store(y, Idx({C(1)}, {C(512)}), kb.Op("mul", {l, kb.Const(2)}));
+  auto source = Backend()->Generate({kb.kernel()}, {});
+  ASSERT_TRUE(source.ok()) << source.status();
+  EXPECT_TRUE(absl::StrContains(*source, "const int64_t i0 = x / 512;")) << *source;
+  EXPECT_TRUE(absl::StrContains(*source, "const int64_t o0 = x % 512;")) << *source;
+  // A row-major output keeps outer-then-inner.
+  auto plain = Backend()->Generate({Pointwise(C(64), 1024)}, {});
+  ASSERT_TRUE(plain.ok());
+  EXPECT_TRUE(absl::StrContains(*plain, "const int64_t o = x / inner_n;")) << *plain;
+}
+
 TEST(CudaCodegen, SymbolicSizesAreKernelArgumentsAndGridExpressions) {
   auto backend = Backend();
   const Kernel k = Pointwise(E("s0"), 256);

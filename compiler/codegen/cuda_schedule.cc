@@ -1,6 +1,7 @@
 #include "compiler/codegen/cuda_schedule.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -106,6 +107,39 @@ std::string ProductExpr(const std::vector<ir::SymInt>& sizes) {
   return absl::StrJoin(parts, "*");
 }
 
+// The order of a pointwise kernel's dimensions in its first store's memory,
+// slowest first, when it is not outer-then-inner: its strides by size,
+// constants only, and no statement outside the sweep (those run once per row
+// of outer-then-inner).
+std::vector<int> OutputOrder(const Kernel& k) {
+  const Stmt* store = nullptr;
+  for (const Stmt& s : k.stmts) {
+    if (!s.inner) return {};
+    if (s.kind == StmtKind::kStore && store == nullptr) store = &s;
+  }
+  if (store == nullptr) return {};
+  const size_t n_outer = k.outer.size(), n = n_outer + k.inner.size();
+  std::vector<int64_t> strides(n, 0);
+  for (size_t d = 0; d < n; ++d) {
+    const std::vector<ir::SymInt>& st =
+        d < n_outer ? store->index.outer_strides : store->index.inner_strides;
+    const size_t at = d < n_outer ? d : d - n_outer;
+    if (st.empty()) continue;
+    if (!st[at].is_constant()) return {};
+    strides[d] = st[at].constant();
+  }
+  std::vector<int> order(n);
+  for (size_t d = 0; d < n; ++d) order[d] = static_cast<int>(d);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int a, int b) { return std::abs(strides[a]) > std::abs(strides[b]); });
+  // Dimensions of stride 0 (broadcast) and size 1 keep their place in the
+  // natural order when that is already the output's.
+  for (size_t d = 0; d < n; ++d) {
+    if (order[d] != static_cast<int>(d)) return order;
+  }
+  return {};
+}
+
 }  // namespace
 
 bool HasReduction(const Kernel& k) {
@@ -141,7 +175,8 @@ Schedule ScheduleOf(const Kernel& k) {
   Schedule s;
   if (!HasReduction(k)) {
     s.block = kPointwiseBlock;
-    s.vector = VectorWidth(k);
+    s.order = OutputOrder(k);
+    s.vector = s.order.empty() ? VectorWidth(k) : 1;
     return s;
   }
   if (ReadsAcrossRows(k)) {

@@ -37,6 +37,12 @@ struct Schedule {
   // widest vectorized buffer) where every access along the last inner
   // dimension is contiguous and every chunk starts aligned; 1: none.
   int vector = 1;
+  // Pointwise kernels whose output is laid out in another order than
+  // outer-then-inner (a transpose): the dimensions (outer ones first, then
+  // inner ones) from the slowest-varying to the fastest in the output's
+  // memory, so that consecutive threads write consecutive elements. Empty:
+  // outer then inner.
+  std::vector<int> order;
 };
 
 // Threads per block of a pointwise kernel.
