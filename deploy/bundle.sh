@@ -4,13 +4,13 @@
 # (libc, libm, libstdc++, ...; the host's own are used). Run the binaries with
 # LD_LIBRARY_PATH=OUT/lib.
 #
-#   deploy/bundle.sh OUT [binary ...]     (default: kilnd kilnctl)
+#   deploy/bundle.sh OUT [binary ...]     (default: kilnd kilnctl kiln_nvrtc)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out="${1:?usage: deploy/bundle.sh OUT [binary ...]}"
 shift
 bins=("$@")
-[ ${#bins[@]} -gt 0 ] || bins=(kilnd kilnctl)
+[ ${#bins[@]} -gt 0 ] || bins=(kilnd kilnctl kiln_nvrtc)
 
 rm -rf "$out"
 mkdir -p "$out/bin" "$out/lib"

@@ -79,7 +79,8 @@ ABSL_FLAG(std::string, nvrtc_helper, "",
 ABSL_FLAG(std::string, native_compiler, "g++",
           "the C++ compiler the kiln backend runs on generated code (a path, or a name in PATH)");
 ABSL_FLAG(int32_t, compile_timeout_s, 120,
-          "seconds one run of the native compiler (g++) may take before it is killed");
+          "seconds one run of the native compiler (g++, or NVRTC for cuda) may take before it is "
+          "killed");
 ABSL_FLAG(bool, salvage_wal, false,
           "start on a corrupted or truncated write-ahead log, dropping the writes after the "
           "damage (refused otherwise)");
