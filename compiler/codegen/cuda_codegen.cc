@@ -63,6 +63,7 @@ class CudaKernelEmitter {
       return KernelError(k_, "the name is not a C identifier (or starts with kiln_)");
     }
     ASSIGN_OR_RETURN(KernelCheck check, CheckKernel(k_, "CUDA"));
+    if (IndexesFitInt32(k_)) idx_ = "int32_t";
     type_ = std::move(check.type);
     after_ = std::move(check.after);
     if (k_.buffers.empty()) return KernelError(k_, "has no buffers");
@@ -158,7 +159,7 @@ class CudaKernelEmitter {
           value = absl::StrCat("(", flat, " / ", div, ") % ", size);
         }
       }
-      absl::StrAppend(out, Pad(depth), "const int64_t ", names[k], " = ", value, ";\n");
+      absl::StrAppend(out, Pad(depth), "const ", idx_, " ", names[k], " = ", value, ";\n");
     }
     return absl::OkStatus();
   }
@@ -248,8 +249,8 @@ class CudaKernelEmitter {
   absl::Status Sizes(std::string* out) {
     ASSIGN_OR_RETURN(std::string outer_n, Product(k_.outer, 0));
     ASSIGN_OR_RETURN(std::string inner_n, Product(k_.inner, 0));
-    absl::StrAppend(out, "  const int64_t outer_n = ", outer_n, ";\n");
-    absl::StrAppend(out, "  const int64_t inner_n = ", inner_n, ";\n");
+    absl::StrAppend(out, "  const ", idx_, " outer_n = ", outer_n, ";\n");
+    absl::StrAppend(out, "  const ", idx_, " inner_n = ", inner_n, ";\n");
     return absl::OkStatus();
   }
 
@@ -304,10 +305,10 @@ class CudaKernelEmitter {
     const int block = sched.block, vector = sched.vector;
     if (vector > 1) DeclareVectors(vector, out);
     const std::string step = vector > 1 ? absl::StrCat(" * ", vector) : "";
-    absl::StrAppend(
-        out, "  const int64_t total = outer_n * inner_n;\n",
-        "  for (int64_t x = (static_cast<int64_t>(blockIdx.x) * ", block, " + threadIdx.x)", step,
-        "; x < total;\n       x += static_cast<int64_t>(gridDim.x) * ", block, step, ") {\n");
+    absl::StrAppend(out, "  const ", idx_, " total = outer_n * inner_n;\n", "  for (", idx_,
+                    " x = (static_cast<", idx_, ">(blockIdx.x) * ", block, " + threadIdx.x)", step,
+                    "; x < total;\n       x += static_cast<", idx_, ">(gridDim.x) * ", block, step,
+                    ") {\n");
     if (!sched.order.empty()) {
       // Consecutive threads take consecutive elements of the output.
       std::vector<ir::SymInt> sizes;
@@ -319,8 +320,8 @@ class CudaKernelEmitter {
       }
       RETURN_IF_ERROR(Decompose(sizes, names, "x", 2, out));
     } else {
-      absl::StrAppend(out, "    const int64_t o = x / inner_n;\n",
-                      "    const int64_t i = x - o * inner_n;\n");
+      absl::StrAppend(out, "    const ", idx_, " o = x / inner_n;\n", "    const ", idx_,
+                      " i = x - o * inner_n;\n");
       RETURN_IF_ERROR(Decompose(k_.outer, "o", "o", 2, out));
       RETURN_IF_ERROR(Decompose(k_.inner, "i", "i", 2, out));
     }
@@ -397,15 +398,14 @@ class CudaKernelEmitter {
     if (sched.vector > 1) DeclareVectors(sched.vector, out);
     std::string live;
     if (column) {
-      absl::StrAppend(
-          out, "  const int lane = threadIdx.x >> 5;  // along the rows\n",
-          "  for (int64_t tile = blockIdx.x; tile * 32 < outer_n; tile += gridDim.x) {\n",
-          "    const int64_t o = tile * 32 + (threadIdx.x & 31);\n",
-          "    const bool live = o < outer_n;\n");
+      absl::StrAppend(out, "  const int lane = threadIdx.x >> 5;  // along the rows\n", "  for (",
+                      idx_, " tile = blockIdx.x; tile * 32 < outer_n; tile += gridDim.x) {\n",
+                      "    const ", idx_, " o = tile * 32 + (threadIdx.x & 31);\n",
+                      "    const bool live = o < outer_n;\n");
       live = "live";
     } else {
-      absl::StrAppend(out, "  const int lane = threadIdx.x;\n",
-                      "  for (int64_t o = blockIdx.x; o < outer_n; o += gridDim.x) {\n");
+      absl::StrAppend(out, "  const int lane = threadIdx.x;\n", "  for (", idx_,
+                      " o = blockIdx.x; o < outer_n; o += gridDim.x) {\n");
     }
     RETURN_IF_ERROR(Decompose(k_.outer, "o", "o", 2, out));
     const std::string store_guard = column ? "lane == 0" : "threadIdx.x == 0";
@@ -476,8 +476,8 @@ class CudaKernelEmitter {
       int depth = 4;
       if (cached && vector > 1) {
         absl::StrAppend(out, "#pragma unroll\n    for (int ec = 0; ec < ",
-                        sched.per_thread / vector,
-                        "; ++ec) {\n      const int64_t i = (lane + ec * ", lanes, ") * ", vector,
+                        sched.per_thread / vector, "; ++ec) {\n      const ", idx_,
+                        " i = (lane + ec * ", lanes, ") * ", vector,
                         ";\n      if (i < inner_n) {\n");
         RETURN_IF_ERROR(Decompose(k_.inner, "i", "i", 4, out));
         RETURN_IF_ERROR(VectorAccesses(fresh, StmtKind::kLoad, vector, 4, out));
@@ -487,12 +487,12 @@ class CudaKernelEmitter {
         depth = 5;
       } else if (cached) {
         absl::StrAppend(out, "#pragma unroll\n    for (int e = 0; e < ", sched.per_thread,
-                        "; ++e) {\n      const int64_t i = lane + e * ", lanes, ";\n",
+                        "; ++e) {\n      const ", idx_, " i = lane + e * ", lanes, ";\n",
                         "      if (i < inner_n) {\n");
         RETURN_IF_ERROR(Decompose(k_.inner, "i", "i", 4, out));
       } else if (vector > 1) {
-        absl::StrAppend(out, "#pragma unroll 4\n    for (int64_t ch = lane; ch < inner_n / ",
-                        vector, "; ch += ", lanes, ") {\n      const int64_t i = ch * ", vector,
+        absl::StrAppend(out, "#pragma unroll 4\n    for (", idx_, " ch = lane; ch < inner_n / ",
+                        vector, "; ch += ", lanes, ") {\n      const ", idx_, " i = ch * ", vector,
                         ";\n      {\n");
         RETURN_IF_ERROR(Decompose(k_.inner, "i", "i", 4, out));
         RETURN_IF_ERROR(VectorAccesses(fresh, StmtKind::kLoad, vector, 4, out));
@@ -502,7 +502,7 @@ class CudaKernelEmitter {
       } else {
         // Unrolled: several rows' loads in flight per thread (a column
         // sweep reads one element per row).
-        absl::StrAppend(out, "#pragma unroll 4\n    for (int64_t i = lane; ",
+        absl::StrAppend(out, "#pragma unroll 4\n    for (", idx_, " i = lane; ",
                         column ? "live && " : "", "i < inner_n; i += ", lanes, ") {\n      {\n");
         RETURN_IF_ERROR(Decompose(k_.inner, "i", "i", 4, out));
       }
@@ -573,7 +573,8 @@ class CudaKernelEmitter {
   std::vector<CType> type_;
   std::vector<bool> after_;
   std::set<int> used_symbols_;
-  std::set<int> vectorized_;  // accesses read or written as chunks of the vector width
+  std::set<int> vectorized_;     // accesses read or written as chunks of the vector width
+  std::string idx_ = "int64_t";  // the type of indices: int32_t where IndexesFitInt32
   std::map<std::string, std::string> hoisted_;
   std::vector<std::string> hoisted_decls_;
 };

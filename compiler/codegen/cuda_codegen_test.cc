@@ -92,12 +92,26 @@ TEST(CudaCodegen, PointwiseFollowsTheOutputsMemoryOrder) {
   kb.Store(y, Idx({C(1)}, {C(512)}), kb.Op("mul", {l, kb.Const(2)}));
   auto source = Backend()->Generate({kb.kernel()}, {});
   ASSERT_TRUE(source.ok()) << source.status();
-  EXPECT_TRUE(absl::StrContains(*source, "const int64_t i0 = x / 512;")) << *source;
-  EXPECT_TRUE(absl::StrContains(*source, "const int64_t o0 = x % 512;")) << *source;
+  EXPECT_TRUE(absl::StrContains(*source, "const int32_t i0 = x / 512;")) << *source;
+  EXPECT_TRUE(absl::StrContains(*source, "const int32_t o0 = x % 512;")) << *source;
   // A row-major output keeps outer-then-inner.
   auto plain = Backend()->Generate({Pointwise(C(64), 1024)}, {});
   ASSERT_TRUE(plain.ok());
-  EXPECT_TRUE(absl::StrContains(*plain, "const int64_t o = x / inner_n;")) << *plain;
+  EXPECT_TRUE(absl::StrContains(*plain, "const int32_t o = x / inner_n;")) << *plain;
+}
+
+TEST(CudaCodegen, IndicesAre32BitsWhereEveryOffsetFits) {
+  auto small = Backend()->Generate({Pointwise(C(64), 1024)}, {});
+  ASSERT_TRUE(small.ok());
+  EXPECT_TRUE(absl::StrContains(*small, "const int32_t total = outer_n * inner_n;")) << *small;
+  // 2^21 x 1024 elements: past 2^30, 64-bit indices.
+  auto large = Backend()->Generate({Pointwise(C(int64_t{1} << 21), 1024)}, {});
+  ASSERT_TRUE(large.ok());
+  EXPECT_TRUE(absl::StrContains(*large, "const int64_t total = outer_n * inner_n;")) << *large;
+  // Symbolic sizes: 64-bit.
+  auto symbolic = Backend()->Generate({Pointwise(E("s0"), 256)}, {"s0"});
+  ASSERT_TRUE(symbolic.ok());
+  EXPECT_TRUE(absl::StrContains(*symbolic, "const int64_t total")) << *symbolic;
 }
 
 TEST(CudaCodegen, SymbolicSizesAreKernelArgumentsAndGridExpressions) {

@@ -149,6 +149,36 @@ bool HasReduction(const Kernel& k) {
   return false;
 }
 
+bool IndexesFitInt32(const Kernel& k) {
+  constexpr int64_t kLimit = int64_t{1} << 30;
+  bool constant = false;
+  const int64_t outer = ConstantProduct(k.outer, &constant);
+  if (!constant) return false;
+  const int64_t inner = ConstantProduct(k.inner, &constant);
+  if (!constant || outer > kLimit || inner > kLimit || outer * inner > kLimit) return false;
+  for (const Stmt& s : k.stmts) {
+    if (s.kind != StmtKind::kLoad && s.kind != StmtKind::kStore) continue;
+    if (!s.index.offset.is_constant()) return false;
+    int64_t reach = std::abs(s.index.offset.constant());
+    auto add = [&](const std::vector<ir::SymInt>& strides, const std::vector<ir::SymInt>& sizes) {
+      for (size_t d = 0; d < strides.size() && d < sizes.size(); ++d) {
+        if (!strides[d].is_constant()) return false;
+        const int64_t extent = sizes[d].constant() > 0 ? sizes[d].constant() - 1 : 0;
+        const int64_t stride = std::abs(strides[d].constant());
+        if (stride > kLimit || (extent > 0 && stride > kLimit / extent)) return false;
+        reach += stride * extent;
+        if (reach > kLimit) return false;
+      }
+      return true;
+    };
+    if (reach > kLimit || !add(s.index.outer_strides, k.outer) ||
+        !add(s.index.inner_strides, k.inner)) {
+      return false;
+    }
+  }
+  return true;
+}
+
 int StorageBytes(v1::DType dtype) {
   switch (dtype) {
     case v1::FLOAT64:

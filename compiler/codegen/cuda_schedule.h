@@ -54,6 +54,11 @@ bool HasReduction(const loop::Kernel& k);
 Schedule ScheduleOf(const loop::Kernel& k);
 // The grid and block `k` is generated for.
 LaunchSize SizeLaunch(const loop::Kernel& k);
+// Whether every index the kernel computes (the flattened space, each
+// access's element offset, a grid-stride step past the end) stays below
+// 2^30: all sizes, strides and offsets constant. Such kernels index in 32
+// bits.
+bool IndexesFitInt32(const loop::Kernel& k);
 // Bytes of one element of `dtype` in memory.
 int StorageBytes(v1::DType dtype);
 // Whether access statement `s` moves along the last inner dimension (it is
