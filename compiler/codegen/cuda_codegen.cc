@@ -1,9 +1,12 @@
 // The CUDA backend: loop::Kernels -> one CUDA C++ translation unit -> a CUBIN
-// built by NVRTC (in the kiln_nvrtc helper process) for one SM arch.
+// built by NVRTC (in the kiln_nvrtc helper process) for one SM arch. How a
+// kernel maps onto threads (layout, block size, register caching, vector
+// width, 32-bit indices, launch size) is decided in cuda_schedule.h; this
+// file writes it.
 //
 // Shape of the generated kernels:
-//   - Without reductions, one thread per point of outer x inner, in a
-//     grid-stride loop over the flattened space:
+//   - Without reductions, a grid-stride loop over the flattened space, each
+//     thread one element (or one 16-byte chunk):
 //
 //       struct kernel_0_args { void* b[3]; int64_t s[1]; };
 //       extern "C" __global__ void __launch_bounds__(256) kernel_0(const kernel_0_args a) {
@@ -16,12 +19,13 @@
 //         }
 //       }
 //
-//   - With reductions, one block per row (grid-stride over rows): each pass
-//     sweeps the row with the block's threads, every thread keeping its own
-//     accumulators; the block then combines them (warp shuffles, then one
-//     value per warp through shared memory) so that every thread holds the
-//     row's result for the statements after the sweep, whose stores thread 0
-//     makes. Welford's mean and M2 merge by Chan's formula.
+//   - With reductions, one block per row (grid-stride over rows), or 32
+//     rows per block in the column layout: each pass sweeps the row with
+//     the threads, every thread keeping its own accumulators; they are then
+//     combined (warp shuffles, then one value per warp through shared
+//     memory) so that every thread holds the row's result for the
+//     statements after the sweep, whose stores one thread makes. Welford's
+//     mean and M2 merge by Chan's formula.
 //
 // Values compute as on the CPU (c_family.h): float16 and bfloat16 in float32,
 // stored as 16-bit patterns; sums accumulate in the compute type per thread
