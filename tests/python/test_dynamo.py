@@ -144,6 +144,26 @@ class TorchCompileTest(SharedKilnd, unittest.TestCase):
         close(self, torch.compile(graph_break, backend=again)(x), graph_break(x), "again")
         self.assertEqual(again.stats, {"graphs": 2, "hits": 2, "compiles": 0, "eager": 0})
 
+    def test_compile_times_per_graph_with_kilnds_phases(self):
+        torch._dynamo.reset()
+        be = self.backend("kiln")
+        f = torch.compile(graph_break, backend=be)
+        f(torch.randn(4, 8))
+        records = [r for r in kiln.compile_times(repr="dict") if r in be.graph_times]
+        self.assertEqual(len(records), 2)  # the graph break: two graphs
+        for r in records:
+            for phase in ("lower", "lookup", "compile", "load"):
+                self.assertGreaterEqual(r[phase], 0.0, phase)
+            self.assertGreater(r["lower"], 0.0)
+            phases = [p for p, _ in r["server"]]
+            self.assertIn("verify", phases)
+            self.assertIn("native-compile", phases)
+        table = kiln.compile_times()
+        self.assertIn(records[0]["graph"], table)
+        self.assertIn("native-compile", table)
+        with self.assertRaises(ValueError):
+            kiln.compile_times(repr="csv")
+
     def test_core_ops_without_a_rule_run_as_externs_and_refuse_gradients_by_name(self):
         # cumsum, flip and sinh are core ATen ops the registry has no rule for
         # (docs/ops.md, the core opset table).

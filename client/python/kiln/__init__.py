@@ -28,7 +28,7 @@ from kiln.client import Client, KilnError  # noqa: E402
 
 __all__ = ["Client", "KilnError", "backend", "KilnBackend", "capture", "signature",
            "module_tensors", "tensor_meta", "compile", "CompiledFunction", "run_graph",
-           "Interpreter", "PlanRunner"]
+           "Interpreter", "PlanRunner", "compile_times"]
 
 # Names imported from the submodule that defines them on first use.
 _LAZY = {
@@ -43,6 +43,7 @@ _LAZY = {
     "PlanRunner": "plan",
     "backend": "dynamo",
     "KilnBackend": "dynamo",
+    "compile_times": "dynamo",
 }
 
 

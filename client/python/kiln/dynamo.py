@@ -33,6 +33,7 @@ import os
 import threading
 import time
 import warnings
+import weakref
 
 import torch
 
@@ -41,7 +42,7 @@ from kiln.client import Client, KilnError
 from kiln.compiled import ArtifactFunction, verify_artifact
 from kiln.v1 import artifact_pb2
 
-__all__ = ["backend", "KilnBackend", "register_backends", "DEFAULT_SERVER"]
+__all__ = ["backend", "KilnBackend", "register_backends", "compile_times", "DEFAULT_SERVER"]
 
 DEFAULT_SERVER = "127.0.0.1:50051"
 
@@ -94,6 +95,10 @@ class KilnBackend:
         self.times = {"lower": 0.0, "lookup": 0.0, "compile": 0.0, "load": 0.0}
         self.last_lowered = None  # the kiln.lower.Lowered of the latest graph
         self.loaded = []  # every kiln.compiled.ArtifactFunction built, in order
+        # Per graph served: its name, the client's phases (seconds) and
+        # kilnd's phases of its compile (kiln.compile_times() shows them).
+        self.graph_times = []
+        _BACKENDS.add(self)
         self._client = None
         self._lock = threading.Lock()
         self._warned = set()
@@ -115,6 +120,7 @@ class KilnBackend:
     def __call__(self, gm, example_inputs):
         self.stats["graphs"] += 1
         name = _graph_name(gm)
+        before = dict(self.times)
         start = time.perf_counter()
         try:
             lowered = lowering.lower(gm, example_inputs, name=name)
@@ -152,6 +158,10 @@ class KilnBackend:
         self.loaded.append(function)
         compiled = _Compiled(lowered, function)
         self.times["load"] += time.perf_counter() - start
+        record = {phase: self.times[phase] - before[phase] for phase in self.times}
+        record["graph"] = name
+        record["server"] = [(t.phase, t.micros / 1e6) for t in artifact.compile_times]
+        self.graph_times.append(record)
         return compiled
 
     def _artifact(self, lowered, example_inputs):
@@ -209,6 +219,29 @@ class _Compiled:
                 for arg, out in self._mutations:
                     args[arg].copy_(outputs[out])
         return list(outputs[:self._num_outputs])
+
+
+_BACKENDS = weakref.WeakSet()  # every KilnBackend alive, for compile_times()
+
+
+def compile_times(repr="str"):  # noqa: A002 (the name torch._dynamo.utils uses)
+    """Compile times per graph, over every kiln backend of this process, as
+    torch._dynamo.utils.compile_times() gives Dynamo's: the client's phases
+    (lower: Dynamo's graph to a kiln graph; lookup; compile: kilnd's, with
+    the round trip; load) and kilnd's own phases of the graph's compile
+    (verify, key, lower-fuse-plan, codegen, native-compile, ...), in
+    seconds. repr="str" gives a table, "dict" a list of records."""
+    records = [r for backend in list(_BACKENDS) for r in backend.graph_times]
+    if repr == "dict":
+        return records
+    if repr != "str":
+        raise ValueError(f"repr takes 'str' or 'dict', not {repr!r}")
+    lines = ["graph  lower  lookup  compile  load  (seconds)  kilnd's phases"]
+    for r in records:
+        server = ", ".join(f"{phase} {sec:.4f}" for phase, sec in r["server"])
+        lines.append(f"{r['graph']}  {r['lower']:.4f}  {r['lookup']:.4f}  {r['compile']:.4f}  "
+                     f"{r['load']:.4f}  {server}")
+    return "\n".join(lines)
 
 
 def _target(example_inputs):
