@@ -164,6 +164,24 @@ class TorchCompileTest(SharedKilnd, unittest.TestCase):
         with self.assertRaises(ValueError):
             kiln.compile_times(repr="csv")
 
+    def test_step_logs_leave_the_failing_step_begun_and_not_ended(self):
+        torch._dynamo.reset()
+        with self.assertLogs("kiln", level="INFO") as logs:
+            torch.compile(graph_break, backend=self.backend("kiln"))(torch.randn(4, 8))
+        steps = [r.getMessage() for r in logs.records]
+        for step in ("lower", "lookup", "load"):
+            self.assertEqual(sum(s.startswith(f"begin {step}") for s in steps), 2, steps)
+            self.assertEqual(sum(s.startswith(f"end {step}") for s in steps), 2, steps)
+
+        def refused(x):  # cumsum has no derivative rule: kilnd refuses the gradient
+            return torch.cumsum(x, 0).sinh()
+
+        torch._dynamo.reset()
+        with self.assertLogs("kiln", level="INFO") as logs, self.assertRaises(Exception):
+            torch.compile(refused, backend=self.backend("kiln"))(
+                torch.randn(4, 3, requires_grad=True))
+        self.assertRegex(logs.records[-1].getMessage(), r"^begin compile '\w+'$")
+
     def test_core_ops_without_a_rule_run_as_externs_and_refuse_gradients_by_name(self):
         # cumsum, flip and sinh are core ATen ops the registry has no rule for
         # (docs/ops.md, the core opset table).

@@ -29,6 +29,8 @@ Failure policies (kiln.backend(..., on_frozen=, on_unavailable=)):
 A compile error (INVALID_ARGUMENT, INTERNAL...) always raises.
 """
 
+import contextlib
+import logging
 import os
 import threading
 import time
@@ -45,6 +47,34 @@ from kiln.v1 import artifact_pb2
 __all__ = ["backend", "KilnBackend", "register_backends", "compile_times", "DEFAULT_SERVER"]
 
 DEFAULT_SERVER = "127.0.0.1:50051"
+
+# Step logs: KILN_LOG=info (or debug) logs the beginning and the end of each
+# step of every graph (lower, lookup, compile, load) with the graph's name,
+# on the "kiln" logger; a step that fails logs no end, so the failing step is
+# the last one begun and not ended.
+_log = logging.getLogger("kiln")
+
+
+def _configure_logging():
+    level = os.environ.get("KILN_LOG", "").strip().lower()
+    if level not in ("info", "debug"):
+        return
+    _log.setLevel(logging.DEBUG if level == "debug" else logging.INFO)
+    if not _log.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s kiln %(levelname)s %(message)s"))
+        _log.addHandler(handler)
+
+
+_configure_logging()
+
+
+@contextlib.contextmanager
+def _step(step, graph):
+    _log.info("begin %s '%s'", step, graph)
+    start = time.perf_counter()
+    yield
+    _log.info("end %s '%s' (%.1f ms)", step, graph, (time.perf_counter() - start) * 1e3)
 
 # Registered Dynamo backend name -> kilnd backend.
 BACKENDS = {"kiln": "kiln", "kiln_aot_eager": "aot_eager", "kiln_eager": "eager"}
@@ -123,7 +153,8 @@ class KilnBackend:
         before = dict(self.times)
         start = time.perf_counter()
         try:
-            lowered = lowering.lower(gm, example_inputs, name=name)
+            with _step("lower", name):
+                lowered = lowering.lower(gm, example_inputs, name=name)
         except lowering.Unsupported as e:
             self.stats["eager"] += 1
             self._warn_once(("unsupported", str(e)), f"kiln: graph '{name}' runs eagerly: {e}")
@@ -134,7 +165,7 @@ class KilnBackend:
             self.stats["eager"] += 1
             return gm.forward
         try:
-            artifact = self._artifact(lowered, example_inputs)
+            artifact = self._artifact(lowered, example_inputs, name)
         except KilnError as e:
             if e.code == "FAILED_PRECONDITION" and "frozen" in e.message:
                 if self.on_frozen == "raise":
@@ -154,7 +185,8 @@ class KilnBackend:
             self.stats["eager"] += 1
             return gm.forward
         start = time.perf_counter()
-        function = ArtifactFunction(artifact, lowered.graph)
+        with _step("load", name):
+            function = ArtifactFunction(artifact, lowered.graph)
         self.loaded.append(function)
         compiled = _Compiled(lowered, function)
         self.times["load"] += time.perf_counter() - start
@@ -164,21 +196,25 @@ class KilnBackend:
         self.graph_times.append(record)
         return compiled
 
-    def _artifact(self, lowered, example_inputs):
+    def _artifact(self, lowered, example_inputs, name):
         client = self._get_client()
         start = time.perf_counter()
         signature = _signature(lowered, example_inputs)
         target = _target(example_inputs)
-        found = client.lookup(graph=lowered.graph, signature=signature, backend=self.compiler,
-                              namespace=self.namespace, include_artifact=True, target=target)
+        with _step("lookup", name):
+            found = client.lookup(graph=lowered.graph, signature=signature,
+                                  backend=self.compiler, namespace=self.namespace,
+                                  include_artifact=True, target=target)
         self.times["lookup"] += time.perf_counter() - start
         if found.HasField("artifact") and found.artifact.backend:
             self.stats["hits"] += 1
             self._verify(found)
             return found.artifact
         start = time.perf_counter()
-        response = client.compile(lowered.graph, guards=lowered.guards, backend=self.compiler,
-                                  namespace=self.namespace, frozen=self.frozen, target=target)
+        with _step("compile", name):
+            response = client.compile(lowered.graph, guards=lowered.guards,
+                                      backend=self.compiler, namespace=self.namespace,
+                                      frozen=self.frozen, target=target)
         self.times["compile"] += time.perf_counter() - start
         self.stats["compiles"] += 1
         self._verify(response)
