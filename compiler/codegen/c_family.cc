@@ -469,6 +469,77 @@ std::string CastValue(const std::vector<CType>& type, int a, CType to) {
   return absl::StrCat("static_cast<", CName(to), ">(", v, ")");
 }
 
+absl::StatusOr<std::string> LoadValue(v1::DType dtype, CType type, const std::string& element,
+                                      absl::string_view backend) {
+  std::string value = FromStorage(dtype, element);
+  ASSIGN_OR_RETURN(CType stored, ComputeType(dtype, backend));
+  if (stored == type) return value;
+  return type == CType::kBool ? absl::StrCat("(", value, " != 0)")
+                              : absl::StrCat("static_cast<", CName(type), ">(", value, ")");
+}
+
+bool IsWelford(const Stmt& s) {
+  return s.kind == StmtKind::kReduce &&
+         (s.reduce == ReduceOp::kWelfordMean || s.reduce == ReduceOp::kWelfordM2);
+}
+
+int WelfordId(const Kernel& kernel, int j) {
+  const Stmt& s = kernel.stmts[j];
+  for (int q = 0; q < j; ++q) {
+    const Stmt& t = kernel.stmts[q];
+    if (IsWelford(t) && t.pass == s.pass && t.args[0] == s.args[0]) return q;
+  }
+  return j;
+}
+
+absl::StatusOr<std::string> IntExprs::Int(const ir::SymInt& s) {
+  if (s.is_constant()) return IntLiteral(s.constant());
+  absl::StatusOr<std::string> text = TranslateExpr(s.expr(), symbols_, &used_, d_);
+  if (!text.ok()) return KernelError(k_, text.status().message());
+  if (IsIdentifier(*text)) return *text;
+  auto it = names_.find(*text);
+  if (it != names_.end()) return it->second;
+  const std::string name = absl::StrCat("e", names_.size());
+  names_.emplace(*text, name);
+  decls_.push_back(
+      absl::StrCat("const int64_t ", name, " = ", *text, ";  // ", CommentText(s.expr())));
+  return name;
+}
+
+absl::StatusOr<std::string> IntExprs::Product(const std::vector<ir::SymInt>& sizes, size_t from) {
+  int64_t constant = 1;
+  std::vector<std::string> parts;
+  for (size_t k = from; k < sizes.size(); ++k) {
+    if (sizes[k].is_constant()) {
+      constant *= sizes[k].constant();
+    } else {
+      ASSIGN_OR_RETURN(std::string t, Int(sizes[k]));
+      parts.push_back(t);
+    }
+  }
+  if (constant != 1 || parts.empty()) parts.push_back(IntLiteral(constant));
+  return absl::StrJoin(parts, " * ");
+}
+
+absl::StatusOr<std::string> GenerateUnit(
+    const char* prelude, const std::vector<loop::Kernel>& kernels,
+    const std::vector<std::string>& symbols,
+    const std::function<absl::StatusOr<std::string>(const loop::Kernel&, const SymbolTable&)>&
+        emit) {
+  ASSIGN_OR_RETURN(SymbolTable table, SymbolTable::Create(symbols));
+  std::string out = prelude;
+  std::set<std::string> names;
+  for (const Kernel& kernel : kernels) {
+    if (!names.insert(kernel.name).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("kernel '", kernel.name, "' is defined twice"));
+    }
+    ASSIGN_OR_RETURN(std::string code, emit(kernel, table));
+    out += code;
+  }
+  return out;
+}
+
 namespace {
 
 absl::Status ValidateIndex(const Kernel& k_, int j, const loop::Index& index) {

@@ -10,6 +10,7 @@
 #ifndef KILN_COMPILER_CODEGEN_C_FAMILY_H_
 #define KILN_COMPILER_CODEGEN_C_FAMILY_H_
 
+#include <functional>
 #include <map>
 #include <set>
 #include <string>
@@ -129,6 +130,47 @@ absl::Status StmtError(const loop::Kernel& k, int j, absl::string_view what);
 
 // Statement `a`'s value ("t<a>") converted to `to`.
 std::string CastValue(const std::vector<CType>& type, int a, CType to);
+
+// Storage element `element` of a buffer of `dtype` as a value of `type`.
+absl::StatusOr<std::string> LoadValue(v1::DType dtype, CType type, const std::string& element,
+                                      absl::string_view backend);
+
+// Whether `s` is a Welford reduction (its mean or its M2).
+bool IsWelford(const loop::Stmt& s);
+// The Welford accumulator of reduction j: the first Welford statement of its
+// pass over the same operand.
+int WelfordId(const loop::Kernel& kernel, int j);
+
+// The int64 expressions of one kernel: literals, symbols (recorded in
+// used_symbols()), or locals hoisted to the kernel's top (hoisted(): their
+// declarations, in order, shared when equal).
+class IntExprs {
+ public:
+  IntExprs(const loop::Kernel& kernel, const SymbolTable& symbols, const Dialect& dialect)
+      : k_(kernel), symbols_(symbols), d_(dialect) {}
+  // The text of `s`; INVALID_ARGUMENT naming the kernel for a malformed one.
+  absl::StatusOr<std::string> Int(const ir::SymInt& s);
+  // The product of sizes[from..] as text ("1" when empty); constants folded.
+  absl::StatusOr<std::string> Product(const std::vector<ir::SymInt>& sizes, size_t from);
+  const std::set<int>& used_symbols() const { return used_; }
+  const std::vector<std::string>& hoisted() const { return decls_; }
+
+ private:
+  const loop::Kernel& k_;
+  const SymbolTable& symbols_;
+  const Dialect& d_;
+  std::set<int> used_;
+  std::map<std::string, std::string> names_;  // expression -> local name
+  std::vector<std::string> decls_;
+};
+
+// One translation unit: `prelude`, then `emit` of every kernel in order.
+// INVALID_ARGUMENT for a kernel name given twice or a malformed symbol list.
+absl::StatusOr<std::string> GenerateUnit(
+    const char* prelude, const std::vector<loop::Kernel>& kernels,
+    const std::vector<std::string>& symbols,
+    const std::function<absl::StatusOr<std::string>(const loop::Kernel&, const SymbolTable&)>&
+        emit);
 
 // The expression of scalar-op statement j, over its operands' values.
 absl::StatusOr<std::string> ScalarOpExpr(const loop::Kernel& kernel, const std::vector<CType>& type,

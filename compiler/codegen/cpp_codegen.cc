@@ -332,7 +332,7 @@ class KernelEmitter {
     if (!k_.nodes.empty()) {
       absl::StrAppend(&out, "  // nodes: ", CommentText(absl::StrJoin(k_.nodes, ", ")), "\n");
     }
-    for (int k : used_symbols_) {
+    for (int k : ints_.used_symbols()) {
       absl::StrAppend(&out, "  const int64_t ", symbols_.CppName(k), " = symbols[", k, "];\n");
     }
     for (size_t b = 0; b < k_.buffers.size(); ++b) {
@@ -342,7 +342,7 @@ class KernelEmitter {
       absl::StrAppend(&out, "  ", type, " buf", b, " = static_cast<", type, ">(buffers[", b,
                       "]);  // ", CommentText(buf.value), "\n");
     }
-    for (const std::string& decl : hoisted_decls_) absl::StrAppend(&out, "  ", decl, "\n");
+    for (const std::string& decl : ints_.hoisted()) absl::StrAppend(&out, "  ", decl, "\n");
     absl::StrAppend(&out, body, "}\n");
     return out;
   }
@@ -364,20 +364,7 @@ class KernelEmitter {
   // ---- integer expressions ----------------------------------------------
 
   // C++ text of an int64 value: a literal, a symbol, or a hoisted local.
-  absl::StatusOr<std::string> Int(const ir::SymInt& s) {
-    if (s.is_constant()) return IntLiteral(s.constant());
-    absl::StatusOr<std::string> text =
-        TranslateExpr(s.expr(), symbols_, &used_symbols_, kCppDialect);
-    if (!text.ok()) return KernelError(text.status().message());
-    if (IsIdentifier(*text)) return *text;
-    auto it = hoisted_.find(*text);
-    if (it != hoisted_.end()) return it->second;
-    const std::string name = absl::StrCat("e", hoisted_.size());
-    hoisted_.emplace(*text, name);
-    hoisted_decls_.push_back(
-        absl::StrCat("const int64_t ", name, " = ", *text, ";  // ", CommentText(s.expr())));
-    return name;
-  }
+  absl::StatusOr<std::string> Int(const ir::SymInt& s) { return ints_.Int(s); }
 
   // "x * stride", simplified for strides 1.
   absl::StatusOr<std::string> Term(const std::string& var, const ir::SymInt& stride) {
@@ -388,18 +375,7 @@ class KernelEmitter {
 
   // Product of sizes as text ("1" when empty); constants folded.
   absl::StatusOr<std::string> Product(const std::vector<ir::SymInt>& sizes, size_t from) {
-    int64_t constant = 1;
-    std::vector<std::string> parts;
-    for (size_t k = from; k < sizes.size(); ++k) {
-      if (sizes[k].is_constant()) {
-        constant *= sizes[k].constant();
-      } else {
-        ASSIGN_OR_RETURN(std::string t, Int(sizes[k]));
-        parts.push_back(t);
-      }
-    }
-    if (constant != 1 || parts.empty()) parts.push_back(IntLiteral(constant));
-    return absl::StrJoin(parts, " * ");
+    return ints_.Product(sizes, from);
   }
 
   // ---- the loop nest ------------------------------------------------------
@@ -434,23 +410,7 @@ class KernelEmitter {
     int number = 0;
   };
 
-  // Welford accumulator id of reduction j (the first Welford statement of
-  // its pass over the same operand).
-  int WelfordId(int j) const {
-    const Stmt& s = k_.stmts[j];
-    for (int q = 0; q < j; ++q) {
-      const Stmt& t = k_.stmts[q];
-      if (t.kind == StmtKind::kReduce && t.pass == s.pass && t.args[0] == s.args[0] &&
-          (t.reduce == ReduceOp::kWelfordMean || t.reduce == ReduceOp::kWelfordM2)) {
-        return q;
-      }
-    }
-    return j;
-  }
-  static bool IsWelford(const Stmt& s) {
-    return s.kind == StmtKind::kReduce &&
-           (s.reduce == ReduceOp::kWelfordMean || s.reduce == ReduceOp::kWelfordM2);
-  }
+  int WelfordId(int j) const { return codegen::WelfordId(k_, j); }
 
   const ir::SymInt& Stride(const std::vector<ir::SymInt>& strides, size_t k) const {
     static const ir::SymInt kZero{int64_t{0}};
@@ -497,13 +457,8 @@ class KernelEmitter {
     switch (s.kind) {
       case StmtKind::kLoad: {
         ASSIGN_OR_RETURN(std::string addr, Access(j, mode));
-        const v1::DType bdt = k_.buffers[s.buffer].dtype;
-        std::string value = FromStorage(bdt, addr);
-        ASSIGN_OR_RETURN(CType bt, ComputeType(bdt, "C++"));
-        if (bt != type_[j]) {
-          value = type_[j] == CType::kBool ? absl::StrCat("(", value, " != 0)")
-                                           : absl::StrCat("static_cast<", T, ">(", value, ")");
-        }
+        ASSIGN_OR_RETURN(std::string value,
+                         LoadValue(k_.buffers[s.buffer].dtype, type_[j], addr, "C++"));
         return absl::StrCat("const ", T, " t", j, " = ", value, ";");
       }
       case StmtKind::kConstant:
@@ -1127,10 +1082,8 @@ class KernelEmitter {
   std::vector<bool> after_;        // outer level: after its pass's sweep
   std::vector<std::string> base_;  // per access: the row's base offset ("0", "b3")
   std::vector<Pass> passes_;
-  std::set<int> used_symbols_;
-  std::set<int> reciprocal_;                    // divisions inside a sweep by a row-invariant value
-  std::map<std::string, std::string> hoisted_;  // C++ expression -> local name
-  std::vector<std::string> hoisted_decls_;
+  std::set<int> reciprocal_;  // divisions inside a sweep by a row-invariant value
+  IntExprs ints_{k_, symbols_, kCppDialect};
 };
 
 // ---------------------------------------------------------------------------
@@ -1143,19 +1096,10 @@ class CppBackend : public CodegenBackend {
 
   absl::StatusOr<std::string> Generate(const std::vector<loop::Kernel>& kernels,
                                        const std::vector<std::string>& symbols) const override {
-    ASSIGN_OR_RETURN(SymbolTable table, SymbolTable::Create(symbols));
-    std::string out = kPrelude;
-    std::set<std::string> names;
-    for (const Kernel& kernel : kernels) {
-      if (!names.insert(kernel.name).second) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("kernel '", kernel.name, "' is defined twice"));
-      }
-      KernelEmitter emitter(kernel, table, options_.openmp);
-      ASSIGN_OR_RETURN(std::string code, emitter.Emit());
-      out += code;
-    }
-    return out;
+    return GenerateUnit(kPrelude, kernels, symbols,
+                        [&](const Kernel& kernel, const SymbolTable& table) {
+                          return KernelEmitter(kernel, table, options_.openmp).Emit();
+                        });
   }
 
   absl::StatusOr<v1::CompiledModule> Compile(const std::string& source) const override {

@@ -83,7 +83,7 @@ class CudaKernelEmitter {
     if (!k_.nodes.empty()) {
       absl::StrAppend(&out, "  // nodes: ", CommentText(absl::StrJoin(k_.nodes, ", ")), "\n");
     }
-    for (int k : used_symbols_) {
+    for (int k : ints_.used_symbols()) {
       absl::StrAppend(&out, "  const int64_t ", symbols_.CppName(k), " = a.s[", k, "];\n");
     }
     for (size_t b = 0; b < k_.buffers.size(); ++b) {
@@ -96,7 +96,7 @@ class CudaKernelEmitter {
       absl::StrAppend(&out, "  ", type, " buf", b, " = static_cast<", cast, ">(a.b[", b, "]);  // ",
                       CommentText(buf.value), "\n");
     }
-    for (const std::string& decl : hoisted_decls_) absl::StrAppend(&out, "  ", decl, "\n");
+    for (const std::string& decl : ints_.hoisted()) absl::StrAppend(&out, "  ", decl, "\n");
     absl::StrAppend(&out, body, "}\n");
     return out;
   }
@@ -105,35 +105,9 @@ class CudaKernelEmitter {
   static std::string Pad(int depth) { return std::string(2 * depth, ' '); }
   std::string Val(int a) const { return absl::StrCat("t", a); }
 
-  // CUDA text of an int64 value: a literal, a symbol, or a hoisted local.
-  absl::StatusOr<std::string> Int(const ir::SymInt& s) {
-    if (s.is_constant()) return IntLiteral(s.constant());
-    absl::StatusOr<std::string> text =
-        TranslateExpr(s.expr(), symbols_, &used_symbols_, kCudaDialect);
-    if (!text.ok()) return KernelError(k_, text.status().message());
-    if (IsIdentifier(*text)) return *text;
-    auto it = hoisted_.find(*text);
-    if (it != hoisted_.end()) return it->second;
-    const std::string name = absl::StrCat("e", hoisted_.size());
-    hoisted_.emplace(*text, name);
-    hoisted_decls_.push_back(
-        absl::StrCat("const int64_t ", name, " = ", *text, ";  // ", CommentText(s.expr())));
-    return name;
-  }
-
+  absl::StatusOr<std::string> Int(const ir::SymInt& s) { return ints_.Int(s); }
   absl::StatusOr<std::string> Product(const std::vector<ir::SymInt>& sizes, size_t from) {
-    int64_t constant = 1;
-    std::vector<std::string> parts;
-    for (size_t k = from; k < sizes.size(); ++k) {
-      if (sizes[k].is_constant()) {
-        constant *= sizes[k].constant();
-      } else {
-        ASSIGN_OR_RETURN(std::string t, Int(sizes[k]));
-        parts.push_back(t);
-      }
-    }
-    if (constant != 1 || parts.empty()) parts.push_back(IntLiteral(constant));
-    return absl::StrJoin(parts, " * ");
+    return ints_.Product(sizes, from);
   }
 
   // Lines defining <prefix><k> for each dimension of `sizes` from the flat
@@ -213,13 +187,8 @@ class CudaKernelEmitter {
         } else {
           ASSIGN_OR_RETURN(addr, Access(j));
         }
-        const v1::DType bdt = k_.buffers[s.buffer].dtype;
-        std::string value = FromStorage(bdt, addr);
-        ASSIGN_OR_RETURN(CType bt, ComputeType(bdt, "CUDA"));
-        if (bt != type_[j]) {
-          value = type_[j] == CType::kBool ? absl::StrCat("(", value, " != 0)")
-                                           : absl::StrCat("static_cast<", T, ">(", value, ")");
-        }
+        ASSIGN_OR_RETURN(std::string value,
+                         LoadValue(k_.buffers[s.buffer].dtype, type_[j], addr, "CUDA"));
         if (!live.empty()) value = absl::StrCat("(", live, ") ? ", value, " : ", T, "(0)");
         return absl::StrCat("const ", T, " t", j, " = ", value, ";");
       }
@@ -352,20 +321,7 @@ class CudaKernelEmitter {
     return absl::OkStatus();
   }
 
-  static bool IsWelford(const Stmt& s) {
-    return s.kind == StmtKind::kReduce &&
-           (s.reduce == ReduceOp::kWelfordMean || s.reduce == ReduceOp::kWelfordM2);
-  }
-  // The Welford accumulator of reduction j: the first Welford statement of
-  // its pass over the same operand.
-  int WelfordId(int j) const {
-    const Stmt& s = k_.stmts[j];
-    for (int q = 0; q < j; ++q) {
-      const Stmt& t = k_.stmts[q];
-      if (IsWelford(t) && t.pass == s.pass && t.args[0] == s.args[0]) return q;
-    }
-    return j;
-  }
+  int WelfordId(int j) const { return codegen::WelfordId(k_, j); }
 
   std::string Identity(int j) const {
     const CType t = type_[j];
@@ -576,11 +532,9 @@ class CudaKernelEmitter {
   const SymbolTable& symbols_;
   std::vector<CType> type_;
   std::vector<bool> after_;
-  std::set<int> used_symbols_;
   std::set<int> vectorized_;     // accesses read or written as chunks of the vector width
   std::string idx_ = "int64_t";  // the type of indices: int32_t where IndexesFitInt32
-  std::map<std::string, std::string> hoisted_;
-  std::vector<std::string> hoisted_decls_;
+  IntExprs ints_{k_, symbols_, kCudaDialect};
 };
 
 // Where the NVRTC helper is: `configured`, else kiln_nvrtc beside the
@@ -623,19 +577,10 @@ class CudaBackend : public CodegenBackend {
 
   absl::StatusOr<std::string> Generate(const std::vector<loop::Kernel>& kernels,
                                        const std::vector<std::string>& symbols) const override {
-    ASSIGN_OR_RETURN(SymbolTable table, SymbolTable::Create(symbols));
-    std::string out = kCudaPrelude;
-    std::set<std::string> names;
-    for (const Kernel& kernel : kernels) {
-      if (!names.insert(kernel.name).second) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("kernel '", kernel.name, "' is defined twice"));
-      }
-      CudaKernelEmitter emitter(kernel, table);
-      ASSIGN_OR_RETURN(std::string code, emitter.Emit());
-      out += code;
-    }
-    return out;
+    return GenerateUnit(kCudaPrelude, kernels, symbols,
+                        [](const Kernel& kernel, const SymbolTable& table) {
+                          return CudaKernelEmitter(kernel, table).Emit();
+                        });
   }
 
   absl::StatusOr<v1::CompiledModule> Compile(const std::string& source) const override {
