@@ -98,6 +98,10 @@ std::string EntryKey(const std::string& ns, const std::string& key) {
 
 std::string ArtifactKey(const std::string& digest) { return absl::StrCat("a/", digest); }
 
+std::string FamilyKey(const std::string& ns, const std::string& family) {
+  return absl::StrCat("f/", ns, "/", family);
+}
+
 absl::Status ValidateNamespace(const std::string& ns) {
   if (ns.size() > 64) {
     return absl::InvalidArgumentError(
@@ -247,6 +251,19 @@ absl::StatusOr<v1::StoredEntry> Cache::GetEntry(const std::string& ns, const std
   return entry;
 }
 
+absl::StatusOr<v1::StoredFamily> Cache::GetFamily(const std::string& ns,
+                                                  const std::string& family) {
+  const std::string fk = FamilyKey(ns, family);
+  std::string value;
+  RETURN_IF_ERROR(FromRocks(db_->Get(rocksdb::ReadOptions(), fk, &value),
+                            absl::StrCat("shape family ", family)));
+  v1::StoredFamily record;
+  bool sealed = false;
+  RETURN_IF_ERROR(Unseal(value, &record, &sealed, absl::StrCat("shape family ", fk)));
+  if (!sealed) return absl::DataLossError(absl::StrCat("shape family ", fk, " is not sealed"));
+  return record;
+}
+
 absl::StatusOr<LookupResult> Cache::Lookup(const std::string& ns, const std::string& key,
                                            const v1::InputSignature& signature) {
   LookupResult result;
@@ -360,11 +377,14 @@ absl::StatusOr<std::string> Cache::Publish(const PublishRequest& req) {
   variant.set_bytes(req.artifact.size());
   variant.set_created_unix_micros(now);
   variant.set_last_used_unix_micros(now);
-  if (entry.variants_size() > 0) {
+  if (entry.variants_size() > 0 || !req.recompile_misses.empty() ||
+      !req.automatic_dynamic.empty() || !req.client_reason.empty()) {
     v1::RecompileReason* r = entry.add_recompiles();
     r->set_unix_micros(now);
     r->set_digest(digest);
     for (const auto& m : req.recompile_misses) *r->add_misses() = m;
+    r->set_automatic_dynamic(req.automatic_dynamic);
+    r->set_client_reason(req.client_reason);
     if (entry.recompiles_size() > kMaxRecompileReasons) {
       entry.mutable_recompiles()->DeleteSubrange(0, entry.recompiles_size() - kMaxRecompileReasons);
     }
@@ -381,6 +401,7 @@ absl::StatusOr<std::string> Cache::Publish(const PublishRequest& req) {
   rocksdb::WriteBatch batch;
   if (new_blob) batch.Put(ArtifactKey(digest), req.artifact);
   batch.Put(ek, Seal(entry));
+  if (!req.family.empty()) batch.Put(FamilyKey(req.ns, req.family), Seal(req.family_record));
   batch.Put(kStatsKey, StatsBytes());
   rocksdb::WriteOptions wo;
   wo.sync = options_.sync_writes;

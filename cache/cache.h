@@ -6,6 +6,8 @@
 //   "a/<digest>"           artifact bytes; digest = hex SHA-256 of the bytes
 //   "q/<digest>"           a quarantined (corrupt) blob, kept for inspection
 //   "s/stats"              StoredStats: counters and compile-time histograms
+//   "f/<namespace>/<id>"   StoredFamily: a shape family's latest graph
+//                          (cache/shape_family.h)
 //
 // A variant and its artifact are published in one WriteBatch, so a crash
 // leaves either the old state or the new one. Artifacts are verified against
@@ -60,6 +62,11 @@ struct PublishRequest {
   v1::GuardSet guards;
   std::string artifact;                           // serialized v1::Artifact
   std::vector<v1::VariantMiss> recompile_misses;  // why earlier variants did not serve
+  std::string automatic_dynamic;                  // RecompileReason.automatic_dynamic
+  std::string client_reason;                      // RecompileReason.client_reason
+  // Also written in the publishing batch when `family` is set.
+  std::string family;
+  v1::StoredFamily family_record;
 };
 
 class Cache {
@@ -90,6 +97,10 @@ class Cache {
   // Stores the artifact and a new variant at the front of the key's list in
   // one WriteBatch; returns the digest. Then evicts down to the byte budget.
   absl::StatusOr<std::string> Publish(const PublishRequest& request);
+
+  // The shape family's record, or NOT_FOUND. A record that does not unseal
+  // is DATA_LOSS.
+  absl::StatusOr<v1::StoredFamily> GetFamily(const std::string& ns, const std::string& family);
 
   // Drops every variant of (ns, key). Returns (variants, bytes freed).
   absl::StatusOr<std::pair<uint64_t, uint64_t>> Evict(const std::string& ns,
@@ -171,6 +182,8 @@ class Cache {
 std::string EntryKey(const std::string& ns, const std::string& key);
 // "a/<digest>"
 std::string ArtifactKey(const std::string& digest);
+// "f/<ns>/<family>"
+std::string FamilyKey(const std::string& ns, const std::string& family);
 
 // Namespaces are [A-Za-z0-9_.-]{0,64}; "" is the default.
 absl::Status ValidateNamespace(const std::string& ns);

@@ -201,8 +201,9 @@ std::string Misses(const google::protobuf::RepeatedPtrField<v1::VariantMiss>& mi
                    const std::string& indent) {
   std::string out;
   for (const v1::VariantMiss& m : misses) {
-    absl::StrAppend(&out, indent, "variant ", m.variant(), " (", Short(m.digest()),
-                    "): ", m.failed_guard(), "\n");
+    absl::StrAppend(&out, indent, "variant ", m.variant(), " (", Short(m.digest()), ")",
+                    m.key().empty() ? "" : absl::StrCat(" of key ", Short(m.key())), ": ",
+                    m.failed_guard(), "\n");
   }
   return out;
 }
@@ -495,6 +496,10 @@ void PrintRecompiles(const v1::EntryInfo& e) {
     std::cout << "  " << Timestamp(rc.unix_micros()) << "  added variant " << Short(rc.digest())
               << "\n"
               << Misses(rc.misses(), "    ");
+    if (!rc.automatic_dynamic().empty()) {
+      std::cout << "    automatic dynamic: " << rc.automatic_dynamic() << "\n";
+    }
+    if (!rc.client_reason().empty()) std::cout << "    client: " << rc.client_reason() << "\n";
   }
 }
 

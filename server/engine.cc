@@ -16,14 +16,24 @@ namespace {
 
 std::string MissReasons(const std::string& key, int variants,
                         const std::vector<v1::VariantMiss>& misses) {
-  if (variants == 0) return absl::StrCat("full miss: key ", key, " is not cached");
   std::vector<std::string> parts;
   for (const auto& m : misses) {
-    parts.push_back(absl::StrCat("variant ", m.variant(), ": ", m.failed_guard()));
+    parts.push_back(m.key().empty() ? absl::StrCat("variant ", m.variant(), ": ", m.failed_guard())
+                                    : absl::StrCat("variant ", m.variant(), " of key ", m.key(),
+                                                   " (same shape family): ", m.failed_guard()));
+  }
+  if (variants == 0) {
+    return absl::StrCat("full miss: key ", key, " is not cached", parts.empty() ? "" : "; ",
+                        absl::StrJoin(parts, "; "));
   }
   return absl::StrCat("guard miss on key ", key, " (", variants,
                       " variants): ", absl::StrJoin(parts, "; "));
 }
+
+// Graphs larger than this get no shape family: their records would cost
+// more to store and compare than a compile saves.
+constexpr size_t kMaxFamilyGraphBytes = 4 << 20;
+constexpr size_t kMaxClientReasonBytes = 4096;
 
 absl::Status Prefix(const absl::Status& s, absl::string_view prefix) {
   if (s.ok()) return s;
@@ -174,29 +184,147 @@ absl::StatusOr<v1::CompileResponse> Engine::Compile(const v1::CompileRequest& re
     return resp;
   }
 
+  MissRecord record;
+  record.misses = std::move(misses);
+  record.client_reason = req.recompile_reason().substr(0, kMaxClientReasonBytes);
+  Family family;
+  if (options_.automatic_dynamic) {
+    family = times.Time("family", [&] { return FindFamily(ns, graph, options); });
+  }
+  const bool other_key = family.record.has_value() && family.record->key() != key;
+  if (other_key && signature.ok()) {
+    // Another graph of the family is cached: its variants are this
+    // compile's recompile reasons, and a symbolic one may serve it.
+    auto entry = cache_->GetEntry(ns, family.record->key());
+    for (int i = 0; entry.ok() && i < entry->variants_size(); ++i) {
+      v1::VariantMiss m;
+      m.set_variant(i);
+      m.set_digest(entry->variants(i).digest());
+      m.set_key(family.record->key());
+      auto failed = cache::CheckGuards(entry->variants(i).guards(), *signature);
+      if (!failed.ok()) {
+        m.set_failed_guard(std::string(failed.status().message()));
+      } else if (failed->has_value()) {
+        m.set_failed_guard(**failed);
+      } else {
+        absl::Status instance = cache::CheckInstance(family.record->graph(), family.positional);
+        m.set_failed_guard(instance.ok() ? "its guards admit these inputs and this graph is an "
+                                           "instance of its graph"
+                                         : absl::StrCat("its guards admit these inputs, but this "
+                                                        "graph is ",
+                                                        instance.message()));
+      }
+      record.misses.push_back(std::move(m));
+    }
+    if (auto served = ServeInstance(ns, family, *signature)) {
+      auto& [digest, bytes] = *served;
+      v1::CompileResponse resp;
+      if (!resp.mutable_artifact()->ParseFromString(bytes)) {
+        return absl::DataLossError(absl::StrCat("artifact ", digest, " does not parse"));
+      }
+      if (!frozen_ && !req.frozen()) {
+        // Under this graph's own key too, so that its next Lookup hits.
+        cache::PublishRequest alias{ns, key, graph.name(), options.backend(), guards, bytes, {}};
+        RETURN_IF_ERROR(cache_->Publish(alias).status());
+      }
+      cache_->Count(v1::HIT);
+      resp.set_key(key);
+      resp.set_digest(digest);
+      resp.set_outcome(v1::HIT);
+      return resp;
+    }
+  }
+
   if (frozen_ || req.frozen()) {
     cache_->Count(v1::FROZEN_MISS);
     return absl::FailedPreconditionError(
         absl::StrCat(frozen_ ? "the server is frozen" : "the request is frozen",
-                     " and compiles nothing: ", MissReasons(key, variants, misses)));
+                     " and compiles nothing: ", MissReasons(key, variants, record.misses)));
   }
   if (variants >= static_cast<int>(options_.cache_size_limit)) {
     cache_->Count(v1::CACHE_LIMIT);
     return absl::ResourceExhaustedError(
         absl::StrCat("cache_size_limit (", options_.cache_size_limit, ") reached for key ", key,
-                     "; recompile reasons: ", MissReasons(key, variants, misses)));
+                     "; recompile reasons: ", MissReasons(key, variants, record.misses)));
   }
   // CompileMiss counts the miss: the variant may be published by an
   // identical compile before this one gets to run.
   const v1::LookupOutcome outcome = variants == 0 ? v1::FULL_MISS : v1::GUARD_MISS;
-  return CompileMiss(ns, graph, guards, options, key, outcome, std::move(misses), std::move(times),
+  if (other_key && cache::IsStatic(family.record->graph()) && cache::IsStatic(family.positional)) {
+    // Automatic dynamic: the sizes that changed become symbols.
+    auto general = cache::Generalize(family.record->graph(), family.positional);
+    if (general.ok()) {
+      v1::Graph proto = cache::ConstantsAsInts(general->graph);
+      proto.set_name(graph.name());
+      auto built = BuildVerified(proto);
+      if (built.ok()) {
+        std::vector<std::string> dims;
+        for (size_t k = 0; k < general->symbols.size(); ++k) {
+          std::vector<std::string> where;
+          for (auto [i, d] : general->dims[k]) {
+            where.push_back(absl::StrCat(
+                "input ", i, " '", graph.value(graph.inputs()[i].value).name, "' size[", d, "]"));
+          }
+          dims.push_back(absl::StrCat(general->symbols[k], ": ", absl::StrJoin(where, ", ")));
+        }
+        const std::string general_key = ir::CacheKey(*built, options);
+        v1::GuardSet general_guards = cache::GeneralizeGuards(guards, *general);
+        record.automatic_dynamic = absl::StrJoin(dims, "; ");
+        record.family = family.id;
+        record.family_record.set_key(general_key);
+        *record.family_record.mutable_graph() = std::move(general->graph);
+        record.alias_key = key;
+        record.alias_guards = guards;
+        return CompileMiss(ns, *built, general_guards, options, general_key, outcome,
+                           std::move(record), std::move(times), gone);
+      }
+    }
+  }
+  // The family's record becomes this graph, unless it is symbolic and this
+  // graph is not: the most general graph seen serves the most.
+  if (!family.id.empty() &&
+      !(family.record.has_value() && !cache::IsStatic(family.record->graph()) &&
+        cache::IsStatic(family.positional))) {
+    record.family = family.id;
+    record.family_record.set_key(key);
+    *record.family_record.mutable_graph() = std::move(family.positional);
+  }
+  return CompileMiss(ns, graph, guards, options, key, outcome, std::move(record), std::move(times),
                      gone);
+}
+
+Engine::Family Engine::FindFamily(const std::string& ns, const ir::Graph& graph,
+                                  const v1::CompileOptions& options) {
+  Family f;
+  f.positional = cache::PositionalForm(graph.ToProto());
+  if (f.positional.ByteSizeLong() > kMaxFamilyGraphBytes) return f;
+  f.id = cache::ShapeFamily(f.positional,
+                            absl::StrCat(ir::DeterministicBytes(options), KILN_COMPILER_VERSION));
+  // A record that cannot be read only loses the generalization; the next
+  // publish of the family overwrites it.
+  auto record = cache_->GetFamily(ns, f.id);
+  if (record.ok()) f.record = *std::move(record);
+  return f;
+}
+
+std::optional<std::pair<std::string, std::string>> Engine::ServeInstance(
+    const std::string& ns, const Family& family, const v1::InputSignature& signature) {
+  if (!family.record.has_value() || cache::IsStatic(family.record->graph()) ||
+      !cache::IsStatic(family.positional) ||
+      !cache::CheckInstance(family.record->graph(), family.positional).ok()) {
+    return std::nullopt;
+  }
+  auto found = cache_->Lookup(ns, family.record->key(), signature);
+  if (!found.ok() || found->outcome != v1::HIT) return std::nullopt;
+  auto bytes = cache_->ReadArtifact(found->digest);
+  if (!bytes.ok()) return std::nullopt;
+  return std::make_pair(found->digest, *std::move(bytes));
 }
 
 absl::StatusOr<v1::CompileResponse> Engine::CompileMiss(
     const std::string& ns, const ir::Graph& graph, const v1::GuardSet& guards,
     const v1::CompileOptions& options, const std::string& key, v1::LookupOutcome outcome,
-    std::vector<v1::VariantMiss> misses, PhaseTimes times, const CallerGone& gone) {
+    MissRecord record, PhaseTimes times, const CallerGone& gone) {
   const bool bypass = outcome == v1::BYPASS;
   const std::string guard_bytes = ir::DeterministicBytes(guards);
   const std::string flight_key =
@@ -225,7 +353,7 @@ absl::StatusOr<v1::CompileResponse> Engine::CompileMiss(
   // The job owns copies of what it compiles: every caller may leave before
   // it ends (their clients gone), and the last to leave cancels it.
   auto job = [this, flight, flight_key, bypass, guard_bytes, ns, graph, guards, options, key,
-              outcome, misses = std::move(misses), times = std::move(times)]() mutable {
+              outcome, record = std::move(record), times = std::move(times)]() mutable {
     auto run = [&]() -> absl::StatusOr<v1::CompileResponse> {
       v1::CompileResponse resp;
       resp.set_key(key);
@@ -266,14 +394,25 @@ absl::StatusOr<v1::CompileResponse> Engine::CompileMiss(
       if (bypass) {
         resp.set_digest(Sha256Hex(bytes));
       } else {
-        cache::PublishRequest pub{ns, key, graph.name(), options.backend(), guards, bytes, misses};
+        cache::PublishRequest pub{ns,     key,   graph.name(), options.backend(),
+                                  guards, bytes, record.misses};
+        pub.automatic_dynamic = record.automatic_dynamic;
+        pub.client_reason = record.client_reason;
+        pub.family = record.family;
+        pub.family_record = record.family_record;
         ASSIGN_OR_RETURN(std::string digest,
                          times.Time("store", [&] { return cache_->Publish(pub); }));
+        if (!record.alias_key.empty()) {
+          cache::PublishRequest alias{
+              ns, record.alias_key, graph.name(), options.backend(), record.alias_guards, bytes,
+              {}};
+          RETURN_IF_ERROR(cache_->Publish(alias).status());
+        }
         resp.set_digest(digest);
       }
       for (const auto& p : times.phases()) cache_->RecordPhase(p.phase(), p.micros());
       *resp.mutable_artifact() = *std::move(artifact);
-      for (auto& m : misses) *resp.add_misses() = m;
+      for (auto& m : record.misses) *resp.add_misses() = m;
       return resp;
     };
     flight->result = run();

@@ -15,6 +15,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/container/flat_hash_map.h"
@@ -22,6 +23,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "cache/cache.h"
+#include "cache/shape_family.h"
 #include "kiln/v1/service.pb.h"
 #include "server/backend.h"
 #include "server/worker_pool.h"
@@ -30,6 +32,11 @@ namespace kiln::server {
 
 struct EngineOptions {
   bool frozen = false;
+  // Shape families (cache/shape_family.h): a static graph that differs from
+  // an earlier one of its family only in sizes is compiled with those
+  // dimensions symbolic, and later graphs of the family that are instances of
+  // a symbolic one are served by its artifact without compiling.
+  bool automatic_dynamic = true;
   uint32_t cache_size_limit = 8;
   int compile_workers = 2;
   int compile_queue_depth = 64;
@@ -71,12 +78,37 @@ class Engine {
     std::atomic<bool> cancel{false};  // set when the last one leaves
   };
 
+  // What a compile records besides its artifact.
+  struct MissRecord {
+    std::vector<v1::VariantMiss> misses;  // the recompile reasons
+    std::string automatic_dynamic;        // the dimensions made symbolic
+    std::string client_reason;
+    std::string family;  // the shape family to point at the new variant, if any
+    v1::StoredFamily family_record;
+    // A static graph's own key and guards, published to the same artifact
+    // when a generalization of it was compiled; empty otherwise.
+    std::string alias_key;
+    v1::GuardSet alias_guards;
+  };
   absl::StatusOr<v1::CompileResponse> CompileMiss(const std::string& ns, const ir::Graph& graph,
                                                   const v1::GuardSet& guards,
                                                   const v1::CompileOptions& options,
                                                   const std::string& key, v1::LookupOutcome outcome,
-                                                  std::vector<v1::VariantMiss> misses,
-                                                  PhaseTimes times, const CallerGone& gone);
+                                                  MissRecord record, PhaseTimes times,
+                                                  const CallerGone& gone);
+
+  // The graph's shape family and its record, when automatic dynamic is on.
+  struct Family {
+    std::string id;        // empty: no family (off, or the graph is too large)
+    v1::Graph positional;  // the graph in positional form
+    std::optional<v1::StoredFamily> record;
+  };
+  Family FindFamily(const std::string& ns, const ir::Graph& graph,
+                    const v1::CompileOptions& options);
+  // The artifact of the family's symbolic variant when `family.positional` is
+  // an instance of it whose guards admit `signature`; nullopt otherwise.
+  std::optional<std::pair<std::string, std::string>> ServeInstance(
+      const std::string& ns, const Family& family, const v1::InputSignature& signature);
   // Publishes the flight's result to its callers and forgets it.
   void FinishFlight(const std::shared_ptr<Flight>& flight, const std::string& flight_key);
   // The flight's result, or CANCELLED once `gone` says the caller left.

@@ -47,6 +47,9 @@ ABSL_FLAG(bool, frozen, false, "serve only what is cached; compile nothing");
 ABSL_FLAG(uint64_t, cache_byte_budget, 0,
           "artifact bytes kept before LRU eviction (default 8 GiB)");
 ABSL_FLAG(uint32_t, cache_size_limit, 0, "variants per key (default 8)");
+ABSL_FLAG(bool, automatic_dynamic, true,
+          "compile a static graph whose family differs from an earlier graph only in sizes "
+          "with those sizes symbolic (off: --noautomatic_dynamic)");
 ABSL_FLAG(uint64_t, max_message_bytes, 0, "largest request accepted (default 64 MiB)");
 ABSL_FLAG(uint32_t, compile_workers, 0, "compile threads (default: cores)");
 ABSL_FLAG(bool, sync_writes, false, "fsync every publish (survive power loss, not only crashes)");
@@ -120,6 +123,7 @@ absl::StatusOr<v1::ServerConfig> LoadConfig() {
   if (absl::GetFlag(FLAGS_frozen)) config.set_frozen(true);
   if (absl::GetFlag(FLAGS_sync_writes)) config.set_sync_writes(true);
   if (absl::GetFlag(FLAGS_salvage_wal)) config.set_salvage_wal(true);
+  if (!absl::GetFlag(FLAGS_automatic_dynamic)) config.set_no_automatic_dynamic(true);
   if (auto v = absl::GetFlag(FLAGS_cache_byte_budget)) config.set_cache_byte_budget(v);
   if (auto v = absl::GetFlag(FLAGS_cache_size_limit)) config.set_cache_size_limit(v);
   if (auto v = absl::GetFlag(FLAGS_max_message_bytes)) config.set_max_message_bytes(v);
@@ -186,6 +190,7 @@ absl::Status Serve() {
   EngineOptions engine_options;
   engine_options.frozen = config.frozen();
   engine_options.cache_size_limit = config.cache_size_limit();
+  engine_options.automatic_dynamic = !config.no_automatic_dynamic();
   engine_options.compile_workers = static_cast<int>(config.compile_workers());
   engine_options.compile_queue_depth = static_cast<int>(config.compile_queue_depth());
   // Scratch files of native compiles live under the data directory, which

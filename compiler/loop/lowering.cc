@@ -7,6 +7,7 @@
 #include <set>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
@@ -1300,7 +1301,14 @@ absl::StatusOr<Kernel> Lowerer::EmitKernel(int gi) {
 
 void Lowerer::BuildPlan(LoweredGraph* out) {
   v1::ExecutionPlan& plan = out->plan;
-  // Symbols: bound from the first input dimension that names them.
+  // Symbols: bound from the first input dimension that is one alone. A
+  // dimension that is an expression ("16*s0") binds nothing; the runtime
+  // checks it against the bound symbols.
+  auto is_symbol = [](const std::string& e) {
+    return !e.empty() && !absl::ascii_isdigit(e[0]) && std::all_of(e.begin(), e.end(), [](char c) {
+      return absl::ascii_isalnum(c) || c == '_';
+    });
+  };
   std::set<std::string> seen;
   for (size_t i = 0; i < g_.inputs().size(); ++i) {
     const ir::Value& v = g_.value(g_.inputs()[i].value);
@@ -1309,7 +1317,7 @@ void Lowerer::BuildPlan(LoweredGraph* out) {
     ph->mutable_value()->set_name(v.name);
     for (size_t d = 0; d < v.meta.sizes.size(); ++d) {
       const SymInt& s = v.meta.sizes[d];
-      if (s.is_constant() || seen.count(s.expr())) continue;
+      if (s.is_constant() || !is_symbol(s.expr()) || seen.count(s.expr())) continue;
       seen.insert(s.expr());
       auto* b = plan.add_symbols();
       b->set_symbol(s.expr());

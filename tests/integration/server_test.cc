@@ -239,6 +239,98 @@ TEST(KilndTest, CacheSizeLimitRefusesWithRecompileReasons) {
   EXPECT_EQ(lookup->misses_size(), 2);
 }
 
+TEST(KilndTest, AutomaticDynamicGeneralizesStaticGraphsOfOneFamily) {
+  TempDir dir;
+  KilndProcess kilnd(dir.path());
+  auto c = ConnectTo(kilnd);
+  auto first = c->Compile(Request(ChainGraph(6, 4)));
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(first->outcome(), v1::FULL_MISS);
+
+  // Batch 5: the same program; its batch becomes a symbol.
+  auto second = c->Compile(Request(ChainGraph(6, 5)));
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ(second->outcome(), v1::FULL_MISS);
+  EXPECT_NE(second->key(), first->key());
+  ASSERT_EQ(second->misses_size(), 1);
+  EXPECT_EQ(second->misses(0).key(), first->key());
+  EXPECT_EQ(second->misses(0).failed_guard(), "input 0 'x': size[0] is 5, guard expects 4");
+  const v1::Graph& general = second->artifact().graph();
+  EXPECT_EQ(general.inputs(0).value().meta().sizes(0).expr(), "s0");
+  EXPECT_EQ(general.inputs(0).value().meta().sizes(1).int_value(), 16);
+  EXPECT_EQ(general.inputs(0).value().meta().strides(0).int_value(), 16);
+  auto entry = c->GetEntry(second->key());
+  ASSERT_TRUE(entry.ok()) << entry.status();
+  ASSERT_EQ(entry->entry().recompiles_size(), 1);
+  const v1::RecompileReason& why = entry->entry().recompiles(0);
+  EXPECT_EQ(why.automatic_dynamic(), "s0: input 0 'x' size[0]");
+  ASSERT_EQ(why.misses_size(), 1);
+  EXPECT_EQ(why.misses(0).key(), first->key());
+  const uint64_t compiles = c->Stats()->counters().compiles();
+
+  // Every later batch is served by the symbolic variant without compiling,
+  // frozen or not, and then hits under its own key.
+  for (int64_t batch : {9, 64}) {
+    auto later = c->Compile(Request(ChainGraph(6, batch)));
+    ASSERT_TRUE(later.ok()) << later.status();
+    EXPECT_EQ(later->outcome(), v1::HIT) << batch;
+    EXPECT_EQ(later->digest(), second->digest()) << batch;
+    v1::LookupRequest lookup;
+    *lookup.mutable_graph() = ChainGraph(6, batch);
+    lookup.mutable_options()->set_backend("eager");
+    auto hit = c->Lookup(lookup);
+    ASSERT_TRUE(hit.ok()) << hit.status();
+    EXPECT_EQ(hit->outcome(), v1::HIT) << batch << ": " << hit->reason();
+  }
+  EXPECT_EQ(c->Stats()->counters().compiles(), compiles);
+  ASSERT_TRUE(c->Freeze().ok());
+  auto frozen = c->Compile(Request(ChainGraph(6, 33)));
+  ASSERT_TRUE(frozen.ok()) << frozen.status();
+  EXPECT_EQ(frozen->digest(), second->digest());
+  // Batch 1 is specialized (s0 >= 2): a frozen server refuses it, naming the
+  // guard of the symbolic variant that failed.
+  auto one = c->Compile(Request(ChainGraph(6, 1)));
+  EXPECT_EQ(one.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(Contains(one.status().message(),
+                       "(same shape family): input 0 'x': size[0] is 1, "
+                       "guard 's0 >= 2' fails (s0 = 1)"))
+      << one.status();
+  ASSERT_TRUE(c->Thaw().ok());
+  auto specialized = c->Compile(Request(ChainGraph(6, 1)));
+  ASSERT_TRUE(specialized.ok()) << specialized.status();
+  EXPECT_EQ(specialized->outcome(), v1::FULL_MISS);
+  EXPECT_EQ(specialized->artifact().graph().inputs(0).value().meta().sizes(0).int_value(), 1);
+  EXPECT_EQ(c->Stats()->counters().compiles(), compiles + 1);
+  // An integer argument that differs (alpha): the graph is of the family but
+  // no instance of the symbolic graph, and is compiled as sent.
+  auto alpha = c->Compile(Request(ChainGraph(6, 7, /*salt=*/2)));
+  ASSERT_TRUE(alpha.ok()) << alpha.status();
+  ASSERT_EQ(alpha->misses_size(), 1);
+  EXPECT_TRUE(Contains(alpha->misses(0).failed_guard(),
+                       "its guards admit these inputs, but this graph is not an instance: "
+                       "integer"))
+      << alpha->misses(0).failed_guard();
+  EXPECT_EQ(alpha->artifact().graph().inputs(0).value().meta().sizes(0).int_value(), 7);
+  // Another program is another family.
+  auto other = c->Compile(Request(ChainGraph(7, 7)));
+  ASSERT_TRUE(other.ok()) << other.status();
+  EXPECT_EQ(other->misses_size(), 0);
+}
+
+TEST(KilndTest, WithoutAutomaticDynamicEveryStaticGraphCompiles) {
+  TempDir dir;
+  KilndProcess kilnd(dir.path(), {"--noautomatic_dynamic"});
+  auto c = ConnectTo(kilnd);
+  for (int64_t batch : {4, 5, 6}) {
+    auto r = c->Compile(Request(ChainGraph(6, batch)));
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->outcome(), v1::FULL_MISS);
+    EXPECT_EQ(r->misses_size(), 0);
+    EXPECT_EQ(r->artifact().graph().inputs(0).value().meta().sizes(0).int_value(), batch);
+  }
+  EXPECT_EQ(c->Stats()->counters().compiles(), 3u);
+}
+
 TEST(KilndTest, EvictsUnderAByteBudget) {
   TempDir dir;
   // One chain-20 artifact is a few KiB; the budget holds about two.

@@ -22,6 +22,7 @@ import torch
 from google.protobuf import json_format
 
 import kiln
+from kiln.compiled import ArtifactFunction
 from kiln.v1 import service_pb2
 
 KILND = os.environ.get("KILND")
@@ -247,6 +248,41 @@ class ServerTest(unittest.TestCase):
         self.assertEqual(outcome(reply.outcome), "GUARD_MISS", f"{msg}: {reply.reason}")
         self.assertGreaterEqual(len(reply.misses), 1)
         self.assertIn("size[0]", reply.misses[0].failed_guard)
+
+    def test_automatic_dynamic_serves_later_sizes_from_one_symbolic_variant(self):
+        """Static graphs of one program at batches 2 and 3 make kilnd compile
+        one symbolic variant; later batches are served by it without a
+        compile, and its code computes what eager does at each size."""
+        torch.manual_seed(0)
+        block = capture_graphs.TransformerBlock().eval()
+        cases = [("kiln", capture_graphs.MLP(), lambda b: torch.randn(b, 32)),
+                 ("eager", capture_graphs.MLP(), lambda b: torch.randn(b, 32)),
+                 ("kiln", block, lambda b: torch.randn(b, 16, 32))]
+        for backend, model, make in cases:
+            ns = f"auto-{backend}-{type(model).__name__}"
+            with self.subTest(backend=backend, model=type(model).__name__):
+                first = self.client.compile(kiln.capture(model, make(2)), backend=backend,
+                                            namespace=ns)
+                second = self.client.compile(kiln.capture(model, make(3)), backend=backend,
+                                             namespace=ns)
+                self.assertEqual([m.key for m in second.misses], [first.key])
+                entry = self.client.get_entry(second.key, ns).entry
+                self.assertEqual(entry.recompiles[0].automatic_dynamic,
+                                 f"s0: input {len(kiln.module_tensors(model))} 'x' size[0]")
+                compiles = self.client.stats().counters.compiles
+                for batch in (5, 11):
+                    x = make(batch)
+                    graph = kiln.capture(model, x)
+                    served = self.client.compile(graph, backend=backend, namespace=ns)
+                    self.assertEqual(outcome(served.outcome), "HIT", f"batch {batch}")
+                    self.assertEqual(served.digest, second.digest, f"batch {batch}")
+                    fn = ArtifactFunction(served.artifact, graph)
+                    with torch.no_grad():
+                        got = fn(list(kiln.module_tensors(model)) + [x])[0]
+                        want = model(x)
+                    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4,
+                                               msg=f"batch {batch}")
+                self.assertEqual(self.client.stats().counters.compiles, compiles)
 
     def test_every_graph_file_compiles(self):
         for path in sorted(os.listdir(GRAPHS_DIR)):

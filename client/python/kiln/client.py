@@ -114,7 +114,7 @@ class Client:
     # Compiler service.
 
     def compile(self, graph, guards=None, backend="eager", namespace="", frozen=False,
-                target=None):
+                target=None, signature=None, recompile_reason=""):
         """Compiles `graph` (kiln.v1.Graph) unless a cached variant admits it.
 
         `guards` (kiln.v1.GuardSet) defaults, on the server, to guards that
@@ -122,13 +122,19 @@ class Client:
         `frozen`, a miss fails with FAILED_PRECONDITION instead of compiling.
         `target` (kiln.v1.Target) names what the `kiln` backend generates code
         for; by default kilnd picks the device of the graph's inputs (cpu at
-        x86-64-v3, or cuda at sm_90). Returns the kiln.v1.CompileResponse.
+        x86-64-v3, or cuda at sm_90). `signature` (kiln.v1.InputSignature)
+        is what the call that needs the graph passes, and `recompile_reason`
+        why the client compiles again in its own words: kilnd records both
+        with the recompile reasons. Returns the kiln.v1.CompileResponse.
         """
         options = self._options(backend, target)
         request = service_pb2.CompileRequest(graph=graph, options=options,
-                                             namespace=namespace, frozen=frozen)
+                                             namespace=namespace, frozen=frozen,
+                                             recompile_reason=recompile_reason)
         if guards is not None:
             request.guards.CopyFrom(guards)
+        if signature is not None:
+            request.signature.CopyFrom(signature)
         response = self._call(self._compiler.Compile, request)
         if response.key:
             self._keys[self._graph_id(graph, options, namespace)] = response.key
