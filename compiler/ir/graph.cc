@@ -326,8 +326,8 @@ absl::StatusOr<Graph> Graph::FromProtoExact(const v1::Graph& proto) {
   Graph g;
   g.name_ = proto.name();
   NameTable names;
-  auto define = [&](const v1::Value& v, int producer, int index,
-                    const std::string& where) -> absl::StatusOr<ValueId> {
+  auto define = [&](const v1::Value& v, int producer, int index, const std::string& where,
+                    bool meta_optional = false) -> absl::StatusOr<ValueId> {
     if (v.name().empty()) {
       return absl::InvalidArgumentError(absl::StrCat(where, " has an empty name"));
     }
@@ -336,7 +336,7 @@ absl::StatusOr<Graph> Graph::FromProtoExact(const v1::Graph& proto) {
       return absl::InvalidArgumentError(
           absl::StrCat(where, ": the name '", v.name(), "' is defined twice"));
     }
-    if (!v.has_meta()) {
+    if (!v.has_meta() && !meta_optional) {
       return absl::InvalidArgumentError(
           absl::StrCat(where, " '", v.name(), "' has no metadata (field 'meta')"));
     }
@@ -365,8 +365,9 @@ absl::StatusOr<Graph> Graph::FromProtoExact(const v1::Graph& proto) {
       return absl::InvalidArgumentError(absl::StrCat("node name '", pn.name(), "' is used twice"));
     }
     for (int j = 0; j < pn.outputs_size(); ++j) {
-      ASSIGN_OR_RETURN(ValueId id, define(pn.outputs(j), k, j,
-                                          absl::StrCat("node '", pn.name(), "' output ", j)));
+      ASSIGN_OR_RETURN(
+          ValueId id, define(pn.outputs(j), k, j, absl::StrCat("node '", pn.name(), "' output ", j),
+                             IsSymIntNode(pn.target())));
       outputs[order[k]].push_back(id);
     }
   }

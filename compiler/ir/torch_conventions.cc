@@ -8,6 +8,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "compiler/ir/schema.h"
 
 namespace kiln::ir {
@@ -186,7 +187,145 @@ v1::Node ScalarTensorNode(const v1::Argument& number, const std::string& node_na
   return n;
 }
 
+// The text of `s` as an operand of a binary operator.
+std::string OperandText(const SymInt& s) {
+  if (s.is_constant())
+    return s.constant() < 0 ? absl::StrCat("(", s.constant(), ")") : absl::StrCat(s.constant());
+  return absl::StrContains(s.expr(), ' ') ? absl::StrCat("(", s.expr(), ")") : s.expr();
+}
+
+// a `op` b for op one of + - * //, in the expression grammar of
+// cache/guard_expr.h, with constants folded.
+absl::StatusOr<SymInt> SymArithmetic(absl::string_view op, const SymInt& a, const SymInt& b) {
+  if (a.is_constant() && b.is_constant()) {
+    const int64_t x = a.constant(), y = b.constant();
+    int64_t r = 0;
+    bool overflow = false;
+    if (op == "+") overflow = __builtin_add_overflow(x, y, &r);
+    if (op == "-") overflow = __builtin_sub_overflow(x, y, &r);
+    if (op == "*") overflow = __builtin_mul_overflow(x, y, &r);
+    if (op == "//") {
+      if (y == 0) return absl::InvalidArgumentError("division by zero");
+      if (x == INT64_MIN && y == -1) overflow = true;
+      r = overflow ? 0 : x / y - ((x % y != 0) && ((x < 0) != (y < 0)) ? 1 : 0);
+    }
+    if (overflow) return absl::InvalidArgumentError(absl::StrCat(x, " ", op, " ", y, " overflows"));
+    return SymInt{r};
+  }
+  const std::string sep = op == "*" || op == "//" ? std::string(op) : absl::StrCat(" ", op, " ");
+  return SymInt{absl::StrCat(OperandText(a), sep, OperandText(b))};
+}
+
+// The SymInt a size node or SymInt operator computes; `sym` holds the values
+// of earlier such nodes, by output name.
+absl::StatusOr<SymInt> EvaluateSymIntNode(const Node& node, const Graph& graph,
+                                          const std::map<std::string, SymInt>& sym) {
+  auto err = [&node](auto&&... why) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("node '", node.name, "' (", node.target, "): ", why...));
+  };
+  if (node.outputs.size() != 1)
+    return err("returns one SymInt, node has ", node.outputs.size(), " outputs");
+  auto integer = [&](size_t i) -> absl::StatusOr<SymInt> {
+    if (i >= node.args.size()) return err("argument ", i, " is missing");
+    const Argument::Kind& k = node.args[i].kind;
+    if (const auto* v = std::get_if<int64_t>(&k)) return SymInt{*v};
+    if (const auto* v = std::get_if<SymInt>(&k)) {
+      if (!v->is_constant()) {
+        auto it = sym.find(v->expr());
+        if (it != sym.end()) return it->second;
+      }
+      return *v;
+    }
+    if (const auto* v = std::get_if<ValueId>(&k)) {
+      auto it = sym.find(graph.value(*v).name);
+      if (it != sym.end()) return it->second;
+    }
+    return err("argument ", i, " is ", KindName(k), ", not an integer");
+  };
+  if (absl::StartsWith(node.target, "aten.")) {
+    if (node.args.empty() || !std::holds_alternative<ValueId>(node.args[0].kind)) {
+      return err("argument 0 must be a tensor");
+    }
+    const TensorMeta& m = graph.value(std::get<ValueId>(node.args[0].kind)).meta;
+    if (node.target == "aten.sym_storage_offset.default") return m.storage_offset;
+    if (node.target == "aten.sym_numel.default") {
+      SymInt n{int64_t{1}};
+      for (const SymInt& s : m.sizes) {
+        auto p = SymArithmetic("*", n, s);
+        if (!p.ok()) return err(p.status().message());
+        n = *std::move(p);
+      }
+      return n;
+    }
+    auto dim = integer(1);
+    if (!dim.ok()) return dim.status();
+    const std::vector<SymInt>& dims = node.target == "aten.sym_size.int" ? m.sizes : m.strides;
+    const int64_t rank = static_cast<int64_t>(dims.size());
+    int64_t d = dim->is_constant() ? dim->constant() : rank;
+    if (d < 0) d += rank;
+    if (d < 0 || d >= rank) return err("dim ", dim->ToString(), " is out of range for rank ", rank);
+    return dims[d];
+  }
+  auto a = integer(0);
+  if (!a.ok()) return a.status();
+  auto b = integer(1);
+  if (!b.ok()) return b.status();
+  const absl::string_view name = node.target.substr(node.target.rfind('.') + 1);
+  const absl::string_view op = name == "add"   ? "+"
+                               : name == "sub" ? "-"
+                               : name == "mul" ? "*"
+                                               : "//";
+  auto r = SymArithmetic(op, *a, *b);
+  if (!r.ok()) return err(r.status().message());
+  return r;
+}
+
+// Replaces, in `pn`'s arguments, each reference to a SymInt node's output by
+// its value.
+void SubstituteSymInts(v1::Node* pn, const std::map<std::string, SymInt>& sym) {
+  auto one = [&sym](v1::SymInt* s) {
+    if (!s->has_expr()) return;
+    auto it = sym.find(s->expr());
+    if (it != sym.end()) *s = SymIntToProto(it->second);
+  };
+  auto arg = [&](v1::Argument* a) {
+    if (a->has_tensor()) {
+      auto it = sym.find(a->tensor());
+      if (it != sym.end()) *a->mutable_sym_int() = SymIntToProto(it->second);
+    } else if (a->has_sym_int()) {
+      one(a->mutable_sym_int());
+    } else if (a->has_sym_ints()) {
+      for (v1::SymInt& s : *a->mutable_sym_ints()->mutable_values()) one(&s);
+    } else if (a->has_tensors()) {
+      // An FX list of SymInt nodes and ints arrives as names; only a list
+      // whose every name is a SymInt node becomes a SymInt list.
+      std::vector<v1::SymInt> values;
+      for (const std::string& name : a->tensors().names()) {
+        auto it = sym.find(name);
+        if (it == sym.end()) return;
+        values.push_back(SymIntToProto(it->second));
+      }
+      v1::SymIntList* list = a->mutable_sym_ints();
+      for (v1::SymInt& v : values) *list->add_values() = std::move(v);
+    }
+  };
+  for (v1::Argument& a : *pn->mutable_args()) arg(&a);
+  for (v1::Argument& a : *pn->mutable_kwargs()) arg(&a);
+}
+
 }  // namespace
+
+bool IsSymIntNode(absl::string_view target) {
+  static const auto* targets = new std::set<std::string, std::less<>>{
+      "aten.sym_size.int",   "aten.sym_numel.default",
+      "aten.sym_stride.int", "aten.sym_storage_offset.default",
+      "_operator.add",       "_operator.sub",
+      "_operator.mul",       "_operator.floordiv",
+      "operator.add",        "operator.sub",
+      "operator.mul",        "operator.floordiv"};
+  return targets->count(target) > 0;
+}
 
 absl::StatusOr<std::optional<v1::Graph>> RewriteTorchConventions(const Graph& graph) {
   std::optional<v1::Graph> out;
@@ -197,8 +336,17 @@ absl::StatusOr<std::optional<v1::Graph>> RewriteTorchConventions(const Graph& gr
     if (!out) out = graph.ToProto();  // nodes in graph.nodes() order
     return *out;
   };
+  std::map<std::string, SymInt> sym;  // SymInt node outputs by name
   for (size_t k = 0; k < graph.nodes().size(); ++k) {
     const Node& node = graph.nodes()[k];
+    if (IsSymIntNode(node.target)) {
+      ASSIGN_OR_RETURN(SymInt value, EvaluateSymIntNode(node, graph, sym));
+      sym[graph.value(node.outputs[0]).name] = std::move(value);
+      proto();
+      dropped.push_back(static_cast<int>(k));
+      continue;
+    }
+    if (!sym.empty()) SubstituteSymInts(proto().mutable_nodes(static_cast<int>(k)), sym);
     if (node.target == kAssertMetadata) {
       if (!node.outputs.empty()) {
         return absl::InvalidArgumentError(absl::StrCat("node '", node.name, "' (", kAssertMetadata,
@@ -240,6 +388,12 @@ absl::StatusOr<std::optional<v1::Graph>> RewriteTorchConventions(const Graph& gr
     }
   }
   if (!out) return std::nullopt;
+  for (const std::string& name : out->outputs()) {
+    if (sym.count(name)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("graph output '", name, "' is a SymInt; Kiln's graphs return tensors"));
+    }
+  }
   // Graph::FromProto sorts nodes topologically: the new ones may go last.
   for (auto it = dropped.rbegin(); it != dropped.rend(); ++it) {
     out->mutable_nodes()->DeleteSubrange(*it, 1);

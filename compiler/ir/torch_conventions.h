@@ -19,6 +19,15 @@
 //     layout=)`: checked against x's metadata (INVALID_ARGUMENT naming the
 //     node and the field when it disagrees) and then dropped: it computes
 //     nothing.
+//   - SymInts computed by nodes, as torch.export leaves them:
+//     `sym_size_int = aten.sym_size.int(x, 0)`, `mul = _operator.mul(
+//     sym_size_int, 16)`, then `view(x, [mul])`. Such nodes (sym_size,
+//     sym_numel, sym_stride, sym_storage_offset, and the operator module's
+//     add, sub, mul and floordiv) are evaluated over the metadata's sizes and
+//     dropped; every argument that names their output (a SymInt whose
+//     expression is the name, a tensor reference, a list of such references)
+//     takes the value instead: "s0*16", or 64 for static sizes. Their outputs
+//     need no metadata. A graph that returns one is INVALID_ARGUMENT.
 //
 // Pure functions; thread-safe.
 #ifndef KILN_COMPILER_IR_TORCH_CONVENTIONS_H_
@@ -27,9 +36,13 @@
 #include <optional>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "compiler/ir/graph.h"
 
 namespace kiln::ir {
+
+// Whether `target` computes a SymInt (aten.sym_size.int, _operator.mul, ...).
+bool IsSymIntNode(absl::string_view target);
 
 // The rewritten wire form of `graph`, or nullopt when it already follows the
 // schemas.

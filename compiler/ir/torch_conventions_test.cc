@@ -122,5 +122,77 @@ TEST(TorchConventionsTest, AssertTensorMetadataIsCheckedThenDropped) {
             "but 'o' has 4");
 }
 
+// x: float32 [s0, 8] (or [4, 8] when `static_batch`); `nodes`; output o.
+v1::Graph ParseSized(const std::string& nodes, bool static_batch = false) {
+  const std::string batch = static_batch ? "int_value: 4" : "expr: \"s0\"";
+  const std::string text =
+      "inputs { value { name: \"x\" meta { dtype: FLOAT32 sizes { " + batch +
+      " } sizes { int_value: 8 } strides { int_value: 8 } strides { int_value: 1 } "
+      "device { type: \"cpu\" index: -1 } } } }\n" +
+      nodes + "\noutputs: \"o\"\n";
+  v1::Graph g;
+  EXPECT_TRUE(google::protobuf::TextFormat::ParseFromString(text, &g)) << text;
+  return g;
+}
+
+std::string FlatView(const std::string& size_arg, const std::string& size_meta) {
+  return "nodes { name: \"view\" target: \"aten.view.default\" args { tensor: \"x\" } "
+         "args { " +
+         size_arg + " } outputs { name: \"o\" meta { dtype: FLOAT32 sizes { " + size_meta +
+         " } strides { int_value: 1 } device { type: \"cpu\" index: -1 } } } }";
+}
+
+const std::string kSizeNodes =
+    "nodes { name: \"sym_size_int\" target: \"aten.sym_size.int\" args { tensor: \"x\" } "
+    "args { int_value: 0 } outputs { name: \"sym_size_int\" } }\n"
+    "nodes { name: \"mul\" target: \"_operator.mul\" args { sym_int { expr: \"sym_size_int\" } } "
+    "args { int_value: 8 } outputs { name: \"mul\" } }\n";
+
+TEST(TorchConventionsTest, SymIntNodesFoldIntoTheArgumentsThatUseThem) {
+  auto g = Graph::FromProto(
+      ParseSized(kSizeNodes + FlatView("sym_ints { values { expr: \"mul\" } }", "expr: \"8*s0\"")));
+  ASSERT_TRUE(g.ok()) << g.status();
+  ASSERT_EQ(g->nodes().size(), 1u);
+  const auto& size = std::get<std::vector<SymInt>>(g->nodes()[0].args[1].kind);
+  ASSERT_EQ(size.size(), 1u);
+  EXPECT_EQ(size[0].expr(), "s0*8");
+  EXPECT_TRUE(Verify(*g).ok()) << Verify(*g);
+
+  // The same graph as a client that folds them itself sends it.
+  auto folded = Graph::FromProto(
+      ParseSized(FlatView("sym_ints { values { expr: \"s0*8\" } }", "expr: \"8*s0\"")));
+  ASSERT_TRUE(folded.ok()) << folded.status();
+  EXPECT_EQ(CacheKey(*g, v1::CompileOptions()), CacheKey(*folded, v1::CompileOptions()));
+
+  // A reference by name, as an FX graph spells it, folds the same way; with
+  // static sizes the arithmetic is done.
+  auto by_name = Graph::FromProto(
+      ParseSized(kSizeNodes + FlatView("tensors { names: \"mul\" }", "int_value: 32"),
+                 /*static_batch=*/true));
+  ASSERT_TRUE(by_name.ok()) << by_name.status();
+  const auto& constant = std::get<std::vector<SymInt>>(by_name->nodes()[0].args[1].kind);
+  EXPECT_EQ(constant[0].constant(), 32);
+  EXPECT_TRUE(Verify(*by_name).ok()) << Verify(*by_name);
+}
+
+TEST(TorchConventionsTest, BadSymIntNodesAreRefusedByName) {
+  auto out_of_range = Graph::FromProto(
+      ParseSized("nodes { name: \"size5\" target: \"aten.sym_size.int\" args { tensor: \"x\" } "
+                 "args { int_value: 5 } outputs { name: \"size5\" } }\n" +
+                 FlatView("sym_ints { values { expr: \"size5\" } }", "expr: \"s0\"")));
+  EXPECT_EQ(out_of_range.status().message(),
+            "node 'size5' (aten.sym_size.int): dim 5 is out of range for rank 2");
+  auto returned = Graph::FromProto(ParseSized(
+      "nodes { name: \"numel\" target: \"aten.sym_numel.default\" args { tensor: \"x\" } "
+      "outputs { name: \"o\" } }\n"));
+  EXPECT_EQ(returned.status().message(),
+            "graph output 'o' is a SymInt; Kiln's graphs return tensors");
+  auto division = Graph::FromProto(
+      ParseSized("nodes { name: \"div\" target: \"_operator.floordiv\" args { int_value: 4 } "
+                 "args { int_value: 0 } outputs { name: \"div\" } }\n" +
+                 FlatView("sym_ints { values { expr: \"div\" } }", "expr: \"s0\"")));
+  EXPECT_EQ(division.status().message(), "node 'div' (_operator.floordiv): division by zero");
+}
+
 }  // namespace
 }  // namespace kiln::ir
