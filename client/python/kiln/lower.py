@@ -155,10 +155,37 @@ def _var_mean(x, dim=None, *, correction=None, keepdim=False):
             torch.ops.aten.mean.dim(x, dims, keepdim))
 
 
+# torch.export's core-ATen table is the post-autograd table plus an entry per
+# CompositeImplicitAutograd op of every namespace, whose collection costs
+# 70-150 ms per process (the first graph's warm start). Tracing below runs
+# those ops' composite kernels anyway; only these, registered as composite in
+# Python alone, need their entries.
+_PYTHON_COMPOSITE = (
+    torch.ops.aten.upsample_nearest1d.default,
+    torch.ops.aten.upsample_nearest2d.default,
+    torch.ops.aten.upsample_nearest3d.default,
+    torch.ops.aten._upsample_nearest_exact1d.default,
+    torch.ops.aten._upsample_nearest_exact2d.default,
+    torch.ops.aten._upsample_nearest_exact3d.default,
+)
+
+
+def _core_table():
+    try:
+        from torch._decomp import _core_aten_decompositions_post_autograd
+    except ImportError:  # another torch: its public table, whatever it costs
+        return dict(core_aten_decompositions())
+    table = dict(_core_aten_decompositions_post_autograd())
+    for op in _PYTHON_COMPOSITE:
+        if op in decomposition_table:
+            table[op] = decomposition_table[op]
+    return table
+
+
 def _decompositions():
     global _DECOMPOSITIONS
     if _DECOMPOSITIONS is None:
-        table = dict(core_aten_decompositions())
+        table = _core_table()
         for op in _EXTRA_DECOMPOSITIONS:
             if op in decomposition_table:
                 table[op] = decomposition_table[op]
