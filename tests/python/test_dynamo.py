@@ -28,6 +28,9 @@ sys.path.insert(0, HERE)
 import capture_graphs  # noqa: E402
 from test_server import KILND, Kilnd, SharedKilnd  # noqa: E402
 
+KILNCTL = os.environ.get("KILNCTL") or (
+    os.path.join(os.path.dirname(KILND), "kilnctl") if KILND else None)
+
 BACKENDS = {"kiln_eager": "eager", "kiln_aot_eager": "aot_eager", "kiln": "kiln"}
 
 
@@ -223,7 +226,7 @@ class TorchCompileTest(SharedKilnd, unittest.TestCase):
         self.assertEqual(be.stats["graphs"], 1, "a stance let the backend compile again")
 
     def test_varying_batch_is_one_static_and_one_symbolic_variant(self):
-        be = self.backend("kiln")
+        be = self.backend("kiln", namespace="varying")
         torch.manual_seed(0)
         model = capture_graphs.MLP()
         compiled = torch.compile(model, backend=be)
@@ -239,6 +242,21 @@ class TorchCompileTest(SharedKilnd, unittest.TestCase):
         self.assertEqual([ph.value.name for ph in symbolic], ["l_x_"])
         self.assertIn(f"{symbolic[0].value.meta.sizes[0].expr} >= 2",
                       list(be.last_lowered.guards.shape_guards))
+
+        # kilnd recorded why: the guard of the static variant that batch 5
+        # failed, and Dynamo's own words for it.
+        reasons = [r for e in self.client.list_entries("varying").entries
+                   for r in self.client.get_entry(e.key, "varying").entry.recompiles]
+        self.assertEqual(len(reasons), 1, reasons)
+        self.assertEqual(len(reasons[0].misses), 1, reasons)
+        self.assertRegex(reasons[0].misses[0].failed_guard,
+                         r"^input \d+ 'l_x_': size\[0\] is 5, guard expects 4$")
+        self.assertIn("size mismatch at index 0. expected 4, actual 5", reasons[0].client_reason)
+        shown = subprocess.run([KILNCTL, f"--server={self.server.address}", "--namespace=varying",
+                                "recompiles"], capture_output=True, text=True, timeout=60)
+        self.assertEqual(shown.returncode, 0, shown.stderr)
+        self.assertIn("size[0] is 5, guard expects 4", shown.stdout)
+        self.assertIn("client: ", shown.stdout)
 
 
 @unittest.skipUnless(KILND, "KILND is not set")

@@ -391,21 +391,46 @@ class KilnBackendTest(test_server.SharedKilnd, test_training.TrainingGraphCases,
                         if not name.endswith("num_batches_tracked"):
                             assert_close(self, b, ref, f"{msg}: buffer {name}")
 
-    def test_inference_artifact_refuses_inputs_that_require_grad(self):
+    def test_inference_artifact_and_inputs_that_require_grad(self):
         rng = Random()
         x = rng.like(torch.empty(4, 8))
         compiled = kiln.compile(lambda x: torch.tanh(x) * 2, x, client=self.client,
                                 backend="kiln")
         self.assertTrue(compiled.artifact.HasField("compiled"))
+        self.assertFalse(compiled.artifact.HasField("compiled_forward"))
+        inference = compiled.kiln_backend.loaded[0]
+        self.assertTrue(inference.inference_only)
+        # The artifact's runner refuses an input that requires grad...
         x.requires_grad_()
-        with self.assertRaisesRegex(ValueError, "input 'x' requires grad.*inference only.*"
+        with self.assertRaisesRegex(ValueError, r"input '\w+' requires grad.*inference only.*"
                                                 "requires_grad set"):
-            compiled(x)
+            inference([x])
         with torch.no_grad():
-            assert_close(self, compiled(x), torch.tanh(x) * 2, f"seed {rng.seed}: no_grad")
-        # The plans take the strides they were compiled for.
-        with self.assertRaisesRegex(ValueError, r"input 0 \('x'\) dim 0 has stride 1"):
-            compiled(torch.randn(8, 4).t())
+            assert_close(self, inference([x])[0], torch.tanh(x) * 2, f"seed {rng.seed}: no_grad")
+        # ... and the strides it was compiled for.
+        with self.assertRaisesRegex(ValueError, r"input 0 \('\w+'\) dim 0 has stride 1"):
+            inference([torch.randn(8, 4).t()])
+
+        # Through the compiled function, Dynamo's guards see both: each
+        # compiles another graph, a training one for the input that requires
+        # grad, which computes what eager PyTorch does.
+        out = compiled(x)
+        self.assertEqual(compiled.kiln_backend.stats["graphs"], 2)
+        self.assertTrue(compiled.artifact.HasField("compiled_forward"))
+        self.assertIsNotNone(out.grad_fn)
+        x_eager = x.detach().clone().requires_grad_()
+        expected = torch.tanh(x_eager) * 2
+        assert_close(self, out, expected, f"seed {rng.seed}: requires grad")
+        out.sum().backward()
+        expected.sum().backward()
+        assert_close(self, x.grad, x_eager.grad, f"seed {rng.seed}: grad of x")
+        transposed = rng.like(torch.empty(8, 4)).t()
+        assert_close(self, compiled(transposed), torch.tanh(transposed) * 2,
+                     f"seed {rng.seed}: transposed")
+        self.assertEqual(compiled.kiln_backend.stats["graphs"], 3)
+        strides = [s.int_value for s in compiled.graph.inputs[0].value.meta.strides]
+        self.assertEqual(strides, [1, 4])
+        self.assertEqual(compiled.kiln_backend.stats["eager"], 0)
 
     def test_modules_are_loaded_once_per_process(self):
         graph = load_graph("rmsnorm.json")

@@ -9,8 +9,10 @@ are fresh random values on every run, from a generator whose seed the
 failure names too. Shapes include rows of one element, rows longer than the
 kernels' fold blocks, and broadcasting partners.
 
-Every program is compiled through a real kilnd (the binary named by $KILND,
-started once for the class) and compared with eager on the same values.
+Every program is compiled with kiln.compile (torch.compile with a kiln
+backend) through a real kilnd (the binary named by $KILND, started once for
+the class) and compared with eager on the same values: a call with other
+values of the example's shapes runs the graph compiled for it.
 For inference, programs also convert between dtypes and do integer and
 boolean arithmetic, and eager runs in float32 as the program says. For
 training, eager runs in float64 and the gradients of a randomly weighted
@@ -199,6 +201,7 @@ class RandomProgramsTest(test_server.SharedKilnd, unittest.TestCase):
                 compiled = kiln.compile(program, *inputs, client=self.client, backend="kiln")
                 inputs = [torch.randn(s, generator=rng.generator) for s in program.shapes]
                 out, expected = compiled(*inputs), program(*inputs)
+                self.assertEqual(compiled.kiln_backend.stats["graphs"], 1, what)
                 self.assertEqual(out.dtype, expected.dtype, what)
                 self.check(out, expected.double(), what)
 
@@ -214,6 +217,7 @@ class RandomProgramsTest(test_server.SharedKilnd, unittest.TestCase):
                 doubles = [x.detach().double().requires_grad_() for x in inputs]
                 expected = program(*doubles)
                 out = compiled(*inputs)
+                self.assertEqual(compiled.kiln_backend.stats["graphs"], 1, what)
                 self.check(out, expected, f"{what}: output")
                 weight = torch.randn(expected.shape, generator=rng.generator)
                 want = torch.autograd.grad(expected, doubles, weight.double(), allow_unused=True)

@@ -6,13 +6,18 @@
     client.compile(graph, backend="eager")      # kiln.v1.CompileResponse
     client.lookup(graph, signature=kiln.signature(*kiln.module_tensors(model), x))
 
-    step = kiln.compile(model, x, client=client)  # backend="aot_eager"
+    step = kiln.compile(model, x, client=client)  # backend="aot_eager", compiled now
     step(x).sum().backward()                      # forward and backward graphs
     kiln.run_graph(graph, [*kiln.module_tensors(model), x])  # reference runner
 
     fast = kiln.compile(model, x, client=client, backend="kiln")  # generated code
     opt = torch.compile(model, backend="kiln")      # Dynamo; kilnd at $KILN_SERVER
     kiln.PlanRunner(fast.artifact.compiled).run([...])  # a CompiledGraph directly
+
+kiln.compile(fn, *example_inputs, client=...) is torch.compile(fn) with a
+kiln.backend() for that client, fullgraph and static shapes, called once on
+the example inputs, which never runs a graph eagerly: what fails raises from
+it, and a call with other shapes compiles another graph (kiln.compiled).
 
 The generated protocol modules live in the subpackage kiln.v1 (graph_pb2,
 guards_pb2, artifact_pb2, service_pb2, service_pb2_grpc), which may sit in

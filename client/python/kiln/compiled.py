@@ -1,15 +1,43 @@
-"""kiln.compile(): capture a function, compile it on kilnd, call the result.
+"""kiln.compile(): torch.compile with a kiln backend, compiled on the spot.
 
     step = kiln.compile(model, x, client="127.0.0.1:7070")   # backend="aot_eager"
     loss = step(x).sum()
     loss.backward()                  # runs the backward graph kilnd built
     step.key, step.artifact          # the cache key and the kiln.v1.Artifact
 
-The returned CompiledFunction takes the arguments the function takes (for a
-module, its inputs only: the module's parameters and buffers are read from it
-at every call, in capture order, see tracer.module_tensors) and returns what
-the function returns, rebuilt from the graph's flat outputs: a tensor, or the
-same tuple / list / dict structure.
+kiln.compile(fn, *example_inputs, client=..., backend=..., namespace=...,
+**options) is
+
+    torch.compile(fn, backend=kiln.backend(client, compiler=backend,
+                  namespace=namespace, on_frozen="raise",
+                  on_unavailable="raise", **options),
+                  fullgraph=True, dynamic=False)
+
+called once on `example_inputs`: the path of torch.compile(backend="kiln")
+(kiln.dynamo), with no eager fallback. Dynamo captures `fn` (a function, an
+nn.Module, any callable; a module's parameters and buffers are graph inputs
+read at every call), kiln.lower lowers the graph, and kilnd serves it from
+its cache or compiles it. What goes wrong raises from kiln.compile: a graph
+break (Dynamo's error, as fullgraph=True makes it), a graph with no
+kiln.v1.Graph form (kiln.lower.Unsupported), a failed compile, a frozen or
+unreachable server (kiln.KilnError), an artifact without kilnd's valid
+signature (SignatureError, with `public_key`). That first call runs `fn` as
+any call does (random ops draw, inputs written in place are written), but a
+module's buffers are restored afterwards: compiling leaves the module as it
+was.
+
+The returned CompiledFunction is called like `fn` and returns what `fn`
+returns (a tensor, or the same tuple / list / dict structure). Dynamo's
+guards decide which compiled graph serves a call: an argument of another
+dtype, shape, stride or device, another non-tensor argument, an input that
+requires grad where the compiled graph's did not, or another grad mode
+compiles another static graph on kilnd (a recompile, as torch.compile does;
+Dynamo's recompile limit, torch._dynamo.config.recompile_limit, applies per
+CompiledFunction). A graph that would run eagerly on such a call is an error
+too (kiln.lower.Unsupported, raised after that call). `key`, `artifact`,
+`graph` and `backend` are those of the latest graph kilnd served it;
+`kiln_backend` is its kiln.dynamo.KilnBackend (stats, the
+ArtifactFunction of every graph in `loaded`).
 
 Artifacts:
   - `aot_eager` (artifact.autograd set): when gradients are enabled and an
@@ -27,31 +55,24 @@ way gives the same dropout masks.
   - `kiln`: generated kernels and an execution plan, run by the plan runner
     (kiln.plan.PlanRunner). With artifact.compiled_forward,
     artifact.compiled_backward and artifact.autograd (kilnd builds them when
-    an input of the captured graph requires grad) it is trained exactly as
+    an input of the graph requires grad) it is trained exactly as
     `aot_eager`, with the compiled plans in place of the forward and
     backward graphs. With artifact.compiled alone it is an inference
-    function: its outputs carry no grad_fn, so a call in which an input
-    requires grad while gradients are enabled is a ValueError (capture with
-    the inputs' requires_grad set to get a training artifact). Random ops
-    the plan leaves to ATen (Extern steps) draw from torch's default
-    generator, as above. The plans take the strides the graph was captured
-    with: a tensor with other strides is a ValueError, never a silent copy.
-
-The compiled function holds exactly what was compiled: an argument whose
-dtype, sizes or device differ from the example's, a non-tensor argument that
-differs from the example's (it was baked into the graph), or an input that
-requires grad where the example did not (its gradient was not compiled) is a
-ValueError: compile again for it.
+    function: its outputs carry no grad_fn (through a CompiledFunction, an
+    input that requires grad compiles a training graph; an ArtifactFunction
+    called directly raises ValueError). Random ops the plan leaves to ATen
+    (Extern steps) draw from torch's default generator, as above. The plans
+    take the strides the graph was compiled for (ArtifactFunction: other
+    strides are a ValueError, never a silent copy).
 """
+
+import types
 
 import torch
 from torch.autograd.function import once_differentiable
-from torch.utils._pytree import tree_unflatten
 
-from kiln import tracer
-from kiln.client import Client
 from kiln.plan import PlanRunner
-from kiln.runtime import Interpreter, torch_device, torch_dtype
+from kiln.runtime import Interpreter
 
 __all__ = ["compile", "CompiledFunction", "ArtifactFunction", "verify_artifact",
            "SignatureError"]
@@ -87,18 +108,59 @@ def verify_artifact(artifact, digest, signature, public_key_pem):
                              "configured public key") from None
 
 
-def compile(fn, *example_inputs, client, backend="aot_eager", namespace=""):  # noqa: A001
-    """Captures `fn` (a function of tensors or an nn.Module) on
-    `example_inputs`, compiles it on kilnd with `backend` in `namespace`, and
-    returns a CompiledFunction. `client` is a kiln.Client or an address
-    ("host:port"). A failed compile raises kiln.KilnError."""
-    captured = tracer.capture_with_structure(fn, *example_inputs)
-    if isinstance(client, str):
-        with Client(client) as owned:
-            response = owned.compile(captured.graph, backend=backend, namespace=namespace)
-    else:
-        response = client.compile(captured.graph, backend=backend, namespace=namespace)
-    return CompiledFunction(captured, response.artifact, response.key)
+def compile(fn, *example_inputs, client, backend="aot_eager", namespace="",  # noqa: A001
+            **options):
+    """Compiles `fn` (a function of tensors, an nn.Module or another callable)
+    through torch.compile with a kiln.dynamo.KilnBackend and calls it once on
+    `example_inputs`; returns the CompiledFunction. `client` is a kiln.Client
+    or an address ("host:port"); `backend` the kilnd backend (aot_eager,
+    eager, kiln); `namespace` the cache namespace; `options` KilnBackend's
+    (timeout, frozen, token, root_certificates, public_key). Never runs a
+    graph eagerly: see the module's documentation for what raises."""
+    from kiln.dynamo import KilnBackend  # kiln.dynamo imports this module
+
+    for policy in ("on_frozen", "on_unavailable"):
+        if policy in options:
+            raise TypeError(f"kiln.compile never runs a graph eagerly, so it takes no "
+                            f"{policy}: torch.compile(fn, backend=kiln.backend(..., "
+                            f"{policy}=...)) does")
+    kiln_backend = KilnBackend(client, compiler=backend, namespace=namespace,
+                               on_frozen="raise", on_unavailable="raise", **options)
+    compiled = CompiledFunction(fn, kiln_backend)
+    buffers = list(fn.buffers()) if isinstance(fn, torch.nn.Module) else []
+    saved = [b.detach().clone() for b in buffers]
+    try:
+        compiled(*example_inputs)
+    finally:
+        with torch.no_grad():
+            for b, before in zip(buffers, saved):
+                b.copy_(before)
+    if not kiln_backend.loaded:
+        raise ValueError(f"Dynamo found nothing to compile in {_name(fn)} on these inputs "
+                         "(no tensor operation): kilnd was not asked")
+    return compiled
+
+
+def _name(fn):
+    return getattr(fn, "__name__", type(fn).__name__)
+
+
+def _entry(fn):
+    """A function that calls `fn`, with a code object of its own. Dynamo
+    keeps compiled graphs, and counts recompiles against its limit, per code
+    object: compiling `fn` itself would share them with every other
+    torch.compile of `fn` (or of any instance of its class), and the ninth
+    compile of one function would fail. It bears `fn`'s name, which names
+    the graphs (kiln.dynamo names a graph after the frame it comes from)."""
+    def call(*args, **kwargs):
+        return fn(*args, **kwargs)
+
+    name = _name(fn)
+    renamed = {"co_name": name}
+    if hasattr(call.__code__, "co_qualname"):
+        renamed["co_qualname"] = name
+    return types.FunctionType(call.__code__.replace(**renamed), call.__globals__, name, None,
+                              call.__closure__)
 
 
 # CPU flags each x86-64 level needs (g++'s -march names), as /proc/cpuinfo
@@ -180,24 +242,21 @@ def _tangent(grad, layout):
     return grad.to(dtype).contiguous()
 
 
-def _static(sym_ints):
-    if any(s.WhichOneof("value") != "int_value" for s in sym_ints):
-        return None
-    return tuple(s.int_value for s in sym_ints)
-
-
 class ArtifactFunction:
     """Runs a kiln.v1.Artifact on the graph's inputs (primals, in graph order)
     and returns the graph's outputs as a tuple: through an autograd function
     when the artifact has a backward and a primal that needs a gradient
     requires one, else its forward alone.
 
-    `graph` is the kiln.v1.Graph the artifact was compiled from."""
+    `graph` is the kiln.v1.Graph the artifact was compiled from; `key` the
+    cache key kilnd served it under (the artifact's own, unless the caller
+    knows better: kiln.dynamo.KilnBackend sets its reply's)."""
 
     def __init__(self, artifact, graph):
         self.artifact = artifact
         self.backend = artifact.backend
         self.graph = graph
+        self.key = artifact.key
         self._inputs = list(graph.inputs)
         self._num_primals = len(self._inputs)
         # Whether the artifact has no backward because kilnd compiled for
@@ -294,69 +353,65 @@ class ArtifactFunction:
 
 
 class CompiledFunction:
-    """A captured function compiled by kilnd; call it like the function.
+    """`fn` through torch.compile with the kiln.dynamo.KilnBackend
+    `kiln_backend` (fullgraph, static shapes); call it like `fn`. Made by
+    kiln.compile, which calls it once.
 
-    Attributes: `key` (hex cache key), `artifact` (kiln.v1.Artifact),
-    `graph` (the captured kiln.v1.Graph), `backend` (the artifact's)."""
+    Attributes, of the latest graph kilnd served (the example's, until a
+    call recompiles): `key` (hex cache key), `artifact` (kiln.v1.Artifact),
+    `graph` (the kiln.v1.Graph kilnd compiled), `backend` (the
+    artifact's); and `fn`, the function compiled."""
 
-    def __init__(self, captured, artifact, key):
-        self.graph = captured.graph
-        self.artifact = artifact
-        self.key = key
-        self.backend = artifact.backend
-        self._module = captured.module
-        self._positions = list(captured.tensor_positions)
-        # Per argument: None for a tensor, else the constant baked into the
-        # graph (the example tensors themselves are not kept alive).
-        self._constants = [None if isinstance(x, torch.Tensor) else (x,)
-                           for x in captured.example_inputs]
-        self._out_spec = captured.out_spec
-        self._inputs = list(self.graph.inputs)
-        self._num_primals = len(self._inputs)
-        self._input_requires_grad = [ph.value.meta.requires_grad for ph in self._inputs]
-        self._fn = ArtifactFunction(artifact, self.graph)
+    def __init__(self, fn, kiln_backend):
+        self.fn = fn
+        self.kiln_backend = kiln_backend
+        self._compiled = torch.compile(_entry(fn), backend=kiln_backend, fullgraph=True,
+                                       dynamic=False)
 
-    def _primals(self, args):
-        """The graph's inputs for a call with `args`, checked against the
-        example inputs the graph was compiled for."""
-        if len(args) != len(self._constants):
-            raise ValueError(f"{self.graph.name} was compiled for {len(self._constants)} "
-                             f"arguments, got {len(args)}")
-        for i, (arg, constant) in enumerate(zip(args, self._constants)):
-            if constant is None:
-                if not isinstance(arg, torch.Tensor):
-                    raise ValueError(f"argument {i} must be a tensor, got {type(arg).__name__}")
-            elif (isinstance(arg, torch.Tensor) or type(arg) is not type(constant[0])
-                    or arg != constant[0]):
-                raise ValueError(f"argument {i} is {arg!r}; the graph was compiled with "
-                                 f"{constant[0]!r} baked in")
-        state = tracer.module_tensors(self._module) if self._module is not None else []
-        primals = list(state) + [args[i] for i in self._positions]
-        if len(primals) != self._num_primals:
-            raise ValueError(f"{self.graph.name} takes {self._num_primals} tensors (module "
-                             f"parameters and buffers, then inputs), got {len(primals)}")
-        for t, ph, compiled_with_grad in zip(primals, self._inputs, self._input_requires_grad):
-            meta, name = ph.value.meta, ph.value.name
-            sizes = _static(meta.sizes)
-            if (t.dtype != torch_dtype(meta.dtype) or t.device != torch_device(meta.device)
-                    or (sizes is not None and tuple(t.shape) != sizes)
-                    or (sizes is None and t.dim() != len(meta.sizes))):
-                raise ValueError(f"input '{name}' is {t.dtype} {list(t.shape)} on {t.device}; "
-                                 f"{self.graph.name} was compiled for "
-                                 f"{torch_dtype(meta.dtype)} {list(sizes or [])} on "
-                                 f"{torch_device(meta.device)}")
-            if (t.requires_grad and not compiled_with_grad and self._fn.has_backward
-                    and t.is_floating_point() and torch.is_grad_enabled()):
-                raise ValueError(f"input '{name}' requires grad, but {self.graph.name} was "
-                                 "compiled for an input that does not: its gradient was not "
-                                 "compiled")
-        return primals
+    def __call__(self, *args, **kwargs):
+        from torch._dynamo.exc import BackendCompilerFailed
 
-    def __call__(self, *args):
-        outputs = self._fn(self._primals(args))
-        return tree_unflatten(list(outputs), self._out_spec)
+        try:
+            result = self._compiled(*args, **kwargs)
+        except BackendCompilerFailed as e:
+            # The backend's own error (kiln.KilnError, SignatureError...).
+            raise e.inner_exception from None
+        if self.kiln_backend.stats["eager"]:
+            self._refuse_eager()
+        return result
+
+    def _refuse_eager(self):
+        from kiln.lower import Unsupported
+
+        reasons = "; ".join(f"graph '{name}': {why}"
+                            for name, why in self.kiln_backend.unsupported)
+        raise Unsupported(f"{_name(self.fn)}: {self.kiln_backend.stats['eager']} graph(s) ran "
+                          f"eagerly ({reasons or 'see the warnings'}); a CompiledFunction "
+                          "runs only what kilnd compiled (torch.compile with kiln.backend() "
+                          "runs such graphs eagerly)")
+
+    @property
+    def _latest(self):
+        return self.kiln_backend.loaded[-1]
+
+    @property
+    def key(self):
+        return self._latest.key
+
+    @property
+    def artifact(self):
+        return self._latest.artifact
+
+    @property
+    def graph(self):
+        return self._latest.graph
+
+    @property
+    def backend(self):
+        return self._latest.backend
 
     def __repr__(self):
+        if not self.kiln_backend.loaded:
+            return f"<kiln.CompiledFunction {_name(self.fn)} (not compiled)>"
         return (f"<kiln.CompiledFunction {self.graph.name} backend={self.backend} "
-                f"key={self.key[:12]}>")
-
+                f"key={self.key[:12]} graphs={len(self.kiln_backend.loaded)}>")

@@ -85,7 +85,8 @@ _POLICIES = ("raise", "eager")
 class KilnBackend:
     """A Dynamo backend: backend(gm, example_inputs) -> callable.
 
-    `server` is "host:port" (default: $KILN_SERVER, else DEFAULT_SERVER);
+    `server` is "host:port" (default: $KILN_SERVER, else DEFAULT_SERVER)
+    or a kiln.Client, used as it is (its own deadline and credentials);
     `compiler` the kilnd backend (kiln, aot_eager, eager); `namespace` the
     cache namespace; `timeout` the deadline of each call in seconds;
     `frozen` asks kilnd never to compile for this client; `token` (default
@@ -96,8 +97,10 @@ class KilnBackend:
     raises SignatureError.
 
     Counters (`stats`): graphs, hits, compiles, eager (graphs run eagerly by
-    a policy or because they have no kiln form). `loaded` holds the
-    kiln.compiled.ArtifactFunction of every graph served, in order."""
+    a policy or because they have no kiln form; `unsupported` lists
+    (graph name, reason) of the latter). `loaded` holds the
+    kiln.compiled.ArtifactFunction of every graph served, in order, each
+    with the cache key kilnd serves it under as `key`."""
 
     RETRY_AFTER_S = 30.0  # how long an unanswering server is left alone
 
@@ -106,6 +109,9 @@ class KilnBackend:
                  root_certificates=None, public_key=None):
         if on_frozen not in _POLICIES or on_unavailable not in _POLICIES:
             raise ValueError(f"on_frozen and on_unavailable take one of {_POLICIES}")
+        given = server if isinstance(server, Client) else None
+        if given is not None:
+            server = given.address
         self.server = server or os.environ.get("KILN_SERVER") or DEFAULT_SERVER
         self.compiler = compiler
         self.namespace = namespace
@@ -119,6 +125,7 @@ class KilnBackend:
                 public_key = f.read()
         self.public_key = public_key
         self.stats = {"graphs": 0, "hits": 0, "compiles": 0, "eager": 0}
+        self.unsupported = []  # (graph name, why it has no kiln form)
         # Seconds spent per client phase, over every graph: lower (Dynamo's
         # graph to kiln.v1.Graph), lookup, compile (on kilnd, with the
         # round trip), load (the artifact into runners).
@@ -129,7 +136,7 @@ class KilnBackend:
         # kilnd's phases of its compile (kiln.compile_times() shows them).
         self.graph_times = []
         _BACKENDS.add(self)
-        self._client = None
+        self._client = given
         self._lock = threading.Lock()
         self._warned = set()
         # After the server failed to answer, graphs run eagerly without
@@ -150,6 +157,7 @@ class KilnBackend:
     def __call__(self, gm, example_inputs):
         self.stats["graphs"] += 1
         name = _graph_name(gm)
+        reason = _new_guard_failures()
         before = dict(self.times)
         start = time.perf_counter()
         try:
@@ -157,6 +165,7 @@ class KilnBackend:
                 lowered = lowering.lower(gm, example_inputs, name=name)
         except lowering.Unsupported as e:
             self.stats["eager"] += 1
+            self.unsupported.append((name, str(e)))
             self._warn_once(("unsupported", str(e)), f"kiln: graph '{name}' runs eagerly: {e}")
             return gm.forward
         self.last_lowered = lowered
@@ -165,7 +174,7 @@ class KilnBackend:
             self.stats["eager"] += 1
             return gm.forward
         try:
-            artifact = self._artifact(lowered, example_inputs, name)
+            artifact = self._artifact(lowered, example_inputs, name, reason)
         except KilnError as e:
             if e.code == "FAILED_PRECONDITION" and "frozen" in e.message:
                 if self.on_frozen == "raise":
@@ -187,6 +196,7 @@ class KilnBackend:
         start = time.perf_counter()
         with _step("load", name):
             function = ArtifactFunction(artifact, lowered.graph)
+        function.key = self._key(lowered, example_inputs) or artifact.key
         self.loaded.append(function)
         compiled = _Compiled(lowered, function)
         self.times["load"] += time.perf_counter() - start
@@ -196,7 +206,7 @@ class KilnBackend:
         self.graph_times.append(record)
         return compiled
 
-    def _artifact(self, lowered, example_inputs, name):
+    def _artifact(self, lowered, example_inputs, name, reason=""):
         client = self._get_client()
         start = time.perf_counter()
         signature = _signature(lowered, example_inputs)
@@ -214,11 +224,19 @@ class KilnBackend:
         with _step("compile", name):
             response = client.compile(lowered.graph, guards=lowered.guards,
                                       backend=self.compiler, namespace=self.namespace,
-                                      frozen=self.frozen, target=target)
+                                      frozen=self.frozen, target=target, signature=signature,
+                                      recompile_reason=reason)
         self.times["compile"] += time.perf_counter() - start
         self.stats["compiles"] += 1
         self._verify(response)
         return response.artifact
+
+    def _key(self, lowered, example_inputs):
+        """The cache key of the graph's lookup or compile reply, which the
+        client remembers for the graph, or ""."""
+        client = self._get_client()
+        options = Client._options(self.compiler, _target(example_inputs))
+        return client._keys.get(client._graph_id(lowered.graph, options, self.namespace), "")
 
     def _verify(self, response):
         if self.public_key is not None:
@@ -278,6 +296,28 @@ def compile_times(repr="str"):  # noqa: A002 (the name torch._dynamo.utils uses)
         lines.append(f"{r['graph']}  {r['lower']:.4f}  {r['lookup']:.4f}  {r['compile']:.4f}  "
                      f"{r['load']:.4f}  {server}")
     return "\n".join(lines)
+
+
+# Code object -> how many of Dynamo's guard failures for it were reported.
+_failures_seen = weakref.WeakKeyDictionary()
+
+
+def _new_guard_failures():
+    """Dynamo's words for why it compiles the current frame again ("0/0:
+    tensor 'x' size mismatch at index 0. expected 4, actual 8"): the guard
+    failures it recorded since the backend was last called, "" for a first
+    compile."""
+    from torch._dynamo.utils import guard_failures
+
+    new = []
+    for code, reasons in list(guard_failures.items()):
+        seen = _failures_seen.get(code, 0)
+        if len(reasons) < seen:  # torch._dynamo.reset() cleared them
+            seen = 0
+        if len(reasons) > seen:
+            new.extend(str(r) for r in reasons[seen:])
+        _failures_seen[code] = len(reasons)
+    return "; ".join(new)[-4096:]
 
 
 def _target(example_inputs):

@@ -274,8 +274,8 @@ def _user_input_names(fn, count):
     return names
 
 
-# What capture() learns about a function besides its graph: enough for
-# kiln.compile to call the compiled graph the way the function is called.
+# What capture() learns about a function besides its graph: enough to call
+# the graph the way the function is called.
 Capture = collections.namedtuple("Capture", [
     "graph",            # kiln.v1.Graph
     "module",           # the nn.Module captured, or None
