@@ -4,9 +4,12 @@ training, in one run.
 
     .venv/bin/python tests/bench/torch_compile_bench.py --kilnd=build/bin/kilnd
 
-Each measurement runs in a fresh process (torch imported, models built, then
-the clock starts at the first call and stops when its output, and for
-training its gradients, exist):
+Each measurement runs in a fresh process (torch imported, the model built,
+then the clock starts at the first call and stops when its output, and for
+training its gradients, exist). With --layout=fresh (the default) that
+process runs one model in one mode, as a job that starts, compiles its model
+and runs; with --layout=shared one process per system runs every model in
+turn, so that the later models find each compiler's one-time start-up done:
   - dynamo: backend="eager", Dynamo's own tracing and nothing else;
   - kiln cold: an empty kilnd cache; kiln warm: a second process, every graph
     cached (the split: Dynamo, lowering, lookup, compile, load, from the
@@ -67,8 +70,9 @@ def build(name):
     raise ValueError(name)
 
 
-def child(system, server, threads):
-    """Runs every model and mode once in this process; prints JSON lines."""
+def child(system, server, threads, only=None):
+    """Runs every model and mode (or only the "model:mode" `only`) once in
+    this process; prints JSON lines."""
     import torch
     import torch._dynamo
 
@@ -82,6 +86,8 @@ def child(system, server, threads):
         backend = "inductor"
     for name in MODELS:
         for mode in MODES:
+            if only is not None and only != f"{name}:{mode}":
+                continue
             torch._dynamo.reset()
             model, inputs = build(name)
             model.train(mode == "training")
@@ -115,10 +121,10 @@ def child(system, server, threads):
             print(json.dumps(row), flush=True)
 
 
-def run_child(system, server, threads, env):
+def run_child(system, server, threads, env, only=None):
     done = subprocess.run([sys.executable, __file__, "--child", system, "--server", server or "",
-                           "--threads", str(threads)], capture_output=True, text=True, env=env,
-                          timeout=3600)
+                           "--threads", str(threads)] + (["--only", only] if only else []),
+                          capture_output=True, text=True, env=env, timeout=3600)
     if done.returncode != 0:
         raise RuntimeError(f"{system}: {done.stderr[-4000:]}")
     return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
@@ -132,9 +138,11 @@ def main():
     parser.add_argument("--out")
     parser.add_argument("--child")
     parser.add_argument("--server")
+    parser.add_argument("--only")
+    parser.add_argument("--layout", choices=["fresh", "shared"], default="fresh")
     args = parser.parse_args()
     if args.child:
-        child(args.child, args.server, args.threads)
+        child(args.child, args.server, args.threads, args.only)
         return
 
     tmp = tempfile.mkdtemp(prefix="kiln_compile_bench_")
@@ -153,8 +161,15 @@ def main():
             found = re.search(r"listening on (\S+)", line)
             address = found.group(1) if found else None
         rows = []
-        for system in ["dynamo", "kiln_cold", "kiln_warm", "inductor_cold", "inductor_warm"]:
-            rows += run_child(system, address, args.threads, env)
+        systems = ["dynamo", "kiln_cold", "kiln_warm", "inductor_cold", "inductor_warm"]
+        if args.layout == "shared":
+            for system in systems:
+                rows += run_child(system, address, args.threads, env)
+        else:
+            for model in MODELS:
+                for mode in MODES:
+                    for system in systems:
+                        rows += run_child(system, address, args.threads, env, f"{model}:{mode}")
     finally:
         server.terminate()
         server.wait()
@@ -162,6 +177,7 @@ def main():
     if args.out:
         with open(args.out, "w") as f:
             json.dump(rows, f, indent=1)
+    print(f"layout: {args.layout}\n")
     report(rows)
 
 
