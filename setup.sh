@@ -20,7 +20,7 @@ esac
 
 packages=(
   cmake ninja-build g++ ccache mold pkg-config clang-format clang libclang-rt-14-dev
-  libssl-dev libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
+  libssl-dev libgrpc++-dev libre2-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev librocksdb-dev prometheus-cpp-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   python3 python3-venv python3-dev

@@ -549,6 +549,64 @@ absl::StatusOr<std::vector<Cache::EntrySummary>> Cache::List(const std::string& 
   return out;
 }
 
+namespace {
+
+std::string FailureKey(const std::string& ns, const std::string& id) {
+  return absl::StrCat("r/", ns, "/", id);
+}
+
+}  // namespace
+
+absl::Status Cache::RecordFailure(const v1::FailedCompile& failure) {
+  absl::MutexLock w(&write_mu_);
+  rocksdb::WriteBatch batch;
+  batch.Put(FailureKey(failure.namespace_(), failure.id()), Seal(failure));
+  // Ids are the time in fixed-width hex: key order is age. The namespace's
+  // oldest records beyond the limit go.
+  std::vector<std::string> held;
+  const std::string prefix = FailureKey(failure.namespace_(), "");
+  const std::string mine = FailureKey(failure.namespace_(), failure.id());
+  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions()));
+  for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix); it->Next()) {
+    if (it->key().ToString() != mine) held.push_back(it->key().ToString());
+  }
+  RETURN_IF_ERROR(FromRocks(it->status(), "listing failed compiles"));
+  held.push_back(mine);
+  std::sort(held.begin(), held.end());
+  for (size_t i = 0; i + kMaxFailuresPerNamespace < held.size(); ++i) batch.Delete(held[i]);
+  rocksdb::WriteOptions wo;
+  wo.sync = options_.sync_writes;
+  return FromRocks(db_->Write(wo, &batch), "recording a failed compile");
+}
+
+absl::StatusOr<std::vector<v1::FailedCompile>> Cache::ListFailures(const std::string& ns) {
+  std::vector<v1::FailedCompile> out;
+  const std::string prefix = ns == "*" ? "r/" : FailureKey(ns, "");
+  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions()));
+  for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix); it->Next()) {
+    v1::FailedCompile f;
+    bool sealed = false;
+    RETURN_IF_ERROR(Unseal(absl::string_view(it->value().data(), it->value().size()), &f, &sealed,
+                           it->key().ToString()));
+    out.push_back(std::move(f));
+  }
+  RETURN_IF_ERROR(FromRocks(it->status(), "listing failed compiles"));
+  std::sort(out.begin(), out.end(),
+            [](const auto& a, const auto& b) { return a.unix_micros() > b.unix_micros(); });
+  return out;
+}
+
+absl::StatusOr<v1::FailedCompile> Cache::GetFailure(const std::string& ns, const std::string& id) {
+  const std::string k = FailureKey(ns, id);
+  std::string value;
+  RETURN_IF_ERROR(FromRocks(db_->Get(rocksdb::ReadOptions(), k, &value),
+                            absl::StrCat("failed compile ", id, " in namespace '", ns, "'")));
+  v1::FailedCompile f;
+  bool sealed = false;
+  RETURN_IF_ERROR(Unseal(value, &f, &sealed, k));
+  return f;
+}
+
 void Cache::Count(v1::LookupOutcome outcome) {
   absl::MutexLock l(&stats_mu_);
   auto* c = stats_.mutable_counters();
@@ -590,6 +648,16 @@ void Cache::CountSingleFlightJoin() {
   absl::MutexLock l(&stats_mu_);
   auto* c = stats_.mutable_counters();
   c->set_single_flight_joins(c->single_flight_joins() + 1);
+}
+
+void Cache::CountFunctionFilter(bool matched) {
+  absl::MutexLock l(&stats_mu_);
+  auto* c = stats_.mutable_counters();
+  if (matched) {
+    c->set_function_filter_matched(c->function_filter_matched() + 1);
+  } else {
+    c->set_function_filter_eager(c->function_filter_eager() + 1);
+  }
 }
 
 void Cache::RecordPhase(const std::string& phase, int64_t micros) {

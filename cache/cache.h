@@ -8,6 +8,8 @@
 //   "s/stats"              StoredStats: counters and compile-time histograms
 //   "f/<namespace>/<id>"   StoredFamily: a shape family's latest graph
 //                          (cache/shape_family.h)
+//   "r/<namespace>/<id>"   FailedCompile: a failed compile request, for
+//                          record and replay (the newest 32 per namespace)
 //
 // A variant and its artifact are published in one WriteBatch, so a crash
 // leaves either the old state or the new one. Artifacts are verified against
@@ -102,6 +104,17 @@ class Cache {
   // is DATA_LOSS.
   absl::StatusOr<v1::StoredFamily> GetFamily(const std::string& ns, const std::string& family);
 
+  // Record and replay: keeps `failure` (its namespace and id set; ids are
+  // the time in 16 hex digits, so that their order is their age) under
+  // "r/<ns>/<id>", then drops the namespace's oldest records beyond
+  // kMaxFailuresPerNamespace.
+  static constexpr int kMaxFailuresPerNamespace = 32;
+  absl::Status RecordFailure(const v1::FailedCompile& failure);
+  // The records of `ns` (of every namespace for "*"), newest first.
+  absl::StatusOr<std::vector<v1::FailedCompile>> ListFailures(const std::string& ns);
+  // One record, or NOT_FOUND.
+  absl::StatusOr<v1::FailedCompile> GetFailure(const std::string& ns, const std::string& id);
+
   // Drops every variant of (ns, key). Returns (variants, bytes freed).
   absl::StatusOr<std::pair<uint64_t, uint64_t>> Evict(const std::string& ns,
                                                       const std::string& key);
@@ -119,6 +132,7 @@ class Cache {
   void Count(v1::LookupOutcome outcome);
   void CountCompile(bool ok);
   void CountSingleFlightJoin();
+  void CountFunctionFilter(bool matched);
   void RecordPhase(const std::string& phase, int64_t micros);
   v1::StoredStats Stats() const;
 

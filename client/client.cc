@@ -236,6 +236,26 @@ absl::StatusOr<v1::ListEntriesResponse> Client::ListEntries(const std::string& n
   return response;
 }
 
+absl::StatusOr<v1::ListFailuresResponse> Client::ListFailures(const std::string& ns) const {
+  v1::ListFailuresRequest request;
+  request.set_namespace_(ns);
+  v1::ListFailuresResponse response;
+  RETURN_IF_ERROR(
+      Call([&](grpc::ClientContext* c) { return admin_->ListFailures(c, request, &response); }));
+  return response;
+}
+
+absl::StatusOr<v1::GetFailureResponse> Client::GetFailure(const std::string& id,
+                                                          const std::string& ns) const {
+  v1::GetFailureRequest request;
+  request.set_id(id);
+  request.set_namespace_(ns);
+  v1::GetFailureResponse response;
+  RETURN_IF_ERROR(
+      Call([&](grpc::ClientContext* c) { return admin_->GetFailure(c, request, &response); }));
+  return response;
+}
+
 absl::StatusOr<v1::GetEntryResponse> Client::GetEntry(const std::string& key,
                                                       const std::string& ns) const {
   v1::GetEntryRequest request;

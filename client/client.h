@@ -101,6 +101,11 @@ class Client {
   absl::StatusOr<v1::GetEntryResponse> GetEntry(const std::string& key,
                                                 const std::string& ns = "") const;
   absl::StatusOr<v1::EvictResponse> Evict(const std::string& key, const std::string& ns = "") const;
+  // Record and replay: the failed compiles kilnd kept (`ns` = "*": every
+  // namespace), and one of them whole.
+  absl::StatusOr<v1::ListFailuresResponse> ListFailures(const std::string& ns = "") const;
+  absl::StatusOr<v1::GetFailureResponse> GetFailure(const std::string& id,
+                                                    const std::string& ns = "") const;
 
   // grpc.health.v1.Health/Check for the whole server (service ""). OK when
   // the server answers SERVING; UNAVAILABLE naming the status it answered

@@ -30,6 +30,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/time.h"
 #include "client/client.h"
+#include "client/minify.h"
 #include "common/flags_usage.h"
 #include "common/status_macros.h"
 #include "compiler/ir/graph.h"
@@ -49,7 +50,9 @@ ABSL_FLAG(std::string, namespace, "",
           "cache namespace (tenant); \"\" is the default, "
           "\"*\" lists every namespace with ls and recompiles");
 ABSL_FLAG(absl::Duration, deadline, absl::Seconds(60), "deadline of each call, retries included");
-ABSL_FLAG(std::string, o, "", "trace: the directory to write the debug trace into");
+ABSL_FLAG(std::string, o, "", "trace, minify: the directory to write into");
+ABSL_FLAG(std::string, after, "graph",
+          "minify: graph (the graph as sent) or aot (its forward or backward graph)");
 
 namespace kiln {
 namespace {
@@ -73,6 +76,14 @@ commands:
   trace KEY -o DIR  write the debug trace of KEY's most recent variant into DIR:
                     input, joint, forward and backward graphs, IR before and after
                     fusion with the fusion decisions, generated code, compile times
+  failures          the failed compiles kilnd kept (newest first): id, time, code,
+                    graph, key, error
+  replay ID         compile failed request ID again (bypassing the cache) and say
+                    whether it still fails, and how
+  minify FILE|ID|KEY [--after=graph|aot] -o DIR
+                    reduce a graph that fails to compile (a file, or a kept failure
+                    by id or key) to the smallest subgraph failing the same way;
+                    writes DIR/minified.json and DIR/repro.py
 
 KEY is a full hex key or a unique prefix of one (ls shows 16 hex digits).
 FILE is a kiln.v1.GraphFile {graph, guards, options} in protobuf JSON.
@@ -601,6 +612,91 @@ absl::Status Trace(const Client& client, const Invocation& inv) {
   return absl::OkStatus();
 }
 
+// ---------------------------------------------------------------------------
+// Record and replay, minifier
+
+absl::Status Failures(const Client& client, const Invocation& inv) {
+  ASSIGN_OR_RETURN(v1::ListFailuresResponse r, client.ListFailures(inv.ns));
+  if (inv.json) return PrintJson(r);
+  if (r.failures_size() == 0) {
+    std::cout << "no failed compiles\n";
+    return absl::OkStatus();
+  }
+  Table t({"ID", "TIME", "NAMESPACE", "CODE", "GRAPH", "KEY", "ERROR"});
+  for (const v1::FailedCompile& f : r.failures()) {
+    t.Add({f.id(), Timestamp(f.unix_micros()), Namespace(f.namespace_()), f.code(),
+           f.graph_name().empty() ? "?" : f.graph_name(), f.key().empty() ? "-" : Short(f.key()),
+           f.error().substr(0, f.error().find('\n')).substr(0, 160)});
+  }
+  std::cout << t.Render();
+  return absl::OkStatus();
+}
+
+// The kept failure named by an id, or by a key or a prefix of one.
+absl::StatusOr<v1::FailedCompile> FindFailure(const Client& client, const std::string& name,
+                                              const std::string& ns) {
+  ASSIGN_OR_RETURN(v1::ListFailuresResponse all, client.ListFailures(ns));
+  for (const v1::FailedCompile& f : all.failures()) {
+    if (f.id() == name || (name.size() >= 8 && absl::StartsWith(f.key(), name))) {
+      ASSIGN_OR_RETURN(v1::GetFailureResponse got, client.GetFailure(f.id(), f.namespace_()));
+      if (got.failure().request_dropped()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "failure ", f.id(), ": its request was over the size kilnd keeps; it has no graph"));
+      }
+      return got.failure();
+    }
+  }
+  return absl::NotFoundError(absl::StrCat("no kept failure has id or key '", name, "'"));
+}
+
+absl::Status Replay(const Client& client, const Invocation& inv) {
+  ASSIGN_OR_RETURN(v1::FailedCompile f, FindFailure(client, inv.args[0], inv.ns));
+  v1::CompileRequest request = f.request();
+  request.set_bypass_cache(true);
+  auto again = client.Compile(request);
+  std::cout << "failure " << f.id() << " (" << Timestamp(f.unix_micros()) << ", "
+            << f.compiler_version() << "): " << f.code() << ": " << f.error() << "\n";
+  if (again.ok()) {
+    std::cout << "replay: compiles now (key " << again->key() << ")\n";
+    return absl::OkStatus();
+  }
+  const bool same = absl::StatusCodeToString(again.status().code()) == f.code() &&
+                    again.status().message() == f.error();
+  std::cout << "replay: still fails" << (same ? ", the same way" : ", differently") << ": "
+            << absl::StatusCodeToString(again.status().code()) << ": " << again.status().message()
+            << "\n";
+  return absl::OkStatus();
+}
+
+absl::Status Minify(const Client& client, const Invocation& inv) {
+  const std::string dir = absl::GetFlag(FLAGS_o);
+  if (dir.empty())
+    return absl::InvalidArgumentError("minify: give the output directory with -o DIR");
+  const std::string& what = inv.args[0];
+  v1::CompileRequest request;
+  if (std::filesystem::exists(what)) {
+    ASSIGN_OR_RETURN(v1::GraphFile file, ReadGraphFile(what));
+    *request.mutable_graph() = file.graph();
+    *request.mutable_options() = OptionsFor(file);
+  } else {
+    ASSIGN_OR_RETURN(v1::FailedCompile f, FindFailure(client, what, inv.ns));
+    request = f.request();
+    if (!absl::GetFlag(FLAGS_backend).empty()) {
+      request.mutable_options()->set_backend(absl::GetFlag(FLAGS_backend));
+    }
+  }
+  request.set_namespace_(inv.ns);
+  ASSIGN_OR_RETURN(Minified m, MinifyCompileError(client, request, absl::GetFlag(FLAGS_after)));
+  ASSIGN_OR_RETURN(std::vector<std::string> written,
+                   WriteRepro(dir, m, absl::GetFlag(FLAGS_server)));
+  std::cout << "minified the " << (m.stage == "graph" ? "" : m.stage + " ") << "graph from "
+            << m.nodes_before << " to " << m.request.graph().nodes_size() << " nodes in "
+            << m.compiles << " compiles; it fails with " << absl::StatusCodeToString(m.error.code())
+            << ": " << m.error.message().substr(0, m.error.message().find('\n')) << "\n";
+  for (const std::string& path : written) std::cout << path << "\n";
+  return absl::OkStatus();
+}
+
 struct Command {
   const char* name;
   size_t min_args;
@@ -624,6 +720,9 @@ constexpr Command kCommands[] = {
     {"key", 1, 1, "FILE", nullptr, Key},
     {"print", 1, 1, "FILE", nullptr, Print},
     {"trace", 1, 1, "KEY -o DIR", Trace, nullptr},
+    {"failures", 0, 0, "", Failures, nullptr},
+    {"replay", 1, 1, "ID", Replay, nullptr},
+    {"minify", 1, 1, "FILE|ID|KEY -o DIR", Minify, nullptr},
 };
 
 int Fail(const absl::Status& status) {

@@ -52,6 +52,10 @@ class KilnBackend final : public Backend {
     kiln.toolchain.cpp_compiler = options_.native_compiler;
     kiln.toolchain.nvrtc_helper = options_.nvrtc_helper;
     kiln.toolchain.cancel = input.cancel;
+    for (const auto& o : input.options.options()) {
+      if (o.name() != kInjectFaultOption) continue;
+      ASSIGN_OR_RETURN(kiln.fault, pipeline::ParseFault(o.value()));
+    }
     RETURN_IF_ERROR(pipeline::RunKiln(input.graph, input.options.target(), kiln, times, input.trace,
                                       &artifact));
     return artifact;

@@ -76,6 +76,13 @@ class BackendRegistry {
 
 inline constexpr uint32_t kArtifactFormatVersion = 1;
 
+// The backend options (CompileOptions.options) kilnd knows; any other name is
+// INVALID_ARGUMENT. inject_fault: "KIND:TARGET" (compiler/pipeline/fault.h).
+// debug_function: a regular expression (RE2); only graphs whose name it
+// matches get the requested backend, the others `eager`.
+inline constexpr char kInjectFaultOption[] = "inject_fault";
+inline constexpr char kDebugFunctionOption[] = "debug_function";
+
 }  // namespace kiln::server
 
 #endif  // KILN_SERVER_BACKEND_H_

@@ -2,7 +2,12 @@
 
 #include <malloc.h>
 
+#include <algorithm>
+#include <set>
+
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "cache/guards.h"
 #include "common/hashing.h"
@@ -10,6 +15,8 @@
 #include "compiler/ir/canonical.h"
 #include "compiler/ir/verify.h"
 #include "compiler/ops/registry.h"
+#include "compiler/pipeline/fault.h"
+#include "re2/re2.h"
 
 namespace kiln::server {
 namespace {
@@ -34,6 +41,10 @@ std::string MissReasons(const std::string& key, int variants,
 // more to store and compare than a compile saves.
 constexpr size_t kMaxFamilyGraphBytes = 4 << 20;
 constexpr size_t kMaxClientReasonBytes = 4096;
+constexpr size_t kMaxFunctionFilterBytes = 1024;
+// What a failed compile's record keeps (record and replay).
+constexpr size_t kMaxRecordedRequestBytes = 4 << 20;
+constexpr size_t kMaxRecordedTraceBytes = 1 << 20;
 
 absl::Status Prefix(const absl::Status& s, absl::string_view prefix) {
   if (s.ok()) return s;
@@ -107,13 +118,85 @@ absl::StatusOr<v1::Artifact> Engine::LoadArtifact(const std::string& digest) {
 
 absl::StatusOr<v1::CompileResponse> Engine::Compile(const v1::CompileRequest& req,
                                                     const CallerGone& gone) {
+  bool compiling = false;
+  absl::StatusOr<v1::CompileResponse> result = CompileUnrecorded(req, gone, &compiling);
+  const absl::StatusCode code = result.status().code();
+  if (!compiling &&
+      (code == absl::StatusCode::kInvalidArgument || code == absl::StatusCode::kUnimplemented ||
+       code == absl::StatusCode::kInternal) &&
+      cache::ValidateNamespace(req.namespace_()).ok()) {
+    PersistFailure(req, "", result.status(), nullptr);
+  }
+  return result;
+}
+
+void Engine::PersistFailure(const v1::CompileRequest& req, const std::string& key,
+                            const absl::Status& error,
+                            const std::map<std::string, std::string>* trace) {
+  v1::FailedCompile f;
+  const int64_t now = absl::ToUnixMicros(absl::Now());
+  int64_t id = last_failure_id_.load();
+  while (!last_failure_id_.compare_exchange_weak(id, std::max(id + 1, now))) {
+  }
+  f.set_id(absl::StrFormat("%016x", std::max(id + 1, now)));
+  f.set_unix_micros(now);
+  f.set_error(std::string(error.message()));
+  f.set_code(absl::StatusCodeToString(error.code()));
+  f.set_key(key);
+  f.set_namespace_(req.namespace_());
+  f.set_compiler_version(KILN_COMPILER_VERSION);
+  f.set_graph_name(req.graph().name().substr(0, 256));
+  *f.mutable_request() = req;
+  if (req.ByteSizeLong() > kMaxRecordedRequestBytes) {
+    f.mutable_request()->clear_graph();
+    f.set_request_dropped(true);
+  }
+  size_t budget = kMaxRecordedTraceBytes;
+  for (const auto& [name, text] : trace ? *trace : std::map<std::string, std::string>{}) {
+    if (text.size() > budget) continue;
+    budget -= text.size();
+    (*f.mutable_trace())[name] = text;
+  }
+  // A failure to keep the record must not change the reply.
+  (void)cache_->RecordFailure(f);
+}
+
+absl::StatusOr<v1::ListFailuresResponse> Engine::ListFailures(const v1::ListFailuresRequest& req) {
+  if (req.namespace_() != "*") RETURN_IF_ERROR(cache::ValidateNamespace(req.namespace_()));
+  ASSIGN_OR_RETURN(std::vector<v1::FailedCompile> all, cache_->ListFailures(req.namespace_()));
+  v1::ListFailuresResponse resp;
+  for (v1::FailedCompile& f : all) {
+    f.clear_trace();
+    f.clear_request();
+    *resp.add_failures() = std::move(f);
+  }
+  return resp;
+}
+
+absl::StatusOr<v1::GetFailureResponse> Engine::GetFailure(const v1::GetFailureRequest& req) {
+  RETURN_IF_ERROR(cache::ValidateNamespace(req.namespace_()));
+  if (req.id().size() != 16 || !std::all_of(req.id().begin(), req.id().end(),
+                                            [](char c) { return absl::ascii_isxdigit(c); })) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("id: '", req.id().substr(0, 64), "' is not 16 hex digits"));
+  }
+  v1::GetFailureResponse resp;
+  ASSIGN_OR_RETURN(*resp.mutable_failure(), cache_->GetFailure(req.namespace_(), req.id()));
+  return resp;
+}
+
+absl::StatusOr<v1::CompileResponse> Engine::CompileUnrecorded(const v1::CompileRequest& req,
+                                                              const CallerGone& gone,
+                                                              bool* compiling) {
   const std::string& ns = req.namespace_();
   RETURN_IF_ERROR(cache::ValidateNamespace(ns));
   PhaseTimes times;
   ASSIGN_OR_RETURN(ir::Graph graph,
                    times.Time("verify", [&] { return BuildVerified(req.graph()); }));
-  const v1::CompileOptions options = ir::NormalizeOptions(req.options(), &graph);
+  v1::CompileOptions options = ir::NormalizeOptions(req.options(), &graph);
   RETURN_IF_ERROR(backends_.Find(options.backend()).status());
+  ASSIGN_OR_RETURN(const Filter filter, ApplyRequestOptions(graph, &options));
+  if (filter != Filter::kNone) cache_->CountFunctionFilter(filter == Filter::kMatched);
   const v1::GuardSet guards = req.has_guards() ? req.guards() : cache::DeriveGuards(graph);
   if (guards.tensors_size() != static_cast<int>(graph.inputs().size())) {
     return absl::InvalidArgumentError(absl::StrCat("guards: ", guards.tensors_size(),
@@ -130,6 +213,7 @@ absl::StatusOr<v1::CompileResponse> Engine::Compile(const v1::CompileRequest& re
           "frozen: a bypass_cache request would compile, and a frozen server compiles nothing");
     }
     cache_->Count(v1::BYPASS);
+    *compiling = true;
     return CompileMiss(ns, graph, guards, options, key, v1::BYPASS, {}, std::move(times), gone);
   }
 
@@ -275,6 +359,7 @@ absl::StatusOr<v1::CompileResponse> Engine::Compile(const v1::CompileRequest& re
         *record.family_record.mutable_graph() = std::move(general->graph);
         record.alias_key = key;
         record.alias_guards = guards;
+        *compiling = true;
         return CompileMiss(ns, *built, general_guards, options, general_key, outcome,
                            std::move(record), std::move(times), gone);
       }
@@ -289,8 +374,61 @@ absl::StatusOr<v1::CompileResponse> Engine::Compile(const v1::CompileRequest& re
     record.family_record.set_key(key);
     *record.family_record.mutable_graph() = std::move(family.positional);
   }
+  *compiling = true;
   return CompileMiss(ns, graph, guards, options, key, outcome, std::move(record), std::move(times),
                      gone);
+}
+
+absl::StatusOr<Engine::Filter> Engine::ApplyRequestOptions(const ir::Graph& graph,
+                                                           v1::CompileOptions* options) const {
+  std::string fault = options_.inject_fault, filter = options_.debug_function;
+  bool fault_given = false;
+  std::set<std::string> seen;
+  for (const auto& o : options->options()) {
+    if (!seen.insert(o.name()).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("options.options: '", o.name().substr(0, 64), "' is given twice"));
+    }
+    if (o.name() == kInjectFaultOption) {
+      RETURN_IF_ERROR(Prefix(pipeline::ParseFault(o.value()).status(), "options.options: "));
+      fault_given = true;
+    } else if (o.name() == kDebugFunctionOption) {
+      filter = o.value();
+    } else {
+      return absl::InvalidArgumentError(
+          absl::StrCat("options.options: unknown option '", o.name().substr(0, 64),
+                       "' (known: ", kDebugFunctionOption, ", ", kInjectFaultOption, ")"));
+    }
+  }
+  if (!fault.empty() && !fault_given) {
+    auto* o = options->add_options();
+    o->set_name(kInjectFaultOption);
+    o->set_value(fault);
+    std::sort(options->mutable_options()->begin(), options->mutable_options()->end(),
+              [](const auto& a, const auto& b) { return a.name() < b.name(); });
+  }
+  if (filter.empty()) return Filter::kNone;
+  ASSIGN_OR_RETURN(std::shared_ptr<const re2::RE2> re, CompileFunctionFilter(filter));
+  if (re2::RE2::PartialMatch(graph.name(), *re)) return Filter::kMatched;
+  options->set_backend("eager");
+  return Filter::kEager;
+}
+
+absl::StatusOr<std::shared_ptr<const re2::RE2>> CompileFunctionFilter(const std::string& pattern) {
+  if (pattern.size() > kMaxFunctionFilterBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("debug_function: the pattern has ",
+                                                   pattern.size(), " bytes; the limit is ",
+                                                   kMaxFunctionFilterBytes));
+  }
+  re2::RE2::Options o;
+  o.set_log_errors(false);
+  o.set_max_mem(1 << 20);
+  auto re = std::make_shared<const re2::RE2>(pattern, o);
+  if (!re->ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("debug_function: '", pattern, "' is not a regular expression: ", re->error()));
+  }
+  return re;
 }
 
 Engine::Family Engine::FindFamily(const std::string& ns, const ir::Graph& graph,
@@ -385,6 +523,12 @@ absl::StatusOr<v1::CompileResponse> Engine::CompileMiss(
       cache_->CountCompile(artifact.ok());
       if (!artifact.ok()) {
         RecordFailure(ns, key, artifact.status(), trace);
+        v1::CompileRequest request;
+        graph.ToProto(request.mutable_graph());
+        *request.mutable_guards() = guards;
+        *request.mutable_options() = options;
+        request.set_namespace_(ns);
+        PersistFailure(request, key, artifact.status(), &trace);
         return artifact.status();
       }
       artifact->mutable_trace()->insert(trace.begin(), trace.end());
@@ -459,7 +603,9 @@ absl::StatusOr<v1::LookupResponse> Engine::Lookup(const v1::LookupRequest& req) 
   switch (req.what_case()) {
     case v1::LookupRequest::kGraph: {
       ASSIGN_OR_RETURN(ir::Graph graph, BuildVerified(req.graph()));
-      key = ir::CacheKey(graph, ir::NormalizeOptions(req.options(), &graph));
+      v1::CompileOptions options = ir::NormalizeOptions(req.options(), &graph);
+      RETURN_IF_ERROR(ApplyRequestOptions(graph, &options).status());
+      key = ir::CacheKey(graph, options);
       if (!req.has_signature()) {
         ASSIGN_OR_RETURN(signature, cache::SignatureFromGraph(graph));
       }

@@ -28,7 +28,15 @@
 #include "server/backend.h"
 #include "server/worker_pool.h"
 
+namespace re2 {
+class RE2;
+}  // namespace re2
+
 namespace kiln::server {
+
+// The function filter's pattern (debug_function), compiled with bounded
+// memory; INVALID_ARGUMENT for a malformed or over-long one.
+absl::StatusOr<std::shared_ptr<const re2::RE2>> CompileFunctionFilter(const std::string& pattern);
 
 struct EngineOptions {
   bool frozen = false;
@@ -37,6 +45,10 @@ struct EngineOptions {
   // dimensions symbolic, and later graphs of the family that are instances of
   // a symbolic one are served by its artifact without compiling.
   bool automatic_dynamic = true;
+  // Defaults of the request options of the same names (server/backend.h):
+  // a request without one gets the server's, which then enters the key.
+  std::string inject_fault;
+  std::string debug_function;
   uint32_t cache_size_limit = 8;
   int compile_workers = 2;
   int compile_queue_depth = 64;
@@ -54,6 +66,8 @@ class Engine {
 
   // A compile whose callers are all gone stops (CANCELLED): its native
   // compiler is killed.
+  // A compile that fails (bad input, a failed native compile; not one
+  // refused by a limit, frozen or cancelled) is recorded for replay.
   absl::StatusOr<v1::CompileResponse> Compile(const v1::CompileRequest& request,
                                               const CallerGone& gone = nullptr);
   absl::StatusOr<v1::LookupResponse> Lookup(const v1::LookupRequest& request);
@@ -68,6 +82,8 @@ class Engine {
   absl::StatusOr<v1::ListEntriesResponse> ListEntries(const v1::ListEntriesRequest& request);
   absl::StatusOr<v1::GetEntryResponse> GetEntry(const v1::GetEntryRequest& request);
   absl::StatusOr<v1::EvictResponse> Evict(const v1::EvictRequest& request);
+  absl::StatusOr<v1::ListFailuresResponse> ListFailures(const v1::ListFailuresRequest& request);
+  absl::StatusOr<v1::GetFailureResponse> GetFailure(const v1::GetFailureRequest& request);
 
  private:
   // One compile in progress; identical requests wait on it.
@@ -77,6 +93,15 @@ class Engine {
     std::atomic<int> waiters{0};      // callers still waiting
     std::atomic<bool> cancel{false};  // set when the last one leaves
   };
+
+  // Compile, but failures are the caller's to record; `*compiling` says
+  // whether the request got as far as a compile job (which records its own).
+  absl::StatusOr<v1::CompileResponse> CompileUnrecorded(const v1::CompileRequest& request,
+                                                        const CallerGone& gone, bool* compiling);
+  // Keeps a failed request for replay (cache::Cache::RecordFailure).
+  void PersistFailure(const v1::CompileRequest& request, const std::string& key,
+                      const absl::Status& error, const std::map<std::string, std::string>* trace);
+  std::atomic<int64_t> last_failure_id_{0};
 
   // What a compile records besides its artifact.
   struct MissRecord {
@@ -96,6 +121,13 @@ class Engine {
                                                   const std::string& key, v1::LookupOutcome outcome,
                                                   MissRecord record, PhaseTimes times,
                                                   const CallerGone& gone);
+
+  // Checks the request's backend options and adds the server's defaults.
+  // Under a function filter, a graph whose name it does not match gets the
+  // eager backend; returns whether a filter applied and matched.
+  enum class Filter { kNone, kMatched, kEager };
+  absl::StatusOr<Filter> ApplyRequestOptions(const ir::Graph& graph,
+                                             v1::CompileOptions* options) const;
 
   // The graph's shape family and its record, when automatic dynamic is on.
   struct Family {

@@ -27,6 +27,7 @@
 #include "common/flags_usage.h"
 #include "common/signing.h"
 #include "common/status_macros.h"
+#include "compiler/pipeline/fault.h"
 #include "google/protobuf/io/tokenizer.h"
 #include "google/protobuf/text_format.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
@@ -47,6 +48,13 @@ ABSL_FLAG(bool, frozen, false, "serve only what is cached; compile nothing");
 ABSL_FLAG(uint64_t, cache_byte_budget, 0,
           "artifact bytes kept before LRU eviction (default 8 GiB)");
 ABSL_FLAG(uint32_t, cache_size_limit, 0, "variants per key (default 8)");
+ABSL_FLAG(std::string, inject_fault, "",
+          "testing only: KIND:TARGET, KIND compile_error or accuracy, TARGET an op "
+          "(aten.relu.default): the kiln backend fails to compile graphs with it, or computes "
+          "a wrong value for it");
+ABSL_FLAG(std::string, debug_function, "",
+          "function filter: only graphs whose name matches this regular expression get the "
+          "requested backend; the others get eager");
 ABSL_FLAG(bool, automatic_dynamic, true,
           "compile a static graph whose family differs from an earlier graph only in sizes "
           "with those sizes symbolic (off: --noautomatic_dynamic)");
@@ -124,6 +132,12 @@ absl::StatusOr<v1::ServerConfig> LoadConfig() {
   if (absl::GetFlag(FLAGS_sync_writes)) config.set_sync_writes(true);
   if (absl::GetFlag(FLAGS_salvage_wal)) config.set_salvage_wal(true);
   if (!absl::GetFlag(FLAGS_automatic_dynamic)) config.set_no_automatic_dynamic(true);
+  if (!absl::GetFlag(FLAGS_inject_fault).empty()) {
+    config.set_inject_fault(absl::GetFlag(FLAGS_inject_fault));
+  }
+  if (!absl::GetFlag(FLAGS_debug_function).empty()) {
+    config.set_debug_function(absl::GetFlag(FLAGS_debug_function));
+  }
   if (auto v = absl::GetFlag(FLAGS_cache_byte_budget)) config.set_cache_byte_budget(v);
   if (auto v = absl::GetFlag(FLAGS_cache_size_limit)) config.set_cache_size_limit(v);
   if (auto v = absl::GetFlag(FLAGS_max_message_bytes)) config.set_max_message_bytes(v);
@@ -191,6 +205,12 @@ absl::Status Serve() {
   engine_options.frozen = config.frozen();
   engine_options.cache_size_limit = config.cache_size_limit();
   engine_options.automatic_dynamic = !config.no_automatic_dynamic();
+  RETURN_IF_ERROR(pipeline::ParseFault(config.inject_fault()).status());
+  engine_options.inject_fault = config.inject_fault();
+  if (!config.debug_function().empty()) {
+    RETURN_IF_ERROR(CompileFunctionFilter(config.debug_function()).status());
+  }
+  engine_options.debug_function = config.debug_function();
   engine_options.compile_workers = static_cast<int>(config.compile_workers());
   engine_options.compile_queue_depth = static_cast<int>(config.compile_queue_depth());
   // Scratch files of native compiles live under the data directory, which

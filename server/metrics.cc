@@ -59,7 +59,11 @@ std::vector<prometheus::MetricFamily> EngineMetrics::Collect() const {
            {"kiln_corrupt_artifacts_total", "Artifacts quarantined", c.corrupt_artifacts()},
            {"kiln_evictions_total", "Variants evicted", c.evictions()},
            {"kiln_single_flight_joins_total", "Compiles that joined one in flight",
-            c.single_flight_joins()}}) {
+            c.single_flight_joins()},
+           {"kiln_function_filter_matched_total",
+            "Compiles whose graph name the function filter matched", c.function_filter_matched()},
+           {"kiln_function_filter_eager_total",
+            "Compiles the function filter sent to the eager backend", c.function_filter_eager()}}) {
     auto f = Family(name, help, prometheus::MetricType::Counter);
     AddValue(&f, static_cast<double>(n));
     out.push_back(std::move(f));

@@ -218,4 +218,21 @@ grpc::Status AdminService::Evict(grpc::ServerContext* ctx, const v1::EvictReques
              start, req->key().substr(0, 64));
 }
 
+grpc::Status AdminService::ListFailures(grpc::ServerContext* ctx,
+                                        const v1::ListFailuresRequest* req,
+                                        v1::ListFailuresResponse* resp) {
+  if (absl::Status s = auth_->Check(*ctx, Role::kReader, req->namespace_()); !s.ok()) {
+    return ToGrpc(s);
+  }
+  return Reply(engine_->ListFailures(*req), resp);
+}
+
+grpc::Status AdminService::GetFailure(grpc::ServerContext* ctx, const v1::GetFailureRequest* req,
+                                      v1::GetFailureResponse* resp) {
+  if (absl::Status s = auth_->Check(*ctx, Role::kReader, req->namespace_()); !s.ok()) {
+    return ToGrpc(s);
+  }
+  return Reply(engine_->GetFailure(*req), resp);
+}
+
 }  // namespace kiln::server

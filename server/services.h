@@ -73,6 +73,10 @@ class AdminService final : public v1::Admin::Service {
   grpc::Status GetEntry(grpc::ServerContext*, const v1::GetEntryRequest*,
                         v1::GetEntryResponse*) override;
   grpc::Status Evict(grpc::ServerContext*, const v1::EvictRequest*, v1::EvictResponse*) override;
+  grpc::Status ListFailures(grpc::ServerContext*, const v1::ListFailuresRequest*,
+                            v1::ListFailuresResponse*) override;
+  grpc::Status GetFailure(grpc::ServerContext*, const v1::GetFailureRequest*,
+                          v1::GetFailureResponse*) override;
 
  private:
   Engine* const engine_;

@@ -60,8 +60,9 @@ absl::StatusOr<v1::CompiledGraph> CompileGraph(const ir::Graph& graph, const std
                                                const KilnOptions& options, PhaseTimes* times,
                                                Trace* trace) {
   (*trace)[prefix + "ir_before_fusion.txt"] = ir::PrintReadable(graph);
+  ASSIGN_OR_RETURN(const ir::Graph faulty, ApplyFault(graph, options.fault));
   ASSIGN_OR_RETURN(loop::LoweredGraph lowered, times->Time(prefix + "lower-fuse-plan", [&] {
-    return loop::LowerGraph(graph);
+    return loop::LowerGraph(faulty);
   }));
   (*trace)[prefix + "ir_after_fusion.txt"] = loop::PrintLowered(lowered);
   v1::CompiledGraph out;

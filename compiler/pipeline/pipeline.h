@@ -29,6 +29,7 @@
 #include "compiler/autograd/joint_graph.h"
 #include "compiler/autograd/partition.h"
 #include "compiler/ir/graph.h"
+#include "compiler/pipeline/fault.h"
 #include "compiler/target/target.h"
 #include "kiln/v1/artifact.pb.h"
 
@@ -67,6 +68,7 @@ absl::Status RunAotEager(const ir::Graph& graph, PhaseTimes* times, v1::Artifact
 
 struct KilnOptions {
   target::ToolchainOptions toolchain;
+  Fault fault;  // compiler/pipeline/fault.h; none by default
   // false: stop after generating the code (no toolchain run; modules hold
   // the source only).
   bool compile = true;

@@ -114,7 +114,8 @@ class Client:
     # Compiler service.
 
     def compile(self, graph, guards=None, backend="eager", namespace="", frozen=False,
-                target=None, signature=None, recompile_reason=""):
+                target=None, signature=None, recompile_reason="", options=None,
+                bypass_cache=False):
         """Compiles `graph` (kiln.v1.Graph) unless a cached variant admits it.
 
         `guards` (kiln.v1.GuardSet) defaults, on the server, to guards that
@@ -125,12 +126,18 @@ class Client:
         x86-64-v3, or cuda at sm_90). `signature` (kiln.v1.InputSignature)
         is what the call that needs the graph passes, and `recompile_reason`
         why the client compiles again in its own words: kilnd records both
-        with the recompile reasons. Returns the kiln.v1.CompileResponse.
+        with the recompile reasons. `options` (kiln.v1.CompileOptions, as a
+        graph file holds them) replaces `backend` and `target`, with its
+        backend options (inject_fault, debug_function); `bypass_cache`
+        compiles without reading or writing the cache. Returns the
+        kiln.v1.CompileResponse.
         """
-        options = self._options(backend, target)
+        if options is None:
+            options = self._options(backend, target)
         request = service_pb2.CompileRequest(graph=graph, options=options,
                                              namespace=namespace, frozen=frozen,
-                                             recompile_reason=recompile_reason)
+                                             recompile_reason=recompile_reason,
+                                             bypass_cache=bypass_cache)
         if guards is not None:
             request.guards.CopyFrom(guards)
         if signature is not None:

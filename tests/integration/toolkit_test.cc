@@ -1,0 +1,213 @@
+// The troubleshooting toolkit against the real kilnd: fault injection, the
+// function filter, record and replay of failed compiles, the minifier's
+// delta debugging on kilnd's own errors.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "client/client.h"
+#include "client/minify.h"
+#include "tests/integration/graphs.h"
+#include "tests/integration/kilnd_process.h"
+
+namespace kiln::testing {
+namespace {
+
+std::unique_ptr<Client> ConnectTo(const KilndProcess& kilnd) {
+  ClientOptions o;
+  o.address = kilnd.address();
+  o.deadline = absl::Seconds(120);
+  auto c = Client::Connect(o);
+  EXPECT_TRUE(c.ok()) << c.status();
+  return *std::move(c);
+}
+
+v1::CompileRequest Request(const v1::Graph& graph, const std::string& backend,
+                           const std::string& fault = "") {
+  v1::CompileRequest r;
+  *r.mutable_graph() = graph;
+  r.mutable_options()->set_backend(backend);
+  if (!fault.empty()) {
+    auto* o = r.mutable_options()->add_options();
+    o->set_name("inject_fault");
+    o->set_value(fault);
+  }
+  return r;
+}
+
+TEST(ToolkitTest, InjectedCompileErrorIsRecordedAndReplayable) {
+  TempDir dir;
+  KilndProcess kilnd(dir.path());
+  auto c = ConnectTo(kilnd);
+  // ChainGraph: relu, neg, add, relu, ...
+  auto failed = c->Compile(Request(ChainGraph(6), "kiln", "compile_error:aten.neg.default"));
+  EXPECT_EQ(failed.status().code(), absl::StatusCode::kInternal);
+  EXPECT_EQ(failed.status().message(),
+            "injected compile error (inject_fault=compile_error:aten.neg.default) at node 'op1'");
+  // The same graph without the fault compiles: the option is in the key.
+  auto fine = c->Compile(Request(ChainGraph(6), "kiln"));
+  ASSERT_TRUE(fine.ok()) << fine.status();
+  // A graph without the op is unaffected by the fault.
+  v1::CompileRequest relu_only = Request(ChainGraph(1), "kiln", "compile_error:aten.neg.default");
+  EXPECT_TRUE(c->Compile(relu_only).ok());
+
+  auto bad_kind = c->Compile(Request(ChainGraph(2), "kiln", "crash:aten.neg.default"));
+  EXPECT_EQ(bad_kind.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(bad_kind.status().message(), "unknown kind 'crash'"))
+      << bad_kind.status();
+  v1::CompileRequest unknown = Request(ChainGraph(2), "eager");
+  auto* o = unknown.mutable_options()->add_options();
+  o->set_name("fast_math");
+  o->set_value("1");
+  auto refused = c->Compile(unknown);
+  EXPECT_EQ(refused.status().message(),
+            "options.options: unknown option 'fast_math' (known: debug_function, inject_fault)");
+
+  // Both failures are kept, newest first; the compile error with its key,
+  // request and trace.
+  auto listed = c->ListFailures();
+  ASSERT_TRUE(listed.ok()) << listed.status();
+  ASSERT_EQ(listed->failures_size(), 3);
+  const v1::FailedCompile& newest = listed->failures(0);
+  EXPECT_EQ(newest.code(), "INVALID_ARGUMENT");
+  const v1::FailedCompile& injected = listed->failures(2);
+  EXPECT_EQ(injected.code(), "INTERNAL");
+  EXPECT_EQ(injected.graph_name(), "chain6");
+  EXPECT_EQ(injected.key().size(), 64u);
+  EXPECT_FALSE(injected.has_request());  // listed without it
+  auto got = c->GetFailure(injected.id());
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->failure().request().graph().nodes_size(), 6);
+  EXPECT_TRUE(got->failure().trace().count("ir_before_fusion.txt"));
+  EXPECT_EQ(c->GetFailure("0123456789abcdef").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(c->GetFailure("../../e/").status().code(), absl::StatusCode::kInvalidArgument);
+
+  // Replay: the kept request fails the same way again.
+  v1::CompileRequest replay = got->failure().request();
+  replay.set_bypass_cache(true);
+  auto again = c->Compile(replay);
+  EXPECT_EQ(again.status().message(), injected.error());
+
+  // Kept across a restart.
+  kilnd.Terminate();
+  KilndProcess restarted(dir.path());
+  auto c2 = ConnectTo(restarted);
+  auto after = c2->ListFailures();
+  ASSERT_TRUE(after.ok());
+  EXPECT_EQ(after->failures_size(), 4);  // the replay failed too
+}
+
+TEST(ToolkitTest, FailuresAreBoundedPerNamespace) {
+  TempDir dir;
+  KilndProcess kilnd(dir.path());
+  auto c = ConnectTo(kilnd);
+  for (int i = 0; i < 40; ++i) {
+    v1::CompileRequest r = Request(ChainGraph(3, 8, i), "kiln", "compile_error:aten.relu.default");
+    r.set_namespace_(i % 2 ? "odd" : "even");
+    EXPECT_FALSE(c->Compile(r).ok());
+  }
+  auto even = c->ListFailures("even");
+  ASSERT_TRUE(even.ok());
+  EXPECT_EQ(even->failures_size(), 20);
+  for (int i = 40; i < 60; ++i) {
+    v1::CompileRequest r = Request(ChainGraph(3, 8, i), "kiln", "compile_error:aten.relu.default");
+    r.set_namespace_("even");
+    EXPECT_FALSE(c->Compile(r).ok());
+  }
+  even = c->ListFailures("even");
+  ASSERT_TRUE(even.ok());
+  EXPECT_EQ(even->failures_size(), 32);
+  // The newest were kept.
+  auto newest = c->GetFailure(even->failures(0).id(), "even");
+  ASSERT_TRUE(newest.ok());
+  EXPECT_EQ(newest->failure().request().graph().nodes(2).kwargs(0).int_value(), 1 + 59);
+  auto every = c->ListFailures("*");
+  ASSERT_TRUE(every.ok());
+  EXPECT_EQ(every->failures_size(), 52);
+}
+
+TEST(ToolkitTest, FunctionFilterSendsOtherGraphsToEager) {
+  TempDir dir;
+  KilndProcess kilnd(dir.path(), {"--debug_function=^chain6$"});
+  auto c = ConnectTo(kilnd);
+  auto matched = c->Compile(Request(ChainGraph(6), "kiln"));
+  ASSERT_TRUE(matched.ok()) << matched.status();
+  EXPECT_EQ(matched->artifact().backend(), "kiln");
+  auto other = c->Compile(Request(ChainGraph(7), "kiln"));
+  ASSERT_TRUE(other.ok()) << other.status();
+  EXPECT_EQ(other->artifact().backend(), "eager");
+  // A request's own filter replaces the server's.
+  v1::CompileRequest own = Request(ChainGraph(8), "aot_eager");
+  auto* o = own.mutable_options()->add_options();
+  o->set_name("debug_function");
+  o->set_value("chain[0-9]+");
+  auto mine = c->Compile(own);
+  ASSERT_TRUE(mine.ok()) << mine.status();
+  EXPECT_EQ(mine->artifact().backend(), "aot_eager");
+  auto stats = c->Stats();
+  ASSERT_TRUE(stats.ok());
+  EXPECT_EQ(stats->counters().function_filter_matched(), 2u);
+  EXPECT_EQ(stats->counters().function_filter_eager(), 1u);
+
+  o->set_value("(unclosed");
+  auto bad = c->Compile(own);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(bad.status().message(), "is not a regular expression"))
+      << bad.status();
+}
+
+TEST(ToolkitTest, MinifiesAnInjectedCompileErrorToTheFailingNode) {
+  TempDir dir;
+  KilndProcess kilnd(dir.path());
+  auto c = ConnectTo(kilnd);
+  // 120 nodes; the fault is on neg, the second node and every third after.
+  v1::CompileRequest r = Request(ChainGraph(120), "kiln", "compile_error:aten.neg.default");
+  auto m = MinifyCompileError(*c, r, "graph");
+  ASSERT_TRUE(m.ok()) << m.status();
+  ASSERT_LE(m->request.graph().nodes_size(), 3);
+  bool has_neg = false;
+  for (const auto& n : m->request.graph().nodes()) has_neg |= n.target() == "aten.neg.default";
+  EXPECT_TRUE(has_neg);
+  EXPECT_TRUE(absl::StartsWith(m->error.message(), "injected compile error")) << m->error;
+  EXPECT_LT(m->compiles, 120);
+
+  // A graph that compiles has nothing to minify.
+  auto nothing = MinifyCompileError(*c, Request(ChainGraph(4), "kiln"), "graph");
+  EXPECT_EQ(nothing.status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(ToolkitTest, DeltaDebugFindsTheItemsToBlame) {
+  std::vector<int> all(100);
+  for (int i = 0; i < 100; ++i) all[i] = i;
+  int calls = 0;
+  auto one = DeltaDebug(all, [&](const std::vector<int>& s) {
+    ++calls;
+    return std::find(s.begin(), s.end(), 37) != s.end();
+  });
+  EXPECT_EQ(one, std::vector<int>{37});
+  EXPECT_LT(calls, 40);
+  auto two = DeltaDebug(all, [](const std::vector<int>& s) {
+    return std::find(s.begin(), s.end(), 3) != s.end() &&
+           std::find(s.begin(), s.end(), 90) != s.end();
+  });
+  EXPECT_EQ(two, (std::vector<int>{3, 90}));
+  EXPECT_EQ(FailureSignature(absl::StatusCode::kInternal, "at node 'relu_3' of 12\nmore"),
+            FailureSignature(absl::StatusCode::kInternal, "at node 'relu' of 7"));
+}
+
+TEST(ToolkitTest, SubgraphReadsOutsideValuesAsInputs) {
+  const v1::Graph g = ChainGraph(5);  // relu, neg, add(t1, t0), relu, neg
+  v1::Graph sub = Subgraph(g, {2, 3});
+  ASSERT_EQ(sub.inputs_size(), 2);
+  EXPECT_EQ(sub.inputs(0).value().name(), "t1");
+  EXPECT_EQ(sub.inputs(1).value().name(), "t0");
+  ASSERT_EQ(sub.nodes_size(), 2);
+  ASSERT_EQ(sub.outputs_size(), 1);
+  EXPECT_EQ(sub.outputs(0), "t3");
+}
+
+}  // namespace
+}  // namespace kiln::testing

@@ -1,0 +1,127 @@
+"""The troubleshooting toolkit end to end against a real kilnd ($KILND, with
+kilnctl beside it or $KILNCTL): injected faults, the compile-error minifier
+and its repro script, record and replay of failed compiles."""
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import unittest
+
+import torch
+from google.protobuf import json_format
+
+import kiln
+from kiln.compiled import ArtifactFunction
+from kiln.v1 import service_pb2
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from test_server import KILND, SharedKilnd  # noqa: E402
+
+KILNCTL = os.environ.get("KILNCTL") or (
+    os.path.join(os.path.dirname(KILND), "kilnctl") if KILND else None)
+
+
+def long_chain(x):
+    """121 nodes; one relu, in the middle."""
+    for i in range(30):
+        x = torch.tanh(x) * 1.5 + torch.sigmoid(x)
+        if i == 17:
+            x = torch.relu(x)
+    return x
+
+
+def options(backend, fault=None):
+    o = service_pb2.CompileOptions(backend=backend)
+    if fault:
+        o.options.add(name="inject_fault", value=fault)
+    return o
+
+
+@unittest.skipUnless(KILND, "KILND is not set")
+class ToolkitTest(SharedKilnd, unittest.TestCase):
+
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="kiln_toolkit_test_")
+        self.addCleanup(shutil.rmtree, self.tmp, ignore_errors=True)
+
+    def kilnctl(self, *args, check=True):
+        done = subprocess.run([KILNCTL, f"--server={self.server.address}", *args],
+                              capture_output=True, text=True, timeout=600)
+        if check:
+            self.assertEqual(done.returncode, 0, f"kilnctl {' '.join(args)}:\n{done.stderr}")
+        return done
+
+    def graph_file(self, graph, opts):
+        path = os.path.join(self.tmp, f"{graph.name}.json")
+        with open(path, "w") as f:
+            f.write(json_format.MessageToJson(service_pb2.GraphFile(graph=graph, options=opts)))
+        return path
+
+    def test_minify_an_injected_compile_error_and_run_its_repro(self):
+        graph = kiln.capture(long_chain, torch.randn(4, 8), name="long_chain")
+        self.assertGreater(len(graph.nodes), 100)
+        path = self.graph_file(graph, options("kiln", "compile_error:aten.relu.default"))
+        out = os.path.join(self.tmp, "minified")
+        shown = self.kilnctl("minify", path, "-o", out)
+        self.assertIn(f"from {len(graph.nodes)} to ", shown.stdout)
+
+        with open(os.path.join(out, "minified.json")) as f:
+            minified = json_format.Parse(f.read(), service_pb2.GraphFile())
+        targets = [n.target for n in minified.graph.nodes]
+        self.assertLessEqual(len(targets), 3, targets)
+        self.assertIn("aten.relu.default", targets)
+
+        repro = subprocess.run([sys.executable, os.path.join(out, "repro.py")],
+                               capture_output=True, text=True, timeout=300,
+                               env=dict(os.environ, KILN_SERVER=self.server.address))
+        self.assertNotEqual(repro.returncode, 0, repro.stdout)
+        self.assertIn("injected compile error (inject_fault=compile_error:aten.relu.default)",
+                      repro.stderr)
+
+        # The failed compile was kept: listed, and replayed.
+        listed = self.kilnctl("failures").stdout
+        self.assertIn("long_chain", listed)
+        failure = next(f for f in self.client_failures() if f.graph_name == "long_chain"
+                       and len(f.key) == 64)
+        replayed = self.kilnctl("replay", failure.id).stdout
+        self.assertIn("replay: still fails, the same way", replayed)
+
+    def client_failures(self):
+        done = self.kilnctl("failures", "--json")
+        return json_format.Parse(done.stdout, service_pb2.ListFailuresResponse()).failures
+
+    def test_minify_after_aot_finds_the_backward_graph(self):
+        x = torch.randn(4, 8, requires_grad=True)
+        graph = kiln.capture(lambda x: torch.relu(torch.tanh(x) * 2).sum(dim=1), x,
+                             name="relu_train")
+        # threshold_backward is in relu's backward alone.
+        fault = "compile_error:aten.threshold_backward.default"
+        path = self.graph_file(graph, options("kiln", fault))
+        failed = self.kilnctl("compile", path, check=False)
+        self.assertNotEqual(failed.returncode, 0)
+        self.assertIn("injected compile error", failed.stderr)
+        out = os.path.join(self.tmp, "aot")
+        shown = self.kilnctl("minify", path, "--after=aot", "-o", out)
+        self.assertRegex(shown.stdout, r"minified the backward graph from \d+ to [123] nodes")
+        with open(os.path.join(out, "minified.json")) as f:
+            minified = json_format.Parse(f.read(), service_pb2.GraphFile())
+        self.assertIn("aten.threshold_backward.default", [n.target for n in minified.graph.nodes])
+
+    def test_injected_accuracy_fault_computes_a_wrong_value(self):
+        x = torch.randn(64, 16)
+        graph = kiln.capture(lambda x: torch.relu(x) * 2, x, name="relu_twice")
+        with kiln.Client(self.server.address) as client:
+            right = client.compile(graph, backend="kiln")
+            wrong = client.compile(graph, options=options("kiln", "accuracy:aten.relu.default"))
+        self.assertNotEqual(right.key, wrong.key)
+        want = torch.relu(x) * 2
+        torch.testing.assert_close(ArtifactFunction(right.artifact, graph)([x])[0], want)
+        # relu(x) + 1, then * 2: off by exactly 2 everywhere.
+        torch.testing.assert_close(ArtifactFunction(wrong.artifact, graph)([x])[0], want + 2)
+
+
+if __name__ == "__main__":
+    unittest.main()
