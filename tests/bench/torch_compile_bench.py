@@ -11,9 +11,10 @@ process runs one model in one mode, as a job that starts, compiles its model
 and runs; with --layout=shared one process per system runs every model in
 turn, so that the later models find each compiler's one-time start-up done:
   - dynamo: backend="eager", Dynamo's own tracing and nothing else;
-  - kiln cold: an empty kilnd cache; kiln warm: a second process, every graph
-    cached (the split: Dynamo, lowering, lookup, compile, load, from the
-    backend's counters);
+  - kiln cold: an empty kilnd cache and an empty client cache of lowered
+    graphs (KILN_CACHE_DIR); kiln warm: a second process, every graph cached
+    in both (the split: lowering, lookup, compile, load, from the backend's
+    counters);
   - inductor cold: an empty TORCHINDUCTOR_CACHE_DIR; inductor warm: a second
     process on the same directory (FX-graph and AOTAutograd caches filled).
 Steady state: the median of 20 calls after 3 warm-up calls, in the warm
@@ -147,7 +148,8 @@ def main():
 
     tmp = tempfile.mkdtemp(prefix="kiln_compile_bench_")
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads),
-               TORCHINDUCTOR_CACHE_DIR=os.path.join(tmp, "inductor"))
+               TORCHINDUCTOR_CACHE_DIR=os.path.join(tmp, "inductor"),
+               KILN_CACHE_DIR=os.path.join(tmp, "kiln-client"))
     log = open(os.path.join(tmp, "kilnd.log"), "w")
     server = subprocess.Popen([args.kilnd, "--listen=127.0.0.1:0",
                                f"--data_dir={os.path.join(tmp, 'kiln')}"],

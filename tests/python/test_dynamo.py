@@ -15,6 +15,7 @@ import tempfile
 import textwrap
 import time
 import unittest
+import unittest.mock
 import warnings
 
 import torch
@@ -257,6 +258,67 @@ class TorchCompileTest(SharedKilnd, unittest.TestCase):
         self.assertEqual(shown.returncode, 0, shown.stderr)
         self.assertIn("size[0] is 5, guard expects 4", shown.stdout)
         self.assertIn("client: ", shown.stdout)
+
+
+class LoweringCacheTest(unittest.TestCase):
+    """kiln.lower's disk cache of static graphs (the warm start)."""
+
+    def setUp(self):
+        torch._dynamo.reset()
+        self.dir = tempfile.mkdtemp(prefix="kiln_lower_cache_")
+        self.addCleanup(shutil.rmtree, self.dir, ignore_errors=True)
+        self.env = unittest.mock.patch.dict(os.environ, {"KILN_CACHE_DIR": self.dir})
+        self.env.start()
+        self.addCleanup(self.env.stop)
+
+    def dynamo_graph(self, model, x):
+        seen = []
+
+        def keep(gm, example_inputs):
+            seen.append((gm, example_inputs))
+            return gm.forward
+
+        torch.compile(model, backend=keep, dynamic=False)(x)
+        return seen[0]
+
+    def test_a_static_graph_is_lowered_once(self):
+        from kiln import lower
+
+        gm, inputs = self.dynamo_graph(capture_graphs.MLP(), torch.randn(4, 32))
+        hits, misses = lower.cache_stats["hits"], lower.cache_stats["misses"]
+        first = lower.lower(gm, inputs, name="first")
+        second = lower.lower(gm, inputs, name="second")
+        self.assertEqual((lower.cache_stats["hits"], lower.cache_stats["misses"]),
+                         (hits + 1, misses + 1))
+        self.assertEqual(second.graph.name, "second")
+        second.graph.name = "first"
+        self.assertEqual(second.graph, first.graph)
+        self.assertEqual(second.guards, first.guards)
+        self.assertEqual((second.tensor_args, second.num_outputs, second.mutations),
+                         (first.tensor_args, first.num_outputs, first.mutations))
+        # The grad mode is part of what was lowered: another entry.
+        with torch.no_grad():
+            lower.lower(gm, inputs)
+        self.assertEqual(lower.cache_stats["misses"], misses + 2)
+        # A damaged file is lowered again, and replaced.
+        files = [os.path.join(root, f) for root, _, names in os.walk(self.dir) for f in names]
+        self.assertEqual(len(files), 2, files)
+        for path in files:
+            with open(path, "w") as f:
+                f.write("{not json")
+        again = lower.lower(gm, inputs, name="first")
+        self.assertEqual(again.graph, first.graph)
+        self.assertEqual(lower.cache_stats["misses"], misses + 3)
+
+    def test_batch_norm_mutations_survive_the_cache(self):
+        from kiln import lower
+
+        model = capture_graphs.ConvBlock(3, 8).train()
+        gm, inputs = self.dynamo_graph(model, torch.randn(2, 3, 8, 8))
+        first = lower.lower(gm, inputs)
+        second = lower.lower(gm, inputs)
+        self.assertTrue(first.mutations)
+        self.assertEqual(second.mutations, first.mutations)
 
 
 @unittest.skipUnless(KILND, "KILND is not set")

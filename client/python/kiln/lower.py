@@ -20,10 +20,22 @@ An in-place op whose functional form exists (`_native_batch_norm_legit` ->
 Anything that has no kiln.v1.Graph form (an output that is not a tensor, a
 size expression beyond + and *, a tensor constant) raises Unsupported, and the
 backend runs that graph eagerly.
+
+Lowering a static graph is cached on disk, as Inductor caches its FX graphs:
+under $KILN_CACHE_DIR (default ~/.cache/kiln), keyed by Dynamo's graph code,
+its inputs' metadata, the grad mode and the versions of torch and of this
+module. A later process that meets the same graph skips the re-trace (the
+warm start). Graphs with symbolic sizes are always lowered: lowering may add
+guards to Dynamo's shape environment. KILN_LOWER_CACHE=0 turns the cache off.
 """
 
+import base64
 import collections
+import hashlib
+import json
 import operator
+import os
+import tempfile
 
 import torch
 import torch.fx
@@ -300,6 +312,100 @@ def _guard_text(expr):
     return None
 
 
+# Disk cache of lowered static graphs (see the module's documentation).
+_CACHE_FORMAT = "kiln-lowered-1"
+_CACHE_MAX_FILES = 4096
+cache_stats = {"hits": 0, "misses": 0}
+_SOURCE_DIGEST = None
+
+
+def _source_digest():
+    """What of this client shapes a lowered graph: this module and tracer."""
+    global _SOURCE_DIGEST
+    if _SOURCE_DIGEST is None:
+        h = hashlib.sha256()
+        for module in (__file__, tracer.__file__):
+            with open(module, "rb") as f:
+                h.update(f.read())
+        _SOURCE_DIGEST = h.hexdigest()
+    return _SOURCE_DIGEST
+
+
+def _cache_path(gm, placeholders, fakes, fake_mode):
+    """The cache file of this static graph, or None when it is not cached."""
+    if os.environ.get("KILN_LOWER_CACHE", "1") == "0":
+        return None
+    if fake_mode.shape_env is not None and fake_mode.shape_env.var_to_range:
+        return None  # symbolic: lowering may add guards to the shape env
+    if any(n.op in ("get_attr", "call_module") for n in gm.graph.nodes):
+        return None  # what the code names is not in the code
+    parts = [_CACHE_FORMAT, torch.__version__, _source_digest(), str(torch.is_grad_enabled()),
+             str(torch.get_default_dtype()), gm.code]
+    for node, fake in zip(placeholders, fakes):
+        if isinstance(fake, torch.Tensor):
+            parts.append(f"tensor {node.name} {fake.dtype} {tuple(fake.shape)} {fake.stride()} "
+                         f"{fake.storage_offset()} {fake.device} {fake.requires_grad} "
+                         f"{isinstance(fake, torch.nn.Parameter)}")
+        elif isinstance(fake, (bool, int, float, str)) or fake is None:
+            parts.append(f"value {node.name} {type(fake).__name__} {fake!r}")
+        else:
+            return None
+    key = hashlib.sha256("\n".join(parts).encode()).hexdigest()
+    root = os.environ.get("KILN_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache",
+                                                            "kiln")
+    return os.path.join(root, "lowered", key[:2], key + ".json")
+
+
+def _read_cached(path, name, shape_env):
+    try:
+        with open(path) as f:
+            record = json.load(f)
+        if record.get("format") != _CACHE_FORMAT:
+            return None
+        graph = graph_pb2.Graph.FromString(base64.b64decode(record["graph"]))
+        guards = guards_pb2.GuardSet.FromString(base64.b64decode(record["guards"]))
+        graph.name = name
+        os.utime(path)  # recency, for the trim below
+        return Lowered(graph, guards, list(record["tensor_args"]), int(record["num_outputs"]),
+                       [tuple(m) for m in record["mutations"]], shape_env)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # missing or damaged: lower again, and write it anew
+
+
+def _write_cached(path, lowered):
+    record = {"format": _CACHE_FORMAT,
+              "graph": base64.b64encode(lowered.graph.SerializeToString()).decode(),
+              "guards": base64.b64encode(lowered.guards.SerializeToString()).decode(),
+              "tensor_args": lowered.tensor_args, "num_outputs": lowered.num_outputs,
+              "mutations": [list(m) for m in lowered.mutations]}
+    try:
+        directory = os.path.dirname(path)
+        os.makedirs(directory, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=directory, suffix=".tmp")
+        with os.fdopen(fd, "w") as f:
+            json.dump(record, f)
+        os.replace(tmp, path)  # readers see the old file or the whole new one
+        _trim(os.path.dirname(directory))
+    except OSError:
+        pass  # a read-only or full disk only costs the next process a re-trace
+
+
+def _trim(root):
+    """Keeps the newest _CACHE_MAX_FILES files, by last use."""
+    files = []
+    for sub in os.scandir(root):
+        if sub.is_dir():
+            files.extend(e for e in os.scandir(sub.path) if e.name.endswith(".json"))
+    if len(files) <= _CACHE_MAX_FILES:
+        return
+    files.sort(key=lambda e: e.stat().st_mtime)
+    for entry in files[:len(files) - _CACHE_MAX_FILES]:
+        try:
+            os.remove(entry.path)
+        except OSError:
+            pass
+
+
 def lower(gm, example_inputs, name="graph"):
     """Lowers Dynamo's graph `gm` (called with `example_inputs`) to a Lowered.
     Raises Unsupported when the graph has no kiln.v1.Graph form."""
@@ -311,6 +417,20 @@ def lower(gm, example_inputs, name="graph"):
                      None)
     if fake_mode is None:
         raise Unsupported("the graph has no tensor inputs")
+    path = _cache_path(gm, placeholders, fakes, fake_mode)
+    if path is not None:
+        cached = _read_cached(path, name, fake_mode.shape_env)
+        if cached is not None:
+            cache_stats["hits"] += 1
+            return cached
+        cache_stats["misses"] += 1
+    lowered = _lower(gm, placeholders, fakes, fake_mode, name)
+    if path is not None:
+        _write_cached(path, lowered)
+    return lowered
+
+
+def _lower(gm, placeholders, fakes, fake_mode, name):
     grad = torch.is_grad_enabled()
     fx_module = _trace(gm, fakes, fake_mode)
     fx = fx_module.graph
