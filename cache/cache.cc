@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <map>
+#include <tuple>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
@@ -607,6 +609,80 @@ absl::StatusOr<v1::FailedCompile> Cache::GetFailure(const std::string& ns, const
   return f;
 }
 
+absl::Status Cache::RecordGraph(const std::string& ns, const v1::GraphReport& report) {
+  const std::string rk = absl::StrCat("b/", ns, "/", report.job());
+  absl::MutexLock l(&jobs_mu_);
+  auto it = jobs_.find(rk);
+  if (it == jobs_.end()) {
+    if (jobs_.size() >= kMaxJobRecords) return absl::OkStatus();
+    JobRecord record;
+    std::string value;
+    rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), rk, &value);
+    bool sealed = false;
+    if (s.ok() && !Unseal(value, &record.graphs, &sealed, rk).ok()) record.graphs.Clear();
+    if (!s.ok() && !s.IsNotFound()) return FromRocks(s, absl::StrCat("reading ", rk));
+    record.graphs.set_namespace_(ns);
+    record.graphs.set_job(report.job());
+    it = jobs_.emplace(rk, std::move(record)).first;
+  }
+  v1::JobGraphs& job = it->second.graphs;
+  auto row = std::find_if(job.mutable_graphs()->begin(), job.mutable_graphs()->end(),
+                          [&](const v1::JobGraphs::Graph& g) {
+                            return g.function() == report.function() && g.graph() == report.graph();
+                          });
+  if (row == job.mutable_graphs()->end()) {
+    if (job.graphs_size() >= kMaxGraphsPerJob) return absl::OkStatus();
+    v1::JobGraphs::Graph* g = job.add_graphs();
+    g->set_function(report.function());
+    g->set_graph(report.graph());
+    std::sort(job.mutable_graphs()->begin(), job.mutable_graphs()->end(),
+              [](const auto& a, const auto& b) {
+                return std::tie(a.function(), a.graph()) < std::tie(b.function(), b.graph());
+              });
+    row = std::find_if(job.mutable_graphs()->begin(), job.mutable_graphs()->end(),
+                       [&](const v1::JobGraphs::Graph& g) {
+                         return g.function() == report.function() && g.graph() == report.graph();
+                       });
+  }
+  row->set_graph_break(report.graph_break());
+  row->set_reason(report.reason());
+  *row->mutable_user_frames() = report.user_frames();
+  row->set_reports(row->reports() + 1);
+  row->set_last_unix_micros(NowMicros());
+  it->second.dirty = true;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<v1::JobGraphs>> Cache::ListJobGraphs(const std::string& ns,
+                                                                const std::string& job) {
+  std::map<std::string, v1::JobGraphs> out;
+  const std::string prefix = ns == "*" ? "b/" : absl::StrCat("b/", ns, "/", job);
+  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions()));
+  for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix); it->Next()) {
+    const std::string rk = it->key().ToString();
+    v1::JobGraphs graphs;
+    bool sealed = false;
+    if (!Unseal(absl::string_view(it->value().data(), it->value().size()), &graphs, &sealed, rk)
+             .ok()) {
+      continue;
+    }
+    out[rk] = std::move(graphs);
+  }
+  RETURN_IF_ERROR(FromRocks(it->status(), "listing graph reports"));
+  {
+    absl::MutexLock l(&jobs_mu_);  // newer than what is on disk
+    for (const auto& [rk, record] : jobs_) {
+      if (absl::StartsWith(rk, prefix)) out[rk] = record.graphs;
+    }
+  }
+  std::vector<v1::JobGraphs> jobs;
+  for (auto& [rk, graphs] : out) {
+    if (!job.empty() && graphs.job() != job) continue;
+    jobs.push_back(std::move(graphs));
+  }
+  return jobs;
+}
+
 void Cache::Count(v1::LookupOutcome outcome) {
   absl::MutexLock l(&stats_mu_);
   auto* c = stats_.mutable_counters();
@@ -726,6 +802,14 @@ absl::Status Cache::FlushUsage() {
     }
     entry.set_format_version(kEntryFormat);
     batch.Put(ek, Seal(entry));
+  }
+  {
+    absl::MutexLock l(&jobs_mu_);
+    for (auto& [rk, record] : jobs_) {
+      if (!record.dirty) continue;
+      batch.Put(rk, Seal(record.graphs));
+      record.dirty = false;
+    }
   }
   batch.Put(kStatsKey, StatsBytes());
   return FromRocks(db_->Write(rocksdb::WriteOptions(), &batch), "flushing usage");

@@ -10,6 +10,8 @@
 //                          (cache/shape_family.h)
 //   "r/<namespace>/<id>"   FailedCompile: a failed compile request, for
 //                          record and replay (the newest 32 per namespace)
+//   "b/<namespace>/<job>"  JobGraphs: the graphs clients reported for a job
+//                          and why each ended (graph breaks)
 //
 // A variant and its artifact are published in one WriteBatch, so a crash
 // leaves either the old state or the new one. Artifacts are verified against
@@ -115,6 +117,16 @@ class Cache {
   // One record, or NOT_FOUND.
   absl::StatusOr<v1::FailedCompile> GetFailure(const std::string& ns, const std::string& id);
 
+  // Graph-break reports: merges `report` into its job's record, in memory
+  // (written back by FlushUsage). A job holds at most kMaxGraphsPerJob
+  // graphs; reports of further graphs are dropped.
+  static constexpr int kMaxGraphsPerJob = 256;
+  static constexpr size_t kMaxJobRecords = 4096;  // per kilnd run, every namespace
+  absl::Status RecordGraph(const std::string& ns, const v1::GraphReport& report);
+  // The records of `ns` ("*": every namespace), of `job` or of every job.
+  absl::StatusOr<std::vector<v1::JobGraphs>> ListJobGraphs(const std::string& ns,
+                                                           const std::string& job);
+
   // Drops every variant of (ns, key). Returns (variants, bytes freed).
   absl::StatusOr<std::pair<uint64_t, uint64_t>> Evict(const std::string& ns,
                                                       const std::string& key);
@@ -187,6 +199,15 @@ class Cache {
   absl::flat_hash_map<std::string, uint64_t> blob_bytes_ ABSL_GUARDED_BY(index_mu_);
   uint64_t total_bytes_ ABSL_GUARDED_BY(index_mu_) = 0;
   uint64_t total_variants_ ABSL_GUARDED_BY(index_mu_) = 0;
+
+  // Graph-break records read or changed since the start, by record key;
+  // `dirty` ones are written by FlushUsage.
+  struct JobRecord {
+    v1::JobGraphs graphs;
+    bool dirty = false;
+  };
+  absl::Mutex jobs_mu_ ABSL_ACQUIRED_AFTER(write_mu_);
+  absl::flat_hash_map<std::string, JobRecord> jobs_ ABSL_GUARDED_BY(jobs_mu_);
 
   mutable absl::Mutex stats_mu_;
   v1::StoredStats stats_ ABSL_GUARDED_BY(stats_mu_);

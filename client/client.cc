@@ -256,6 +256,17 @@ absl::StatusOr<v1::GetFailureResponse> Client::GetFailure(const std::string& id,
   return response;
 }
 
+absl::StatusOr<v1::GraphBreaksResponse> Client::GraphBreaks(const std::string& ns,
+                                                            const std::string& job) const {
+  v1::GraphBreaksRequest request;
+  request.set_namespace_(ns);
+  request.set_job(job);
+  v1::GraphBreaksResponse response;
+  RETURN_IF_ERROR(
+      Call([&](grpc::ClientContext* c) { return admin_->GraphBreaks(c, request, &response); }));
+  return response;
+}
+
 absl::StatusOr<v1::GetEntryResponse> Client::GetEntry(const std::string& key,
                                                       const std::string& ns) const {
   v1::GetEntryRequest request;

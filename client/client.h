@@ -106,6 +106,9 @@ class Client {
   absl::StatusOr<v1::ListFailuresResponse> ListFailures(const std::string& ns = "") const;
   absl::StatusOr<v1::GetFailureResponse> GetFailure(const std::string& id,
                                                     const std::string& ns = "") const;
+  // Graph-break reports of `job` (every job when empty) in `ns` ("*": all).
+  absl::StatusOr<v1::GraphBreaksResponse> GraphBreaks(const std::string& ns = "",
+                                                      const std::string& job = "") const;
 
   // grpc.health.v1.Health/Check for the whole server (service ""). OK when
   // the server answers SERVING; UNAVAILABLE naming the status it answered

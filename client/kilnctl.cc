@@ -14,6 +14,7 @@
 #include <iterator>
 #include <map>
 #include <memory>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -80,6 +81,8 @@ commands:
                     graph, key, error
   replay ID         compile failed request ID again (bypassing the cache) and say
                     whether it still fails, and how
+  breaks [JOB]      the graphs each job (model) became, gathered from every process
+                    that used the server, and why each ended: the graph breaks
   minify FILE|ID|KEY [--after=graph|aot] -o DIR
                     reduce a graph that fails to compile (a file, or a kept failure
                     by id or key) to the smallest subgraph failing the same way;
@@ -668,6 +671,40 @@ absl::Status Replay(const Client& client, const Invocation& inv) {
   return absl::OkStatus();
 }
 
+absl::Status Breaks(const Client& client, const Invocation& inv) {
+  ASSIGN_OR_RETURN(v1::GraphBreaksResponse r,
+                   client.GraphBreaks(inv.ns, inv.args.empty() ? "" : inv.args[0]));
+  if (inv.json) return PrintJson(r);
+  if (r.jobs_size() == 0) {
+    std::cout << "no graph reports\n";
+    return absl::OkStatus();
+  }
+  for (const v1::JobGraphs& job : r.jobs()) {
+    std::set<std::string> functions;
+    int breaks = 0;
+    for (const auto& g : job.graphs()) {
+      functions.insert(g.function());
+      breaks += g.graph_break();
+    }
+    std::cout << "job " << job.job() << " (namespace " << Namespace(job.namespace_())
+              << "): " << job.graphs_size() << " graph" << (job.graphs_size() == 1 ? "" : "s")
+              << " from " << functions.size() << " function" << (functions.size() == 1 ? "" : "s")
+              << ", " << breaks << " graph break" << (breaks == 1 ? "" : "s") << "\n";
+    for (const auto& g : job.graphs()) {
+      std::cout << "  " << g.graph() << " (" << g.function() << ", reported " << g.reports()
+                << " time" << (g.reports() == 1 ? "" : "s") << ")";
+      if (g.graph_break()) {
+        std::cout << ": graph break: " << g.reason().substr(0, g.reason().find('\n'));
+        if (g.user_frames_size() > 0) {
+          std::cout << "\n    at " << g.user_frames(g.user_frames_size() - 1);
+        }
+      }
+      std::cout << "\n";
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Minify(const Client& client, const Invocation& inv) {
   const std::string dir = absl::GetFlag(FLAGS_o);
   if (dir.empty())
@@ -722,6 +759,7 @@ constexpr Command kCommands[] = {
     {"trace", 1, 1, "KEY -o DIR", Trace, nullptr},
     {"failures", 0, 0, "", Failures, nullptr},
     {"replay", 1, 1, "ID", Replay, nullptr},
+    {"breaks", 0, 1, "[JOB]", Breaks, nullptr},
     {"minify", 1, 1, "FILE|ID|KEY -o DIR", Minify, nullptr},
 };
 

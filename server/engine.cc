@@ -118,6 +118,7 @@ absl::StatusOr<v1::Artifact> Engine::LoadArtifact(const std::string& digest) {
 
 absl::StatusOr<v1::CompileResponse> Engine::Compile(const v1::CompileRequest& req,
                                                     const CallerGone& gone) {
+  if (req.has_report()) RecordReport(req.namespace_(), req.report());
   bool compiling = false;
   absl::StatusOr<v1::CompileResponse> result = CompileUnrecorded(req, gone, &compiling);
   const absl::StatusCode code = result.status().code();
@@ -182,6 +183,31 @@ absl::StatusOr<v1::GetFailureResponse> Engine::GetFailure(const v1::GetFailureRe
   }
   v1::GetFailureResponse resp;
   ASSIGN_OR_RETURN(*resp.mutable_failure(), cache_->GetFailure(req.namespace_(), req.id()));
+  return resp;
+}
+
+void Engine::RecordReport(const std::string& ns, const v1::GraphReport& report) {
+  if (!cache::ValidateNamespace(ns).ok()) return;
+  auto clip = [](const std::string& s, size_t n) { return s.substr(0, n); };
+  v1::GraphReport r;
+  r.set_job(report.job().empty() ? "(unnamed)" : clip(report.job(), 128));
+  r.set_function(clip(report.function(), 256));
+  r.set_graph(clip(report.graph(), 256));
+  r.set_graph_break(report.graph_break());
+  r.set_reason(clip(report.reason(), 1024));
+  for (int i = std::max(0, report.user_frames_size() - 16); i < report.user_frames_size(); ++i) {
+    r.add_user_frames(clip(report.user_frames(i), 256));
+  }
+  // Reports are advice: one that cannot be kept changes no reply.
+  (void)cache_->RecordGraph(ns, r);
+}
+
+absl::StatusOr<v1::GraphBreaksResponse> Engine::GraphBreaks(const v1::GraphBreaksRequest& req) {
+  if (req.namespace_() != "*") RETURN_IF_ERROR(cache::ValidateNamespace(req.namespace_()));
+  ASSIGN_OR_RETURN(std::vector<v1::JobGraphs> jobs,
+                   cache_->ListJobGraphs(req.namespace_(), req.job()));
+  v1::GraphBreaksResponse resp;
+  for (auto& j : jobs) *resp.add_jobs() = std::move(j);
   return resp;
 }
 
@@ -518,7 +544,13 @@ absl::StatusOr<v1::CompileResponse> Engine::CompileMiss(
       ASSIGN_OR_RETURN(const Backend* backend, backends_.Find(options.backend()));
       std::map<std::string, std::string> trace;
       CompileInput input{graph, guards, options, key, &trace, &flight->cancel};
+      RequestLog* const log = options_.step_log;
+      if (log) log->Step("compile", "begin", ns, key, graph.name(), options.backend());
       auto artifact = backend->Compile(input, &times);
+      if (log) {
+        log->Step("compile", "end", ns, key, graph.name(),
+                  absl::StatusCodeToString(artifact.status().code()));
+      }
       if (absl::IsCancelled(artifact.status())) return artifact.status();
       cache_->CountCompile(artifact.ok());
       if (!artifact.ok()) {
@@ -544,8 +576,10 @@ absl::StatusOr<v1::CompileResponse> Engine::CompileMiss(
         pub.client_reason = record.client_reason;
         pub.family = record.family;
         pub.family_record = record.family_record;
+        if (options_.step_log) options_.step_log->Step("store", "begin", ns, key, graph.name());
         ASSIGN_OR_RETURN(std::string digest,
                          times.Time("store", [&] { return cache_->Publish(pub); }));
+        if (options_.step_log) options_.step_log->Step("store", "end", ns, key, graph.name());
         if (!record.alias_key.empty()) {
           cache::PublishRequest alias{
               ns, record.alias_key, graph.name(), options.backend(), record.alias_guards, bytes,
@@ -598,6 +632,7 @@ absl::StatusOr<v1::CompileResponse> Engine::AwaitFlight(const std::shared_ptr<Fl
 absl::StatusOr<v1::LookupResponse> Engine::Lookup(const v1::LookupRequest& req) {
   const std::string& ns = req.namespace_();
   RETURN_IF_ERROR(cache::ValidateNamespace(ns));
+  if (req.has_report()) RecordReport(ns, req.report());
   std::string key;
   v1::InputSignature signature = req.signature();
   switch (req.what_case()) {

@@ -26,6 +26,7 @@
 #include "cache/shape_family.h"
 #include "kiln/v1/service.pb.h"
 #include "server/backend.h"
+#include "server/request_log.h"
 #include "server/worker_pool.h"
 
 namespace re2 {
@@ -49,6 +50,9 @@ struct EngineOptions {
   // a request without one gets the server's, which then enters the key.
   std::string inject_fault;
   std::string debug_function;
+  // At debug level, the begin and end of each compile job's steps; may be
+  // null. Must outlive the Engine.
+  RequestLog* step_log = nullptr;
   uint32_t cache_size_limit = 8;
   int compile_workers = 2;
   int compile_queue_depth = 64;
@@ -84,6 +88,7 @@ class Engine {
   absl::StatusOr<v1::EvictResponse> Evict(const v1::EvictRequest& request);
   absl::StatusOr<v1::ListFailuresResponse> ListFailures(const v1::ListFailuresRequest& request);
   absl::StatusOr<v1::GetFailureResponse> GetFailure(const v1::GetFailureRequest& request);
+  absl::StatusOr<v1::GraphBreaksResponse> GraphBreaks(const v1::GraphBreaksRequest& request);
 
  private:
   // One compile in progress; identical requests wait on it.
@@ -98,6 +103,8 @@ class Engine {
   // whether the request got as far as a compile job (which records its own).
   absl::StatusOr<v1::CompileResponse> CompileUnrecorded(const v1::CompileRequest& request,
                                                         const CallerGone& gone, bool* compiling);
+  // Adds a client's graph report, trimmed to its limits, to its job.
+  void RecordReport(const std::string& ns, const v1::GraphReport& report);
   // Keeps a failed request for replay (cache::Cache::RecordFailure).
   void PersistFailure(const v1::CompileRequest& request, const std::string& key,
                       const absl::Status& error, const std::map<std::string, std::string>* trace);

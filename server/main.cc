@@ -64,6 +64,9 @@ ABSL_FLAG(bool, sync_writes, false, "fsync every publish (survive power loss, no
 ABSL_FLAG(std::string, request_log, "",
           "one JSON line per Compile and Lookup (request id, namespace, caller, status, time) "
           "appended to this file, '-' for stderr; empty: none");
+ABSL_FLAG(std::string, log_level, "info",
+          "the request log's level: warning (failed requests only), info (every request), "
+          "debug (also the begin and end of each compile job's steps)");
 ABSL_FLAG(std::string, audit_log, "-",
           "one JSON line per Freeze, Thaw and Evict, with the caller, appended to this file "
           "('-': stderr)");
@@ -229,6 +232,15 @@ absl::Status Serve() {
   backend_options.native_compile_timeout = absl::Seconds(timeout_s);
   backend_options.native_compiler = absl::GetFlag(FLAGS_native_compiler);
   backend_options.nvrtc_helper = absl::GetFlag(FLAGS_nvrtc_helper);
+  ASSIGN_OR_RETURN(const LogLevel log_level, ParseLogLevel(absl::GetFlag(FLAGS_log_level)));
+  std::unique_ptr<RequestLog> requests, audit;
+  if (const std::string path = absl::GetFlag(FLAGS_request_log); !path.empty()) {
+    ASSIGN_OR_RETURN(requests, RequestLog::Open(path, log_level));
+  }
+  if (const std::string path = absl::GetFlag(FLAGS_audit_log); !path.empty()) {
+    ASSIGN_OR_RETURN(audit, RequestLog::Open(path));
+  }
+  if (requests != nullptr && requests->debug()) engine_options.step_log = requests.get();
   auto engine = std::make_unique<Engine>(engine_options, cache.get(),
                                          BackendRegistry::Default(backend_options));
 
@@ -247,13 +259,6 @@ absl::Status Serve() {
         " is beyond loopback, and TLS (--tls_cert_file, --tls_key_file) and tokens "
         "(--tokens_file) are not both configured: anyone who reaches the port could read "
         "and write every namespace. Configure both, or pass --allow_insecure_remote"));
-  }
-  std::unique_ptr<RequestLog> requests, audit;
-  if (const std::string path = absl::GetFlag(FLAGS_request_log); !path.empty()) {
-    ASSIGN_OR_RETURN(requests, RequestLog::Open(path));
-  }
-  if (const std::string path = absl::GetFlag(FLAGS_audit_log); !path.empty()) {
-    ASSIGN_OR_RETURN(audit, RequestLog::Open(path));
   }
   std::unique_ptr<Signer> signer;
   if (const std::string path = absl::GetFlag(FLAGS_signing_key_file); !path.empty()) {

@@ -30,14 +30,23 @@ std::string Json(absl::string_view s) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<RequestLog>> RequestLog::Open(const std::string& path) {
-  if (path == "-") return std::unique_ptr<RequestLog>(new RequestLog(stderr, false));
+absl::StatusOr<LogLevel> ParseLogLevel(absl::string_view text) {
+  if (text == "warning") return LogLevel::kWarning;
+  if (text == "info") return LogLevel::kInfo;
+  if (text == "debug") return LogLevel::kDebug;
+  return absl::InvalidArgumentError(
+      absl::StrCat("log_level: '", text.substr(0, 64), "' is not one of warning, info, debug"));
+}
+
+absl::StatusOr<std::unique_ptr<RequestLog>> RequestLog::Open(const std::string& path,
+                                                             LogLevel level) {
+  if (path == "-") return std::unique_ptr<RequestLog>(new RequestLog(stderr, false, level));
   FILE* f = std::fopen(path.c_str(), "a");
   if (f == nullptr) {
     return absl::InvalidArgumentError(
         absl::StrCat("cannot open log ", path, ": ", std::strerror(errno)));
   }
-  return std::unique_ptr<RequestLog>(new RequestLog(f, true));
+  return std::unique_ptr<RequestLog>(new RequestLog(f, true, level));
 }
 
 RequestLog::~RequestLog() {
@@ -45,13 +54,28 @@ RequestLog::~RequestLog() {
 }
 
 void RequestLog::Write(const RequestRecord& r) {
+  if (level_ == LogLevel::kWarning && r.code == absl::StatusCode::kOk) return;
   std::string line = absl::StrCat(
       "{\"ts\":", Json(absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ", absl::Now(), absl::UTCTimeZone())),
       ",\"rid\":", Json(r.rid), ",\"rpc\":", Json(r.rpc), ",\"ns\":", Json(r.ns),
       ",\"caller\":", Json(r.caller), ",\"code\":", Json(absl::StatusCodeToString(r.code)),
       absl::StrFormat(",\"ms\":%.3f", absl::ToDoubleMilliseconds(r.elapsed)));
   if (!r.detail.empty()) absl::StrAppend(&line, ",\"detail\":", Json(r.detail));
-  line += "}\n";
+  WriteLine(line + "}\n");
+}
+
+void RequestLog::Step(absl::string_view step, absl::string_view event, absl::string_view ns,
+                      absl::string_view key, absl::string_view graph, absl::string_view detail) {
+  if (level_ != LogLevel::kDebug) return;
+  std::string line = absl::StrCat(
+      "{\"ts\":", Json(absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ", absl::Now(), absl::UTCTimeZone())),
+      ",\"step\":", Json(step), ",\"event\":", Json(event), ",\"ns\":", Json(ns),
+      ",\"key\":", Json(key), ",\"graph\":", Json(graph.substr(0, 256)));
+  if (!detail.empty()) absl::StrAppend(&line, ",\"detail\":", Json(detail.substr(0, 1024)));
+  WriteLine(line + "}\n");
+}
+
+void RequestLog::WriteLine(const std::string& line) {
   absl::MutexLock l(&mu_);
   std::fwrite(line.data(), 1, line.size(), file_);
   std::fflush(file_);

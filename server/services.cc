@@ -235,4 +235,12 @@ grpc::Status AdminService::GetFailure(grpc::ServerContext* ctx, const v1::GetFai
   return Reply(engine_->GetFailure(*req), resp);
 }
 
+grpc::Status AdminService::GraphBreaks(grpc::ServerContext* ctx, const v1::GraphBreaksRequest* req,
+                                       v1::GraphBreaksResponse* resp) {
+  if (absl::Status s = auth_->Check(*ctx, Role::kReader, req->namespace_()); !s.ok()) {
+    return ToGrpc(s);
+  }
+  return Reply(engine_->GraphBreaks(*req), resp);
+}
+
 }  // namespace kiln::server

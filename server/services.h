@@ -77,6 +77,8 @@ class AdminService final : public v1::Admin::Service {
                             v1::ListFailuresResponse*) override;
   grpc::Status GetFailure(grpc::ServerContext*, const v1::GetFailureRequest*,
                           v1::GetFailureResponse*) override;
+  grpc::Status GraphBreaks(grpc::ServerContext*, const v1::GraphBreaksRequest*,
+                           v1::GraphBreaksResponse*) override;
 
  private:
   Engine* const engine_;

@@ -3,6 +3,8 @@
 // delta debugging on kilnd's own errors.
 #include <gtest/gtest.h>
 
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -159,6 +161,71 @@ TEST(ToolkitTest, FunctionFilterSendsOtherGraphsToEager) {
       << bad.status();
 }
 
+TEST(ToolkitTest, GraphReportsAreGatheredPerJobAcrossClientsAndRestarts) {
+  TempDir dir;
+  auto report = [](const std::string& graph, bool graph_break) {
+    v1::GraphReport r;
+    r.set_job("train.py");
+    r.set_function("forward");
+    r.set_graph(graph);
+    r.set_graph_break(graph_break);
+    r.set_reason(graph_break ? "call to torch._dynamo.graph_break()" : "return_value");
+    for (int i = 0; i < 20; ++i) r.add_user_frames(absl::StrCat("model.py:", i, " in forward"));
+    return r;
+  };
+  {
+    KilndProcess kilnd(dir.path());
+    for (int client = 0; client < 2; ++client) {
+      auto c = ConnectTo(kilnd);
+      for (const auto& [graph, broke] : {std::pair{"forward_0_0", true}, {"forward_1_0", false}}) {
+        v1::LookupRequest lookup;
+        *lookup.mutable_graph() = ChainGraph(4);
+        *lookup.mutable_report() = report(graph, broke);
+        ASSERT_TRUE(c->Lookup(lookup).ok());
+      }
+    }
+    // A compile carries one too; a job name over 128 bytes is cut.
+    auto c = ConnectTo(kilnd);
+    v1::CompileRequest compile = Request(ChainGraph(4), "eager");
+    *compile.mutable_report() = report("forward_0_0", true);
+    compile.mutable_report()->set_job(std::string(300, 'j'));
+    ASSERT_TRUE(c->Compile(compile).ok());
+    auto all = c->GraphBreaks("*");
+    ASSERT_TRUE(all.ok()) << all.status();
+    ASSERT_EQ(all->jobs_size(), 2);
+    kilnd.Terminate();
+  }
+  KilndProcess kilnd(dir.path());
+  auto c = ConnectTo(kilnd);
+  auto got = c->GraphBreaks("", "train.py");
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_EQ(got->jobs_size(), 1);
+  const v1::JobGraphs& job = got->jobs(0);
+  ASSERT_EQ(job.graphs_size(), 2);
+  EXPECT_EQ(job.graphs(0).graph(), "forward_0_0");
+  EXPECT_TRUE(job.graphs(0).graph_break());
+  EXPECT_EQ(job.graphs(0).reports(), 2u);
+  EXPECT_EQ(job.graphs(0).user_frames_size(), 16);
+  EXPECT_EQ(job.graphs(0).user_frames(15), "model.py:19 in forward");
+  EXPECT_FALSE(job.graphs(1).graph_break());
+  auto cut = c->GraphBreaks("", std::string(128, 'j'));
+  ASSERT_TRUE(cut.ok());
+  ASSERT_EQ(cut->jobs_size(), 1);
+
+  // At most 256 graphs per job.
+  for (int i = 0; i < 300; ++i) {
+    v1::LookupRequest lookup;
+    *lookup.mutable_graph() = ChainGraph(2);
+    *lookup.mutable_report() = report(absl::StrCat("g", i), false);
+    lookup.mutable_report()->set_job("many");
+    ASSERT_TRUE(c->Lookup(lookup).ok());
+  }
+  auto many = c->GraphBreaks("", "many");
+  ASSERT_TRUE(many.ok());
+  ASSERT_EQ(many->jobs_size(), 1);
+  EXPECT_EQ(many->jobs(0).graphs_size(), 256);
+}
+
 TEST(ToolkitTest, MinifiesAnInjectedCompileErrorToTheFailingNode) {
   TempDir dir;
   KilndProcess kilnd(dir.path());
@@ -177,6 +244,39 @@ TEST(ToolkitTest, MinifiesAnInjectedCompileErrorToTheFailingNode) {
   // A graph that compiles has nothing to minify.
   auto nothing = MinifyCompileError(*c, Request(ChainGraph(4), "kiln"), "graph");
   EXPECT_EQ(nothing.status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+std::string ReadAll(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+TEST(ToolkitTest, LogLevelsChooseWhatTheRequestLogHolds) {
+  TempDir dir;
+  const std::string debug_log = dir.path() + "/debug.log", warning_log = dir.path() + "/warn.log";
+  {
+    KilndProcess kilnd(dir.path() + "/a", {"--request_log=" + debug_log, "--log_level=debug"});
+    auto c = ConnectTo(kilnd);
+    ASSERT_TRUE(c->Compile(Request(ChainGraph(3), "kiln")).ok());
+  }
+  const std::string debug = ReadAll(debug_log);
+  for (const char* line :
+       {"\"step\":\"compile\",\"event\":\"begin\"", "\"step\":\"compile\",\"event\":\"end\"",
+        "\"step\":\"store\",\"event\":\"end\"", "\"rpc\":\"Compile\""}) {
+    EXPECT_TRUE(absl::StrContains(debug, line)) << line << " in\n" << debug;
+  }
+  {
+    KilndProcess kilnd(dir.path() + "/b", {"--request_log=" + warning_log, "--log_level=warning"});
+    auto c = ConnectTo(kilnd);
+    ASSERT_TRUE(c->Compile(Request(ChainGraph(3), "eager")).ok());
+    EXPECT_FALSE(c->Compile(Request(ChainGraph(3), "nope")).ok());
+  }
+  const std::string warning = ReadAll(warning_log);
+  EXPECT_TRUE(absl::StrContains(warning, "\"code\":\"INVALID_ARGUMENT\"")) << warning;
+  EXPECT_FALSE(absl::StrContains(warning, "\"code\":\"OK\"")) << warning;
+  EXPECT_FALSE(absl::StrContains(warning, "\"step\"")) << warning;
 }
 
 TEST(ToolkitTest, DeltaDebugFindsTheItemsToBlame) {

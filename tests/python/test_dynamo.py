@@ -148,6 +148,19 @@ class TorchCompileTest(SharedKilnd, unittest.TestCase):
         close(self, torch.compile(graph_break, backend=again)(x), graph_break(x), "again")
         self.assertEqual(again.stats, {"graphs": 2, "hits": 2, "compiles": 0, "eager": 0})
 
+    def test_function_filter_gives_the_other_graphs_eager(self):
+        # The graph break's two graphs: graph_break's own, then the graph of
+        # the function Dynamo resumes in after the break.
+        be = self.backend("kiln", namespace="filter", debug_function="^graph_break_")
+        f = torch.compile(graph_break, backend=be)
+        x = torch.randn(4, 8)
+        close(self, f(x), graph_break(x), "output across a graph break")
+        names = [r["graph"] for r in be.graph_times]
+        self.assertEqual(len(names), 2, names)
+        self.assertRegex(names[0], "^graph_break_")
+        self.assertNotRegex(names[1], "^graph_break_")
+        self.assertEqual([fn.artifact.backend for fn in be.loaded], ["kiln", "eager"])
+
     def test_compile_times_per_graph_with_kilnds_phases(self):
         torch._dynamo.reset()
         be = self.backend("kiln")
@@ -344,7 +357,7 @@ class TorchCompileServerTest(unittest.TestCase):
         self.server = Kilnd(self.data_dir)
         self.client = kiln.Client(self.server.address, timeout=60)
 
-    def run_other_process(self, backend="kiln"):
+    def run_other_process(self, backend="kiln", job=None):
         """Runs the MLP (training step) and the graph-break function in a new
         process through torch.compile; returns its backend's counters."""
         script = textwrap.dedent(f"""
@@ -353,7 +366,8 @@ class TorchCompileServerTest(unittest.TestCase):
             sys.path.insert(0, {HERE!r})
             import capture_graphs
             from test_dynamo import graph_break
-            be = kiln.backend({self.server.address!r}, compiler={BACKENDS[backend]!r})
+            be = kiln.backend({self.server.address!r}, compiler={BACKENDS[backend]!r},
+                              job={job!r})
             torch.manual_seed(0)
             model = capture_graphs.MLP()
             out = torch.compile(model, backend=be)(torch.randn(8, 32))
@@ -378,6 +392,32 @@ class TorchCompileServerTest(unittest.TestCase):
         third = self.run_other_process()
         self.assertEqual(third, {"graphs": 3, "hits": 3, "compiles": 0, "eager": 0})
         self.assertEqual(counters(self.client).compiles, 3)
+
+    def test_graph_breaks_gathered_from_two_processes(self):
+        for _ in range(2):
+            self.run_other_process(job="two-processes")
+        shown = subprocess.run([KILNCTL, f"--server={self.server.address}", "breaks",
+                                "two-processes", "--json"],
+                               capture_output=True, text=True, timeout=60)
+        self.assertEqual(shown.returncode, 0, shown.stderr)
+        from google.protobuf import json_format
+        from kiln.v1 import service_pb2
+        reply = json_format.Parse(shown.stdout, service_pb2.GraphBreaksResponse())
+        self.assertEqual([j.job for j in reply.jobs], ["two-processes"])
+        graphs = reply.jobs[0].graphs
+        # The MLP's graph, graph_break's graph up to the break, and the graph
+        # of the function Dynamo resumes in: each reported by both processes.
+        self.assertEqual(len(graphs), 3, graphs)
+        self.assertEqual([g.reports for g in graphs], [2, 2, 2])
+        broken = [g for g in graphs if g.graph_break]
+        self.assertEqual(len(broken), 1, graphs)
+        self.assertEqual(broken[0].function, "graph_break")
+        self.assertTrue(broken[0].reason)
+        self.assertRegex(broken[0].user_frames[-1], r"^test_dynamo\.py:\d+ in graph_break$")
+        text = subprocess.run([KILNCTL, f"--server={self.server.address}", "breaks"],
+                              capture_output=True, text=True, timeout=60).stdout
+        self.assertIn("job two-processes (namespace (default)): 3 graphs from 3 functions, "
+                      "1 graph break", text)
 
     def test_frozen_server_raises_or_runs_eagerly(self):
         self.client.freeze()

@@ -25,10 +25,11 @@ KILNCTL = os.environ.get("KILNCTL") or (
 
 
 def long_chain(x):
-    """121 nodes; one relu, in the middle."""
+    """121 nodes; one relu, near the end (what follows it shrinks any error
+    in it: the tail of the chain is a contraction)."""
     for i in range(30):
         x = torch.tanh(x) * 1.5 + torch.sigmoid(x)
-        if i == 17:
+        if i == 27:
             x = torch.relu(x)
     return x
 
@@ -109,6 +110,30 @@ class ToolkitTest(SharedKilnd, unittest.TestCase):
         with open(os.path.join(out, "minified.json")) as f:
             minified = json_format.Parse(f.read(), service_pb2.GraphFile())
         self.assertIn("aten.threshold_backward.default", [n.target for n in minified.graph.nodes])
+
+    def test_minify_an_injected_accuracy_bug(self):
+        graph = kiln.capture(long_chain, torch.randn(4, 8), name="long_chain")
+        with kiln.Client(self.server.address) as client:
+            small = kiln.minify_accuracy(graph, None, client,
+                                         options("kiln", "accuracy:aten.relu.default"))
+            targets = [n.target for n in small.graph.nodes]
+            self.assertLessEqual(len(targets), 3, targets)
+            self.assertIn("aten.relu.default", targets)
+            self.assertGreater(small.error, 0.5)
+            self.assertEqual(len(small.inputs), len(small.graph.inputs))
+            # Without the fault, the code is as accurate as eager.
+            with self.assertRaisesRegex(ValueError, "is accurate"):
+                kiln.minify_accuracy(graph, None, client, options("kiln"))
+        path = self.graph_file(graph, options("kiln", "accuracy:aten.relu.default"))
+        out = os.path.join(self.tmp, "accuracy")
+        done = subprocess.run([sys.executable, "-m", "kiln", "minify", "--accuracy", path,
+                               f"--server={self.server.address}", "-o", out],
+                              capture_output=True, text=True, timeout=600)
+        self.assertEqual(done.returncode, 0, done.stderr[-3000:])
+        self.assertIn(f"minified from {len(graph.nodes)} to ", done.stdout)
+        with open(os.path.join(out, "minified.json")) as f:
+            minified = json_format.Parse(f.read(), service_pb2.GraphFile())
+        self.assertIn("aten.relu.default", [n.target for n in minified.graph.nodes])
 
     def test_injected_accuracy_fault_computes_a_wrong_value(self):
         x = torch.randn(64, 16)

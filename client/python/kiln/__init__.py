@@ -33,7 +33,7 @@ from kiln.client import Client, KilnError  # noqa: E402
 
 __all__ = ["Client", "KilnError", "backend", "KilnBackend", "capture", "signature",
            "module_tensors", "tensor_meta", "compile", "CompiledFunction", "run_graph",
-           "Interpreter", "PlanRunner", "compile_times"]
+           "Interpreter", "PlanRunner", "compile_times", "minify_accuracy"]
 
 # Names imported from the submodule that defines them on first use.
 _LAZY = {
@@ -49,6 +49,7 @@ _LAZY = {
     "backend": "dynamo",
     "KilnBackend": "dynamo",
     "compile_times": "dynamo",
+    "minify_accuracy": "minify",
 }
 
 

@@ -115,7 +115,7 @@ class Client:
 
     def compile(self, graph, guards=None, backend="eager", namespace="", frozen=False,
                 target=None, signature=None, recompile_reason="", options=None,
-                bypass_cache=False):
+                bypass_cache=False, report=None):
         """Compiles `graph` (kiln.v1.Graph) unless a cached variant admits it.
 
         `guards` (kiln.v1.GuardSet) defaults, on the server, to guards that
@@ -129,8 +129,9 @@ class Client:
         with the recompile reasons. `options` (kiln.v1.CompileOptions, as a
         graph file holds them) replaces `backend` and `target`, with its
         backend options (inject_fault, debug_function); `bypass_cache`
-        compiles without reading or writing the cache. Returns the
-        kiln.v1.CompileResponse.
+        compiles without reading or writing the cache. `report`
+        (kiln.v1.GraphReport) tells kilnd where the graph came from, for
+        `kilnctl breaks`. Returns the kiln.v1.CompileResponse.
         """
         if options is None:
             options = self._options(backend, target)
@@ -142,25 +143,32 @@ class Client:
             request.guards.CopyFrom(guards)
         if signature is not None:
             request.signature.CopyFrom(signature)
+        if report is not None:
+            request.report.CopyFrom(report)
         response = self._call(self._compiler.Compile, request)
         if response.key:
             self._keys[self._graph_id(graph, options, namespace)] = response.key
         return response
 
     def lookup(self, graph=None, key=None, signature=None, backend="eager", namespace="",
-               include_artifact=False, target=None):
+               include_artifact=False, target=None, options=None, report=None):
         """Asks whether a cached variant admits `signature` (kiln.v1.InputSignature).
 
         Give either `graph` or `key` (hex). With a graph and no signature, the
         signature is the graph's own input metadata. Returns the
         kiln.v1.LookupResponse, whose outcome is HIT, GUARD_MISS (with the
-        failed guard of every variant) or FULL_MISS.
+        failed guard of every variant) or FULL_MISS. `options`
+        (kiln.v1.CompileOptions) replaces `backend` and `target`, and
+        `report` is sent along, as in compile().
         """
         if (graph is None) == (key is None):
             raise ValueError("lookup() takes exactly one of graph and key")
-        options = self._options(backend, target)
+        if options is None:
+            options = self._options(backend, target)
         request = service_pb2.LookupRequest(options=options, namespace=namespace,
                                             include_artifact=include_artifact)
+        if report is not None:
+            request.report.CopyFrom(report)
         remembered = None
         if graph is not None:
             remembered = self._graph_id(graph, options, namespace)

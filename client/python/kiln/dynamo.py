@@ -32,6 +32,7 @@ A compile error (INVALID_ARGUMENT, INTERNAL...) always raises.
 import contextlib
 import logging
 import os
+import sys
 import threading
 import time
 import warnings
@@ -94,7 +95,11 @@ class KilnBackend:
     With `public_key` (PEM Ed25519, default the file $KILN_PUBLIC_KEY_FILE
     names) every artifact must carry kilnd's valid signature before its
     code is loaded (kiln.compiled.verify_artifact); one that does not
-    raises SignatureError.
+    raises SignatureError. `debug_function` (a regular expression: graphs
+    whose name it does not match compile with kilnd's eager backend) and
+    `inject_fault` ("compile_error:OP" or "accuracy:OP", for testing the
+    troubleshooting tools) become kilnd's backend options of the same
+    names (docs/troubleshooting.md).
 
     Counters (`stats`): graphs, hits, compiles, eager (graphs run eagerly by
     a policy or because they have no kiln form; `unsupported` lists
@@ -106,7 +111,8 @@ class KilnBackend:
 
     def __init__(self, server=None, *, compiler="kiln", namespace="", on_frozen="raise",
                  on_unavailable="eager", timeout=30.0, frozen=False, token=None,
-                 root_certificates=None, public_key=None):
+                 root_certificates=None, public_key=None, debug_function=None,
+                 inject_fault=None, job=None):
         if on_frozen not in _POLICIES or on_unavailable not in _POLICIES:
             raise ValueError(f"on_frozen and on_unavailable take one of {_POLICIES}")
         given = server if isinstance(server, Client) else None
@@ -124,6 +130,15 @@ class KilnBackend:
             with open(os.environ["KILN_PUBLIC_KEY_FILE"], "rb") as f:
                 public_key = f.read()
         self.public_key = public_key
+        # kilnd's backend options (docs/troubleshooting.md): the function
+        # filter and, for testing the tools, an injected fault.
+        self.backend_options = {name: value for name, value in
+                                (("debug_function", debug_function),
+                                 ("inject_fault", inject_fault)) if value}
+        # The model or job the graphs belong to, for kilnctl breaks.
+        self.job = (job or os.environ.get("KILN_JOB")
+                    or os.path.basename(sys.argv[0] if sys.argv and sys.argv[0] else "")
+                    or "python")
         self.stats = {"graphs": 0, "hits": 0, "compiles": 0, "eager": 0}
         self.unsupported = []  # (graph name, why it has no kiln form)
         # Seconds spent per client phase, over every graph: lower (Dynamo's
@@ -174,7 +189,8 @@ class KilnBackend:
             self.stats["eager"] += 1
             return gm.forward
         try:
-            artifact = self._artifact(lowered, example_inputs, name, reason)
+            artifact = self._artifact(lowered, example_inputs, name, reason,
+                                      _graph_report(gm, name, self.job))
         except KilnError as e:
             if e.code == "FAILED_PRECONDITION" and "frozen" in e.message:
                 if self.on_frozen == "raise":
@@ -206,15 +222,17 @@ class KilnBackend:
         self.graph_times.append(record)
         return compiled
 
-    def _artifact(self, lowered, example_inputs, name, reason=""):
+    def _artifact(self, lowered, example_inputs, name, reason="", report=None):
         client = self._get_client()
         start = time.perf_counter()
         signature = _signature(lowered, example_inputs)
-        target = _target(example_inputs)
+        options = self._compile_options(example_inputs)
         with _step("lookup", name):
+            # The report goes with the lookup, which every process makes
+            # once per graph: kilnd counts the processes that met it.
             found = client.lookup(graph=lowered.graph, signature=signature,
-                                  backend=self.compiler, namespace=self.namespace,
-                                  include_artifact=True, target=target)
+                                  namespace=self.namespace, include_artifact=True,
+                                  options=options, report=report)
         self.times["lookup"] += time.perf_counter() - start
         if found.HasField("artifact") and found.artifact.backend:
             self.stats["hits"] += 1
@@ -223,8 +241,8 @@ class KilnBackend:
         start = time.perf_counter()
         with _step("compile", name):
             response = client.compile(lowered.graph, guards=lowered.guards,
-                                      backend=self.compiler, namespace=self.namespace,
-                                      frozen=self.frozen, target=target, signature=signature,
+                                      namespace=self.namespace, frozen=self.frozen,
+                                      options=options, signature=signature,
                                       recompile_reason=reason)
         self.times["compile"] += time.perf_counter() - start
         self.stats["compiles"] += 1
@@ -235,8 +253,16 @@ class KilnBackend:
         """The cache key of the graph's lookup or compile reply, which the
         client remembers for the graph, or ""."""
         client = self._get_client()
-        options = Client._options(self.compiler, _target(example_inputs))
+        options = self._compile_options(example_inputs)
         return client._keys.get(client._graph_id(lowered.graph, options, self.namespace), "")
+
+    def _compile_options(self, example_inputs):
+        """The kiln.v1.CompileOptions of this backend for a graph of these
+        inputs: kilnd's backend, the target, the backend options."""
+        options = Client._options(self.compiler, _target(example_inputs))
+        for name in sorted(self.backend_options):
+            options.options.add(name=name, value=self.backend_options[name])
+        return options
 
     def _verify(self, response):
         if self.public_key is not None:
@@ -300,6 +326,7 @@ def compile_times(repr="str"):  # noqa: A002 (the name torch._dynamo.utils uses)
 
 # Code object -> how many of Dynamo's guard failures for it were reported.
 _failures_seen = weakref.WeakKeyDictionary()
+_TORCH_DIR = os.path.dirname(torch.__file__)
 
 
 def _new_guard_failures():
@@ -320,6 +347,26 @@ def _new_guard_failures():
     return "; ".join(new)[-4096:]
 
 
+def _graph_report(gm, name, job):
+    """The kiln.v1.GraphReport of Dynamo's graph `gm` named `name`: its
+    function, and why Dynamo ended the graph there (a graph break's reason
+    and the user frames, innermost last)."""
+    from kiln.v1 import service_pb2
+
+    why = getattr(gm, "compile_subgraph_reason", None)
+    function = name
+    if torch._guards.CompileContext.current_compile_id() is not None:
+        function = name.rsplit("_", 2)[0]
+    report = service_pb2.GraphReport(job=job[:128], function=function[:256], graph=name[:256])
+    if why is not None:
+        report.graph_break = bool(getattr(why, "graph_break", False))
+        report.reason = str(getattr(why, "reason", ""))[:1024]
+        frames = list(getattr(why, "user_stack", None) or [])[-16:]
+        report.user_frames.extend(f"{os.path.basename(f.filename)}:{f.lineno} in {f.name}"
+                                  for f in frames)
+    return report
+
+
 def _target(example_inputs):
     """The target of a graph whose inputs are on a GPU: cuda for that GPU's
     SM arch (kilnd compiles for it without having one). None otherwise: kilnd
@@ -332,12 +379,22 @@ def _target(example_inputs):
 
 
 def _graph_name(gm):
-    """The function the graph came from and Dynamo's compile id: "forward_0_1"."""
+    """The function the graph came from and Dynamo's compile id: "forward_0_1".
+    The function is the frame Dynamo is compiling when it is user code, else
+    the innermost user frame of the graph's first node."""
     name = "graph"
     trace = next((n.meta["stack_trace"] for n in gm.graph.nodes if n.meta.get("stack_trace")), "")
     frames = [line.strip() for line in trace.splitlines() if line.strip().startswith("File ")]
     if frames and ", in " in frames[-1]:
         name = frames[-1].rsplit(", in ", 1)[1]
+    try:
+        from torch._dynamo.symbolic_convert import InstructionTranslator
+
+        code = InstructionTranslator.current_tx().f_code
+        if not code.co_filename.startswith(_TORCH_DIR):
+            name = code.co_name
+    except Exception:  # noqa: BLE001 (no frame being compiled: keep the trace's)
+        pass
     compile_id = torch._guards.CompileContext.current_compile_id()
     if compile_id is not None:
         name = f"{name}_{compile_id.frame_id}_{compile_id.frame_compile_id}"
