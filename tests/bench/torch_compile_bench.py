@@ -141,7 +141,12 @@ def main():
     parser.add_argument("--server")
     parser.add_argument("--only")
     parser.add_argument("--layout", choices=["fresh", "shared"], default="fresh")
+    parser.add_argument("--report", help="print the table of an earlier run's --out file")
     args = parser.parse_args()
+    if args.report:
+        with open(args.report) as f:
+            report(json.load(f))
+        return
     if args.child:
         child(args.child, args.server, args.threads, args.only)
         return
@@ -186,9 +191,9 @@ def main():
 def report(rows):
     by = {(r["system"], r["model"], r["mode"]): r for r in rows}
     print("| model | mode | dynamo s | kiln cold s | inductor cold s | cold ratio | kiln warm s "
-          "| inductor warm s | warm ratio | kiln warm - dynamo, ms/graph | steady kiln ms "
-          "| steady inductor ms |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "| inductor warm s | warm ratio | kiln warm - dynamo, ms/graph "
+          "| kiln's phases, ms/graph | steady kiln ms | steady inductor ms |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     totals = {k: 0.0 for k in ("kc", "ic", "kw", "iw")}
     for model in MODELS:
         for mode in MODES:
@@ -204,6 +209,7 @@ def report(rows):
                   f"{ic['first_call_s']:.3f} | {kc['first_call_s'] / ic['first_call_s']:.2f} | "
                   f"{kw['first_call_s']:.3f} | {iw['first_call_s']:.3f} | "
                   f"{kw['first_call_s'] / iw['first_call_s']:.2f} | {beyond:.1f} | "
+                  f"{sum(kw['split_s'].values()) * 1e3 / graphs:.1f} | "
                   f"{kw['steady_ms']:.3f} | {iw['steady_ms']:.3f} |")
     print(f"\nall models: cold kiln {totals['kc']:.2f} s, inductor {totals['ic']:.2f} s "
           f"({totals['kc'] / totals['ic']:.2f}x); warm kiln {totals['kw']:.2f} s, inductor "
