@@ -116,6 +116,7 @@ MODELS.update(FAMILIES)
 # Rows whose bytes (inputs read and outputs written once) give a bandwidth.
 MEMORY_BOUND = {"layernorm", "rmsnorm", *FAMILIES}
 PROFILE = False
+CUDA_GRAPHS = False
 
 
 def time_calls(fn, input_sets, training, reps=20, warmup=5):
@@ -202,6 +203,18 @@ def bench_row(name, dtype, training, server):
     if backend.stats["eager"]:
         row["note"] = f"{backend.stats['eager']} graphs ran eagerly"
 
+    if CUDA_GRAPHS and not training:
+        # mode="reduce-overhead" for both: kiln's plans and Inductor's code
+        # replayed as CUDA graphs (their warm-up calls capture them).
+        torch._dynamo.reset()
+        cg_backend = kiln.backend(server, on_unavailable="raise", timeout=600)
+        kiln_cg = torch.compile(model, backend=cg_backend, mode="reduce-overhead")
+        row["kiln_cg_ms"] = time_calls(kiln_cg, input_sets, training)
+        row["kiln_cg_replays"] = sum(g.replays for g in cg_backend.cuda_graphed)
+        torch._dynamo.reset()
+        inductor_cg = torch.compile(model, mode="reduce-overhead")
+        row["inductor_cg_ms"] = time_calls(inductor_cg, input_sets, training)
+
     torch._dynamo.reset()
     warm_backend = kiln.backend(server, on_unavailable="raise", timeout=600)
     warm = torch.compile(model, backend=warm_backend)
@@ -263,6 +276,16 @@ def table(rows, dtype, copy_gbps):
         kiln_s = sum(r["kiln_compile_ms"] for r in ok) / 1000
         lines += ["", f"Geomean kiln vs Inductor ({dtype}): {geo:.2f}x over {len(ratios)} rows; "
                   f"sum of cold compile: Inductor {inductor_s:.1f} s, kiln {kiln_s:.1f} s"]
+    graphed = [r for r in rows if "kiln_cg_ms" in r]
+    if graphed:
+        lines += ["", f"mode=\"reduce-overhead\" (CUDA graphs), {dtype}, inference:", "",
+                  "| model | Inductor ms | kiln ms | kiln vs Inductor | kiln replays |",
+                  "|---|---|---|---|---|"]
+        for r in graphed:
+            lines.append(f"| {r['model']} | {r['inductor_cg_ms']:.3f} | {r['kiln_cg_ms']:.3f} | "
+                         f"{r['inductor_cg_ms'] / r['kiln_cg_ms']:.2f}x | {r['kiln_cg_replays']} |")
+        geo = statistics.geometric_mean([r["inductor_cg_ms"] / r["kiln_cg_ms"] for r in graphed])
+        lines += ["", f"Geomean with CUDA graphs ({dtype}): {geo:.2f}x over {len(graphed)} rows"]
     return "\n".join(lines)
 
 
@@ -273,11 +296,14 @@ def main():
                         help="comma-separated; 'families' for the kernel-family rows")
     parser.add_argument("--modes", default="inference,training")
     parser.add_argument("--out", default="")
+    parser.add_argument("--cuda-graphs", action="store_true",
+                        help="also time inference rows under mode=\"reduce-overhead\"")
     parser.add_argument("--profile", action="store_true",
                         help="print torch.profiler's kernel table of Inductor and kiln per row")
     args = parser.parse_args()
-    global PROFILE
+    global PROFILE, CUDA_GRAPHS
     PROFILE = args.profile
+    CUDA_GRAPHS = args.cuda_graphs
     server = os.environ.get("KILN_SERVER", "127.0.0.1:50051")
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False

@@ -43,6 +43,7 @@ import torch
 from kiln import lower as lowering
 from kiln.client import Client, KilnError
 from kiln.compiled import ArtifactFunction, verify_artifact
+from kiln.cuda import CudaGraphed
 from kiln.v1 import artifact_pb2
 
 __all__ = ["backend", "KilnBackend", "register_backends", "compile_times", "DEFAULT_SERVER"]
@@ -99,7 +100,9 @@ class KilnBackend:
     whose name it does not match compile with kilnd's eager backend) and
     `inject_fault` ("compile_error:OP" or "accuracy:OP", for testing the
     troubleshooting tools) become kilnd's backend options of the same
-    names (docs/troubleshooting.md).
+    names (docs/troubleshooting.md). `cuda_graphs` (or torch.compile's
+    mode="reduce-overhead") replays each static CUDA graph's plan as one
+    CUDA graph once it has run (kiln.cuda.CudaGraphed); inference only.
 
     Counters (`stats`): graphs, hits, compiles, eager (graphs run eagerly by
     a policy or because they have no kiln form; `unsupported` lists
@@ -112,7 +115,7 @@ class KilnBackend:
     def __init__(self, server=None, *, compiler="kiln", namespace="", on_frozen="raise",
                  on_unavailable="eager", timeout=30.0, frozen=False, token=None,
                  root_certificates=None, public_key=None, debug_function=None,
-                 inject_fault=None, job=None):
+                 inject_fault=None, job=None, cuda_graphs=False):
         if on_frozen not in _POLICIES or on_unavailable not in _POLICIES:
             raise ValueError(f"on_frozen and on_unavailable take one of {_POLICIES}")
         given = server if isinstance(server, Client) else None
@@ -139,6 +142,8 @@ class KilnBackend:
         self.job = (job or os.environ.get("KILN_JOB")
                     or os.path.basename(sys.argv[0] if sys.argv and sys.argv[0] else "")
                     or "python")
+        self.cuda_graphs = cuda_graphs
+        self.cuda_graphed = []  # the kiln.cuda.CudaGraphed of every graph replayed
         self.stats = {"graphs": 0, "hits": 0, "compiles": 0, "eager": 0}
         self.unsupported = []  # (graph name, why it has no kiln form)
         # Seconds spent per client phase, over every graph: lower (Dynamo's
@@ -169,7 +174,15 @@ class KilnBackend:
             self._warned.add(kind)
             warnings.warn(message, RuntimeWarning, stacklevel=3)
 
-    def __call__(self, gm, example_inputs):
+    def __call__(self, gm, example_inputs, mode=None, options=None):
+        """Dynamo's call. torch.compile passes `mode` and `options` when it
+        was given them: mode="reduce-overhead" (or options={"cuda_graphs":
+        True}) replays static CUDA graphs as cuda_graphs=True does."""
+        graphs = self.cuda_graphs or mode == "reduce-overhead" or bool(
+            (options or {}).get("cuda_graphs"))
+        return self._compile(gm, example_inputs, graphs)
+
+    def _compile(self, gm, example_inputs, cuda_graphs):
         self.stats["graphs"] += 1
         name = _graph_name(gm)
         reason = _new_guard_failures()
@@ -214,6 +227,11 @@ class KilnBackend:
             function = ArtifactFunction(artifact, lowered.graph)
         function.key = self._key(lowered, example_inputs) or artifact.key
         self.loaded.append(function)
+        static = all(s.WhichOneof("value") == "int_value"
+                     for ph in lowered.graph.inputs for s in ph.value.meta.sizes)
+        if cuda_graphs and static and artifact.target.device_type == "cuda":
+            function = CudaGraphed(function)
+            self.cuda_graphed.append(function)
         compiled = _Compiled(lowered, function)
         self.times["load"] += time.perf_counter() - start
         record = {phase: self.times[phase] - before[phase] for phase in self.times}
@@ -433,10 +451,10 @@ _shared = {}  # kilnd backend -> the KilnBackend its registered name uses
 
 
 def _registered(compiler):
-    def compile_graph(gm, example_inputs):
+    def compile_graph(gm, example_inputs, **kwargs):
         if compiler not in _shared:
             _shared[compiler] = KilnBackend(compiler=compiler)
-        return _shared[compiler](gm, example_inputs)
+        return _shared[compiler](gm, example_inputs, **kwargs)
 
     compile_graph.__name__ = f"kiln_{compiler}"
     return compile_graph
