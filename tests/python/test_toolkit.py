@@ -135,6 +135,22 @@ class ToolkitTest(SharedKilnd, unittest.TestCase):
             minified = json_format.Parse(f.read(), service_pb2.GraphFile())
         self.assertIn("aten.relu.default", [n.target for n in minified.graph.nodes])
 
+    def test_minify_a_wrong_gradient(self):
+        # The fault is in relu's derivative (threshold_backward): the outputs
+        # are right, the input's gradient is not.
+        x = torch.randn(4, 8, requires_grad=True)
+        graph = kiln.capture(lambda x: torch.relu(torch.tanh(x) * 2 - 0.5).sum(dim=1) * 3, x,
+                             name="relu_train")
+        fault = options("kiln", "accuracy:aten.threshold_backward.default")
+        with kiln.Client(self.server.address) as client:
+            small = kiln.minify_accuracy(graph, None, client, fault)
+            with self.assertRaisesRegex(ValueError, "is accurate"):
+                kiln.minify_accuracy(graph, None, client, options("kiln"))
+        targets = [n.target for n in small.graph.nodes]
+        self.assertLessEqual(len(targets), 3, targets)
+        self.assertIn("aten.relu.default", targets)
+        self.assertGreater(small.error, 0.05)
+
     def test_injected_accuracy_fault_computes_a_wrong_value(self):
         x = torch.randn(64, 16)
         graph = kiln.capture(lambda x: torch.relu(x) * 2, x, name="relu_twice")

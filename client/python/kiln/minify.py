@@ -7,9 +7,11 @@ a wrong value, found where a runtime runs (this process, on its CPU or GPU).
 A subgraph "fails" when kilnd compiles it and one of its outputs, run on the
 values the whole graph computes at that point, is farther from a float64
 reference than eager PyTorch in the graph's own dtypes is, by more than a
-tolerance (see accuracy_error). Delta debugging over the graph's nodes (as
+tolerance (see accuracy_error). For a training graph (an input whose
+metadata requires grad) the gradients of its inputs for a fixed cotangent
+are compared the same way. Delta debugging over the graph's nodes (as
 `kilnctl minify` does for compile errors) keeps removing nodes while the
-rest still fails. Inference graphs only: gradients are not compared.
+rest still fails.
 """
 
 import os
@@ -144,11 +146,12 @@ class Minified:
 
 
 def minify_accuracy(graph, inputs, client, options, namespace=""):
-    """Minifies static inference graph `graph` (kiln.v1.Graph) run on
-    `inputs` (None: random_inputs) whose code, compiled by kilnd
+    """Minifies static graph `graph` (kiln.v1.Graph) run on `inputs`
+    (None: random_inputs) whose code, compiled by kilnd
     (`client`, a kiln.Client; `options`, kiln.v1.CompileOptions) computes a
-    wrong value. Returns a Minified; ValueError when the whole graph is
-    accurate."""
+    wrong value: an output or, for a training graph (an input whose
+    metadata requires grad), the gradient of an input. Returns a Minified;
+    ValueError when the whole graph is accurate."""
     if inputs is None:
         inputs = random_inputs(graph)
     # Every value the graph computes, in its own dtypes and in float64.
@@ -159,16 +162,20 @@ def minify_accuracy(graph, inputs, client, options, namespace=""):
 
     def error_of(sub):
         nonlocal compiles
-        sub_inputs = [values[ph.value.name] for ph in sub.inputs]
+        sub_inputs = [values[ph.value.name].detach() for ph in sub.inputs]
+        grads = [ph.value.meta.requires_grad and t.is_floating_point()
+                 for ph, t in zip(sub.inputs, sub_inputs)]
         compiles += 1
         try:
             response = client.compile(sub, options=options, namespace=namespace,
                                       bypass_cache=True)
-            results = ArtifactFunction(response.artifact, sub)(sub_inputs)
+            compiled = ArtifactFunction(response.artifact, sub)
+            results = _run(compiled, sub_inputs, grads)
         except Exception:  # noqa: BLE001 (another failure is not this one)
             return None
-        reference = Interpreter(sub).run(sub_inputs)
-        fp64 = Interpreter(_in_float64(sub)).run([_to_float64(t) for t in sub_inputs])
+        reference = _run(Interpreter(sub).run, sub_inputs, grads)
+        fp64 = _run(Interpreter(_in_float64(sub)).run, [_to_float64(t) for t in sub_inputs],
+                    grads)
         return max((accuracy_error(r, e, x) for r, e, x in zip(results, reference, fp64)),
                    default=0.0)
 
@@ -181,6 +188,25 @@ def minify_accuracy(graph, inputs, client, options, namespace=""):
     small = subgraph(graph, keep)
     return Minified(small, [values[ph.value.name] for ph in small.inputs], error_of(small),
                     compiles)
+
+
+def _run(fn, inputs, grads):
+    """fn's outputs on `inputs`, then, for a training graph (an input that
+    requires grad), the gradients of those inputs for a fixed cotangent of
+    every floating-point output (ones scaled by 1/numel, in the outputs'
+    dtypes): what accuracy compares."""
+    if not any(grads):
+        with torch.no_grad():
+            return list(fn(inputs))
+    inputs = [t.detach().clone().requires_grad_(g) for t, g in zip(inputs, grads)]
+    outputs = list(fn(inputs))
+    pairs = [(o, torch.full_like(o, 1.0 / max(o.numel(), 1))) for o in outputs
+             if o.requires_grad and (o.is_floating_point() or o.is_complex())]
+    needs = [t for t in inputs if t.requires_grad]
+    got = torch.autograd.grad([o for o, _ in pairs], needs, [c for _, c in pairs],
+                              allow_unused=True) if pairs else [None] * len(needs)
+    return ([o.detach() for o in outputs]
+            + [torch.zeros_like(t) if g is None else g for t, g in zip(needs, got)])
 
 
 def _all_values(graph):
