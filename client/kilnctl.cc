@@ -5,6 +5,7 @@
 // response message in protobuf JSON with --json. Exit status: 0 on success,
 // 1 on any error or refusal (reported as "kilnctl: <CODE>: <message>" on
 // stderr), 2 on a usage error.
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -278,9 +279,15 @@ absl::StatusOr<std::string> ResolveKey(const Client& client, const std::string& 
   if (IsFullKey(key)) return key;
   if (key.empty()) return absl::InvalidArgumentError("empty KEY");
   ASSIGN_OR_RETURN(v1::ListEntriesResponse list, client.ListEntries(ns));
-  std::vector<std::string> matches;
+  std::set<std::string> matches;
   for (const v1::EntryInfo& e : list.entries()) {
-    if (absl::StartsWith(e.key(), key)) matches.push_back(e.key());
+    if (absl::StartsWith(e.key(), key)) matches.insert(e.key());
+  }
+  // A key whose compile failed has no entry, but a kept failure.
+  if (auto failures = client.ListFailures(ns); failures.ok()) {
+    for (const v1::FailedCompile& f : failures->failures()) {
+      if (!f.key().empty() && absl::StartsWith(f.key(), key)) matches.insert(f.key());
+    }
   }
   if (matches.empty()) {
     return absl::NotFoundError(
@@ -290,7 +297,7 @@ absl::StatusOr<std::string> ResolveKey(const Client& client, const std::string& 
     return absl::InvalidArgumentError(
         absl::StrCat("key prefix ", key, " is ambiguous: ", matches.size(), " entries match"));
   }
-  return matches[0];
+  return *matches.begin();
 }
 
 // ---------------------------------------------------------------------------
@@ -385,7 +392,20 @@ absl::Status List(const Client& client, const Invocation& inv) {
 
 absl::Status Show(const Client& client, const Invocation& inv) {
   ASSIGN_OR_RETURN(std::string key, ResolveKey(client, inv.args[0], inv.ns));
-  ASSIGN_OR_RETURN(v1::GetEntryResponse r, client.GetEntry(key, inv.ns));
+  absl::StatusOr<v1::GetEntryResponse> got = client.GetEntry(key, inv.ns);
+  auto kept = [&]() {
+    auto failures = client.ListFailures(inv.ns);
+    return failures.ok() && std::any_of(failures->failures().begin(), failures->failures().end(),
+                                        [&](const v1::FailedCompile& f) { return f.key() == key; });
+  };
+  if (absl::IsNotFound(got.status()) && kept()) {
+    // Only kept failures (the entry's own in-memory one is gone with a restart).
+    got = v1::GetEntryResponse();
+    got->mutable_entry()->set_key(key);
+    got->mutable_entry()->set_namespace_(inv.ns);
+  }
+  if (!got.ok()) return got.status();
+  const v1::GetEntryResponse& r = *got;
   if (inv.json) return PrintJson(r);
   const v1::EntryInfo& e = r.entry();
   Table head({"ENTRY", ""});
@@ -397,6 +417,18 @@ absl::Status Show(const Client& client, const Invocation& inv) {
   head.Add({"variants", absl::StrCat(e.variants_size())});
   head.Add({"recompiles", absl::StrCat(e.recompiles_size())});
   std::cout << head.Render();
+  // Its failed compiles kept for replay, and what their minification found.
+  if (auto failures = client.ListFailures(inv.ns); failures.ok()) {
+    for (const v1::FailedCompile& f : failures->failures()) {
+      if (f.key() != key) continue;
+      std::cout << "\nfailed compile " << f.id() << " (" << Timestamp(f.unix_micros())
+                << "): " << f.code() << ": " << f.error().substr(0, f.error().find('\n')) << "\n";
+      if (f.has_minified()) {
+        std::cout << "  minified in the background to " << f.minified().graph().nodes_size()
+                  << " nodes: kilnctl minify " << f.id() << " -o DIR writes it with its repro\n";
+      }
+    }
+  }
   if (e.variants_size() == 0) return absl::OkStatus();
 
   Table t({"VARIANT", "DIGEST", "BACKEND", "BYTES", "HITS", "CREATED", "LAST USED"},
@@ -625,10 +657,11 @@ absl::Status Failures(const Client& client, const Invocation& inv) {
     std::cout << "no failed compiles\n";
     return absl::OkStatus();
   }
-  Table t({"ID", "TIME", "NAMESPACE", "CODE", "GRAPH", "KEY", "ERROR"});
+  Table t({"ID", "TIME", "NAMESPACE", "CODE", "GRAPH", "KEY", "MINIFIED", "ERROR"});
   for (const v1::FailedCompile& f : r.failures()) {
     t.Add({f.id(), Timestamp(f.unix_micros()), Namespace(f.namespace_()), f.code(),
            f.graph_name().empty() ? "?" : f.graph_name(), f.key().empty() ? "-" : Short(f.key()),
+           f.has_minified() ? absl::StrCat(f.minified().graph().nodes_size(), " nodes") : "-",
            f.error().substr(0, f.error().find('\n')).substr(0, 160)});
   }
   std::cout << t.Render();
@@ -718,12 +751,19 @@ absl::Status Minify(const Client& client, const Invocation& inv) {
   } else {
     ASSIGN_OR_RETURN(v1::FailedCompile f, FindFailure(client, what, inv.ns));
     request = f.request();
+    if (f.has_minified() && absl::GetFlag(FLAGS_after) == "graph") {
+      // Minified in the background already: start from its result.
+      *request.mutable_graph() = f.minified().graph();
+    }
     if (!absl::GetFlag(FLAGS_backend).empty()) {
       request.mutable_options()->set_backend(absl::GetFlag(FLAGS_backend));
     }
   }
   request.set_namespace_(inv.ns);
-  ASSIGN_OR_RETURN(Minified m, MinifyCompileError(client, request, absl::GetFlag(FLAGS_after)));
+  ASSIGN_OR_RETURN(
+      Minified m,
+      MinifyCompileError([&client](const v1::CompileRequest& r) { return client.Compile(r); },
+                         request, absl::GetFlag(FLAGS_after)));
   ASSIGN_OR_RETURN(std::vector<std::string> written,
                    WriteRepro(dir, m, absl::GetFlag(FLAGS_server)));
   std::cout << "minified the " << (m.stage == "graph" ? "" : m.stage + " ") << "graph from "

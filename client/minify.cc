@@ -224,7 +224,7 @@ std::string FailureSignature(absl::StatusCode code, absl::string_view message) {
   return out;
 }
 
-absl::StatusOr<Minified> MinifyCompileError(const Client& client, v1::CompileRequest request,
+absl::StatusOr<Minified> MinifyCompileError(const CompileFn& compile, v1::CompileRequest request,
                                             const std::string& after) {
   if (after != "graph" && after != "aot") {
     return absl::InvalidArgumentError(
@@ -235,7 +235,7 @@ absl::StatusOr<Minified> MinifyCompileError(const Client& client, v1::CompileReq
   request.clear_signature();
   Minified m;
   m.stage = "graph";
-  auto original = client.Compile(request);
+  auto original = compile(request);
   ++m.compiles;
   if (original.ok()) {
     return absl::FailedPreconditionError(
@@ -247,7 +247,7 @@ absl::StatusOr<Minified> MinifyCompileError(const Client& client, v1::CompileReq
   if (after == "aot") {
     v1::CompileRequest split = request;
     split.mutable_options()->set_backend("aot_eager");
-    auto halves = client.Compile(split);
+    auto halves = compile(split);
     ++m.compiles;
     if (!halves.ok()) {
       return absl::FailedPreconditionError(absl::StrCat(
@@ -259,7 +259,7 @@ absl::StatusOr<Minified> MinifyCompileError(const Client& client, v1::CompileReq
           std::pair{"backward", &halves->artifact().autograd().backward()}}) {
       v1::CompileRequest half = request;
       *half.mutable_graph() = WithoutRequiresGrad(*graph);
-      auto st = client.Compile(half);
+      auto st = compile(half);
       ++m.compiles;
       if (!st.ok() && FailureSignature(st.status().code(), st.status().message()) == target) {
         request = std::move(half);
@@ -285,14 +285,14 @@ absl::StatusOr<Minified> MinifyCompileError(const Client& client, v1::CompileReq
   auto fails = [&](const std::vector<int>& keep) {
     v1::CompileRequest candidate = request;
     *candidate.mutable_graph() = Subgraph(graph, keep);
-    auto st = client.Compile(candidate);
+    auto st = compile(candidate);
     ++m.compiles;
     return !st.ok() && FailureSignature(st.status().code(), st.status().message()) == target;
   };
   const std::vector<int> smallest = DeltaDebug(all, fails);
   m.request = request;
   *m.request.mutable_graph() = Subgraph(graph, smallest);
-  auto final_try = client.Compile(m.request);
+  auto final_try = compile(m.request);
   ++m.compiles;
   m.error = final_try.ok() ? last : final_try.status();
   return m;

@@ -1,7 +1,8 @@
 // The compile-error minifier behind `kilnctl minify` (docs/troubleshooting.md):
 // delta debugging over a graph's nodes, each candidate compiled on kilnd
-// with bypass_cache, down to the smallest subgraph that still fails the same
-// way; then a graph file and a torch 2 script that show the failure.
+// with bypass_cache (by kilnctl, or by kilnd itself in the background), down to the smallest
+// subgraph that still fails the same way; then a graph file and a torch 2 script that show the
+// failure.
 //
 // Candidates are subgraphs: a set of the graph's nodes, in order, whose
 // reads of values made outside the set become inputs and whose values no
@@ -10,7 +11,7 @@
 // quoted names and numbers are blanked out ("at node 'relu_3'" and "at node
 // 'relu'" are the same failure).
 //
-// Thread-compatible; the Client is used from the calling thread only.
+// Thread-compatible: `compile` is called from the calling thread only.
 #ifndef KILN_CLIENT_MINIFY_H_
 #define KILN_CLIENT_MINIFY_H_
 
@@ -19,7 +20,6 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "client/client.h"
 #include "kiln/v1/service.pb.h"
 
 namespace kiln {
@@ -37,6 +37,10 @@ std::vector<int> DeltaDebug(std::vector<int> items,
 // `message` with quoted names ('...') and digit runs blanked out.
 std::string FailureSignature(absl::StatusCode code, absl::string_view message);
 
+// Sends one compile request to kilnd: a Client's Compile, or kilnd's own.
+using CompileFn =
+    std::function<absl::StatusOr<v1::CompileResponse>(const v1::CompileRequest& request)>;
+
 struct Minified {
   v1::CompileRequest request;  // the smallest failing graph, with the original options
   absl::Status error;          // how it fails
@@ -50,7 +54,7 @@ struct Minified {
 // split (kilnd's aot_eager), whichever fails the same way under the
 // request's backend, compiled as an inference graph. FAILED_PRECONDITION
 // when the request compiles, or when after=aot finds neither half failing.
-absl::StatusOr<Minified> MinifyCompileError(const Client& client, v1::CompileRequest request,
+absl::StatusOr<Minified> MinifyCompileError(const CompileFn& compile, v1::CompileRequest request,
                                             const std::string& after);
 
 // Writes DIR/minified.json (a kiln.v1.GraphFile) and DIR/repro.py, a torch 2

@@ -10,6 +10,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "cache/guards.h"
+#include "client/minify.h"
 #include "common/hashing.h"
 #include "common/status_macros.h"
 #include "compiler/ir/canonical.h"
@@ -100,7 +101,16 @@ Engine::Engine(const EngineOptions& options, cache::Cache* cache, BackendRegistr
       frozen_(options.frozen),
       pool_(std::make_unique<WorkerPool>(options.compile_workers, options.compile_queue_depth)) {}
 
-Engine::~Engine() { pool_.reset(); }
+Engine::~Engine() {
+  stopping_ = true;
+  std::thread minifier;
+  {
+    absl::MutexLock l(&minify_mu_);
+    minifier = std::move(minifier_);
+  }
+  if (minifier.joinable()) minifier.join();
+  pool_.reset();
+}
 
 absl::StatusOr<v1::Artifact> Engine::LoadArtifact(const std::string& digest) {
   ASSIGN_OR_RETURN(std::string bytes, cache_->ReadArtifact(digest));
@@ -134,6 +144,7 @@ absl::StatusOr<v1::CompileResponse> Engine::Compile(const v1::CompileRequest& re
 void Engine::PersistFailure(const v1::CompileRequest& req, const std::string& key,
                             const absl::Status& error,
                             const std::map<std::string, std::string>* trace) {
+  if (req.namespace_() == kMinifyNamespace) return;
   v1::FailedCompile f;
   const int64_t now = absl::ToUnixMicros(absl::Now());
   int64_t id = last_failure_id_.load();
@@ -159,7 +170,39 @@ void Engine::PersistFailure(const v1::CompileRequest& req, const std::string& ke
     (*f.mutable_trace())[name] = text;
   }
   // A failure to keep the record must not change the reply.
-  (void)cache_->RecordFailure(f);
+  if (!cache_->RecordFailure(f).ok()) return;
+  if (options_.minify_failures && error.code() == absl::StatusCode::kInternal && !key.empty() &&
+      !f.request_dropped() && !frozen_) {
+    MinifyInBackground(f);
+  }
+}
+
+void Engine::MinifyInBackground(const v1::FailedCompile& f) {
+  absl::MutexLock l(&minify_mu_);
+  if (minifying_) return;  // one at a time: a burst of failures minifies its first
+  if (minifier_.joinable()) minifier_.join();
+  minifying_ = true;
+  minifier_ = std::thread([this, f] {
+    v1::CompileRequest request = f.request();
+    request.set_namespace_(kMinifyNamespace);
+    auto m = MinifyCompileError(
+        [this](const v1::CompileRequest& r) -> absl::StatusOr<v1::CompileResponse> {
+          if (stopping_) return absl::CancelledError("kilnd is stopping");
+          return Compile(r);
+        },
+        request, "graph");
+    if (m.ok()) {
+      auto record = cache_->GetFailure(f.namespace_(), f.id());
+      if (record.ok()) {
+        *record->mutable_minified()->mutable_graph() = m->request.graph();
+        *record->mutable_minified()->mutable_options() = m->request.options();
+        record->set_minified_error(std::string(m->error.message()));
+        (void)cache_->RecordFailure(*record);
+      }
+    }
+    absl::MutexLock done(&minify_mu_);
+    minifying_ = false;
+  });
 }
 
 absl::StatusOr<v1::ListFailuresResponse> Engine::ListFailures(const v1::ListFailuresRequest& req) {
@@ -554,7 +597,7 @@ absl::StatusOr<v1::CompileResponse> Engine::CompileMiss(
       if (absl::IsCancelled(artifact.status())) return artifact.status();
       cache_->CountCompile(artifact.ok());
       if (!artifact.ok()) {
-        RecordFailure(ns, key, artifact.status(), trace);
+        if (ns != kMinifyNamespace) RecordFailure(ns, key, artifact.status(), trace);
         v1::CompileRequest request;
         graph.ToProto(request.mutable_graph());
         *request.mutable_guards() = guards;

@@ -17,6 +17,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
@@ -34,6 +35,10 @@ class RE2;
 }  // namespace re2
 
 namespace kiln::server {
+
+// Where kilnd compiles the candidates of its background minifications:
+// failures there are neither kept nor minified.
+inline constexpr char kMinifyNamespace[] = "kiln.minify";
 
 // The function filter's pattern (debug_function), compiled with bounded
 // memory; INVALID_ARGUMENT for a malformed or over-long one.
@@ -53,6 +58,9 @@ struct EngineOptions {
   // At debug level, the begin and end of each compile job's steps; may be
   // null. Must outlive the Engine.
   RequestLog* step_log = nullptr;
+  // Minify failed compiles in the background (client/minify.h), one at a
+  // time, compiling the candidates here in namespace kMinifyNamespace.
+  bool minify_failures = false;
   uint32_t cache_size_limit = 8;
   int compile_workers = 2;
   int compile_queue_depth = 64;
@@ -109,6 +117,13 @@ class Engine {
   void PersistFailure(const v1::CompileRequest& request, const std::string& key,
                       const absl::Status& error, const std::map<std::string, std::string>* trace);
   std::atomic<int64_t> last_failure_id_{0};
+  // Starts minifying failure `f` (its namespace and id) unless a
+  // minification is running; the result is written into its record.
+  void MinifyInBackground(const v1::FailedCompile& f);
+  absl::Mutex minify_mu_;
+  std::thread minifier_ ABSL_GUARDED_BY(minify_mu_);
+  bool minifying_ ABSL_GUARDED_BY(minify_mu_) = false;
+  std::atomic<bool> stopping_{false};
 
   // What a compile records besides its artifact.
   struct MissRecord {

@@ -55,6 +55,9 @@ ABSL_FLAG(std::string, inject_fault, "",
 ABSL_FLAG(std::string, debug_function, "",
           "function filter: only graphs whose name matches this regular expression get the "
           "requested backend; the others get eager");
+ABSL_FLAG(bool, minify_failures, false,
+          "minify each failed compile in the background, one at a time; kilnctl failures and "
+          "show point to the result");
 ABSL_FLAG(bool, automatic_dynamic, true,
           "compile a static graph whose family differs from an earlier graph only in sizes "
           "with those sizes symbolic (off: --noautomatic_dynamic)");
@@ -135,6 +138,7 @@ absl::StatusOr<v1::ServerConfig> LoadConfig() {
   if (absl::GetFlag(FLAGS_sync_writes)) config.set_sync_writes(true);
   if (absl::GetFlag(FLAGS_salvage_wal)) config.set_salvage_wal(true);
   if (!absl::GetFlag(FLAGS_automatic_dynamic)) config.set_no_automatic_dynamic(true);
+  if (absl::GetFlag(FLAGS_minify_failures)) config.set_minify_failures(true);
   if (!absl::GetFlag(FLAGS_inject_fault).empty()) {
     config.set_inject_fault(absl::GetFlag(FLAGS_inject_fault));
   }
@@ -214,6 +218,7 @@ absl::Status Serve() {
     RETURN_IF_ERROR(CompileFunctionFilter(config.debug_function()).status());
   }
   engine_options.debug_function = config.debug_function();
+  engine_options.minify_failures = config.minify_failures();
   engine_options.compile_workers = static_cast<int>(config.compile_workers());
   engine_options.compile_queue_depth = static_cast<int>(config.compile_queue_depth());
   // Scratch files of native compiles live under the data directory, which

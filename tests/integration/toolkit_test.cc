@@ -232,7 +232,8 @@ TEST(ToolkitTest, MinifiesAnInjectedCompileErrorToTheFailingNode) {
   auto c = ConnectTo(kilnd);
   // 120 nodes; the fault is on neg, the second node and every third after.
   v1::CompileRequest r = Request(ChainGraph(120), "kiln", "compile_error:aten.neg.default");
-  auto m = MinifyCompileError(*c, r, "graph");
+  auto compile = [&c](const v1::CompileRequest& req) { return c->Compile(req); };
+  auto m = MinifyCompileError(compile, r, "graph");
   ASSERT_TRUE(m.ok()) << m.status();
   ASSERT_LE(m->request.graph().nodes_size(), 3);
   bool has_neg = false;
@@ -242,7 +243,7 @@ TEST(ToolkitTest, MinifiesAnInjectedCompileErrorToTheFailingNode) {
   EXPECT_LT(m->compiles, 120);
 
   // A graph that compiles has nothing to minify.
-  auto nothing = MinifyCompileError(*c, Request(ChainGraph(4), "kiln"), "graph");
+  auto nothing = MinifyCompileError(compile, Request(ChainGraph(4), "kiln"), "graph");
   EXPECT_EQ(nothing.status().code(), absl::StatusCode::kFailedPrecondition);
 }
 
@@ -277,6 +278,35 @@ TEST(ToolkitTest, LogLevelsChooseWhatTheRequestLogHolds) {
   EXPECT_TRUE(absl::StrContains(warning, "\"code\":\"INVALID_ARGUMENT\"")) << warning;
   EXPECT_FALSE(absl::StrContains(warning, "\"code\":\"OK\"")) << warning;
   EXPECT_FALSE(absl::StrContains(warning, "\"step\"")) << warning;
+}
+
+TEST(ToolkitTest, KilndMinifiesFailedCompilesInTheBackground) {
+  TempDir dir;
+  KilndProcess kilnd(dir.path(), {"--minify_failures"});
+  auto c = ConnectTo(kilnd);
+  v1::CompileRequest r = Request(ChainGraph(60), "kiln", "compile_error:aten.neg.default");
+  r.set_namespace_("team");
+  ASSERT_EQ(c->Compile(r).status().code(), absl::StatusCode::kInternal);
+  std::string id;
+  v1::FailedCompile record;
+  for (int i = 0; i < 600 && !record.has_minified(); ++i) {
+    auto listed = c->ListFailures("team");
+    ASSERT_TRUE(listed.ok()) << listed.status();
+    ASSERT_EQ(listed->failures_size(), 1);
+    auto got = c->GetFailure(listed->failures(0).id(), "team");
+    ASSERT_TRUE(got.ok()) << got.status();
+    record = got->failure();
+    if (!record.has_minified()) absl::SleepFor(absl::Milliseconds(100));
+  }
+  ASSERT_TRUE(record.has_minified()) << "not minified within a minute";
+  EXPECT_LE(record.minified().graph().nodes_size(), 3);
+  EXPECT_EQ(record.minified().graph().nodes(0).target(), "aten.neg.default");
+  EXPECT_TRUE(absl::StartsWith(record.minified_error(), "injected compile error"))
+      << record.minified_error();
+  // The candidates it compiled are not failures of anyone's.
+  auto every = c->ListFailures("*");
+  ASSERT_TRUE(every.ok());
+  EXPECT_EQ(every->failures_size(), 1);
 }
 
 TEST(ToolkitTest, DeltaDebugFindsTheItemsToBlame) {

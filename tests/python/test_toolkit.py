@@ -18,7 +18,7 @@ from kiln.v1 import service_pb2
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from test_server import KILND, SharedKilnd  # noqa: E402
+from test_server import KILND, Kilnd, SharedKilnd  # noqa: E402
 
 KILNCTL = os.environ.get("KILNCTL") or (
     os.path.join(os.path.dirname(KILND), "kilnctl") if KILND else None)
@@ -162,6 +162,38 @@ class ToolkitTest(SharedKilnd, unittest.TestCase):
         torch.testing.assert_close(ArtifactFunction(right.artifact, graph)([x])[0], want)
         # relu(x) + 1, then * 2: off by exactly 2 everywhere.
         torch.testing.assert_close(ArtifactFunction(wrong.artifact, graph)([x])[0], want + 2)
+
+
+@unittest.skipUnless(KILND, "KILND is not set")
+class BackgroundMinifyTest(unittest.TestCase):
+
+    def test_kilnctl_show_points_to_the_background_result(self):
+        import time
+
+        tmp = tempfile.mkdtemp(prefix="kiln_bg_minify_")
+        self.addCleanup(shutil.rmtree, tmp, ignore_errors=True)
+        server = Kilnd(os.path.join(tmp, "data"), ["--minify_failures"])
+        self.addCleanup(server.stop)
+        graph = kiln.capture(long_chain, torch.randn(4, 8), name="long_chain")
+        with kiln.Client(server.address) as client:
+            with self.assertRaisesRegex(kiln.KilnError, "injected compile error"):
+                client.compile(graph, options=options("kiln", "compile_error:aten.relu.default"))
+
+        def kilnctl(*args):
+            done = subprocess.run([KILNCTL, f"--server={server.address}", *args],
+                                  capture_output=True, text=True, timeout=120)
+            self.assertEqual(done.returncode, 0, done.stderr)
+            return done.stdout
+
+        deadline = time.monotonic() + 120
+        while "1 nodes" not in kilnctl("failures") and time.monotonic() < deadline:
+            time.sleep(0.2)
+        listed = kilnctl("failures")
+        self.assertIn("1 nodes", listed)
+        key = next(line.split()[6] for line in listed.splitlines()[1:])
+        shown = kilnctl("show", key)
+        self.assertRegex(shown, r"minified in the background to 1 nodes: kilnctl minify "
+                                r"[0-9a-f]{16} -o DIR")
 
 
 if __name__ == "__main__":
