@@ -49,9 +49,9 @@ ABSL_FLAG(uint64_t, cache_byte_budget, 0,
           "artifact bytes kept before LRU eviction (default 8 GiB)");
 ABSL_FLAG(uint32_t, cache_size_limit, 0, "variants per key (default 8)");
 ABSL_FLAG(std::string, inject_fault, "",
-          "testing only: KIND:TARGET, KIND compile_error or accuracy, TARGET an op "
-          "(aten.relu.default): the kiln backend fails to compile graphs with it, or computes "
-          "a wrong value for it");
+          "testing only: KIND:TARGET, KIND compile_error, accuracy or runtime_error, TARGET an "
+          "op (aten.relu.default): the kiln backend fails to compile graphs with it, computes "
+          "a wrong value for it, or generates a plan that fails when it runs");
 ABSL_FLAG(std::string, debug_function, "",
           "function filter: only graphs whose name matches this regular expression get the "
           "requested backend; the others get eager");

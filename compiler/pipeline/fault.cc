@@ -12,10 +12,11 @@ absl::StatusOr<Fault> ParseFault(absl::string_view text) {
   if (text.empty()) return fault;
   const size_t colon = text.find(':');
   auto bad = [&](absl::string_view why) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("inject_fault '", text.substr(0, 200), "': ", why,
-                     " (KIND:TARGET, KIND one of compile_error, accuracy; TARGET an op such "
-                     "as aten.relu.default)"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "inject_fault '", text.substr(0, 200), "': ", why,
+        " (KIND:TARGET, KIND one of compile_error, accuracy, runtime_error; TARGET an op "
+        "such "
+        "as aten.relu.default)"));
   };
   if (colon == absl::string_view::npos) return bad("no ':'");
   const absl::string_view kind = text.substr(0, colon), target = text.substr(colon + 1);
@@ -23,6 +24,8 @@ absl::StatusOr<Fault> ParseFault(absl::string_view text) {
     fault.kind = Fault::kCompileError;
   } else if (kind == "accuracy") {
     fault.kind = Fault::kAccuracy;
+  } else if (kind == "runtime_error") {
+    fault.kind = Fault::kRuntimeError;
   } else {
     return bad(absl::StrCat("unknown kind '", kind.substr(0, 64), "'"));
   }
@@ -43,7 +46,8 @@ absl::StatusOr<ir::Graph> ApplyFault(const ir::Graph& graph, const Fault& fault)
     }
     return graph;
   }
-  // accuracy: each output x of the op becomes x + 1 for every reader.
+  // accuracy: each output x of the op becomes x + 1 for every reader;
+  // runtime_error: kiln.injected_fault(x, message).
   v1::Graph proto = graph.ToProto();
   std::set<std::string> names;
   for (const ir::Value& v : graph.values()) names.insert(v.name);
@@ -73,14 +77,22 @@ absl::StatusOr<ir::Graph> ApplyFault(const ir::Graph& graph, const Fault& fault)
     *out.add_nodes() = n;
     if (n.target() != fault.target) continue;
     for (const v1::Value& v : n.outputs()) {
-      if (v.meta().dtype() == v1::BOOL) continue;
+      const bool accuracy = fault.kind == Fault::kAccuracy;
+      if (accuracy && v.meta().dtype() == v1::BOOL) continue;
       v1::Node* add = out.add_nodes();
       add->set_name(fresh(absl::StrCat(n.name(), "_injected_fault")));
-      add->set_target("aten.add.Scalar");
       add->add_args()->set_tensor(v.name());
-      add->add_args()->set_int_value(1);
+      if (accuracy) {
+        add->set_target("aten.add.Scalar");
+        add->add_args()->set_int_value(1);
+      } else {
+        add->set_target("kiln.injected_fault.default");
+        add->add_args()->set_string_value(
+            absl::StrCat("injected runtime error (inject_fault=runtime_error:", fault.target,
+                         ") at node '", n.name(), "'"));
+      }
       v1::Value* o = add->add_outputs();
-      o->set_name(fresh(absl::StrCat(v.name(), "_plus_one")));
+      o->set_name(fresh(absl::StrCat(v.name(), accuracy ? "_plus_one" : "_checked")));
       *o->mutable_meta() = v.meta();
       renamed[v.name()] = o->name();
     }

@@ -10,6 +10,13 @@
 //   accuracy:T       every output of a node of op T that is not bool is
 //                    followed by aten.add.Scalar(., 1) before lowering, so
 //                    the generated code computes a wrong value for it.
+//   runtime_error:T  every output of a node of op T goes through
+//                    kiln.injected_fault.default(., message), an extern call
+//                    that the runtimes resolve when they load the plan and
+//                    that raises when it runs: RuntimeError "injected runtime
+//                    error (inject_fault=runtime_error:T) at node 'N'". (The
+//                    Python runtime defines the op; the C++ runtime has none
+//                    and refuses the plan, naming the node.)
 //
 // Pure functions; thread-safe.
 #ifndef KILN_COMPILER_PIPELINE_FAULT_H_
@@ -24,7 +31,7 @@
 namespace kiln::pipeline {
 
 struct Fault {
-  enum Kind { kNone, kCompileError, kAccuracy };
+  enum Kind { kNone, kCompileError, kAccuracy, kRuntimeError };
   Kind kind = kNone;
   std::string target;  // "aten.relu.default"
 };
@@ -34,7 +41,8 @@ struct Fault {
 absl::StatusOr<Fault> ParseFault(absl::string_view text);
 
 // `graph` with the fault applied: an error for compile_error when the graph
-// has the op, the rewritten graph for accuracy, the graph itself otherwise.
+// has the op, the rewritten graph for accuracy and runtime_error, the graph
+// itself otherwise.
 absl::StatusOr<ir::Graph> ApplyFault(const ir::Graph& graph, const Fault& fault);
 
 }  // namespace kiln::pipeline

@@ -151,6 +151,18 @@ class ToolkitTest(SharedKilnd, unittest.TestCase):
         self.assertIn("aten.relu.default", targets)
         self.assertGreater(small.error, 0.05)
 
+    def test_injected_runtime_error_fails_when_the_code_runs(self):
+        x = torch.randn(64, 16)
+        graph = kiln.capture(lambda x: torch.relu(x) * 2, x, name="relu_twice")
+        with kiln.Client(self.server.address) as client:
+            compiled = client.compile(graph,
+                                      options=options("kiln", "runtime_error:aten.relu.default"))
+        fn = ArtifactFunction(compiled.artifact, graph)  # loads: the fault waits for a run
+        with self.assertRaisesRegex(RuntimeError, r"injected runtime error "
+                                    r"\(inject_fault=runtime_error:aten.relu.default\) at node "
+                                    r"'relu'"):
+            fn([x])
+
     def test_injected_accuracy_fault_computes_a_wrong_value(self):
         x = torch.randn(64, 16)
         graph = kiln.capture(lambda x: torch.relu(x) * 2, x, name="relu_twice")

@@ -98,8 +98,8 @@ class KilnBackend:
     code is loaded (kiln.compiled.verify_artifact); one that does not
     raises SignatureError. `debug_function` (a regular expression: graphs
     whose name it does not match compile with kilnd's eager backend) and
-    `inject_fault` ("compile_error:OP" or "accuracy:OP", for testing the
-    troubleshooting tools) become kilnd's backend options of the same
+    `inject_fault` ("compile_error:OP", "accuracy:OP" or "runtime_error:OP",
+    for testing the troubleshooting tools) become kilnd's backend options of the same
     names (docs/troubleshooting.md). `cuda_graphs` (or torch.compile's
     mode="reduce-overhead") replays each static CUDA graph's plan as one
     CUDA graph once it has run (kiln.cuda.CudaGraphed); inference only.

@@ -44,6 +44,23 @@ _MEMORY_FORMATS = {v: k for k, v in tracer._MEMORY_FORMATS.items()}
 _LAYOUTS = {v: k for k, v in tracer._LAYOUTS.items()}
 
 
+def _define_fault_op():
+    """kiln.injected_fault(x, message): what kilnd's inject_fault=
+    runtime_error:OP puts after OP (compiler/pipeline/fault.h). Running it
+    raises RuntimeError(message)."""
+    lib = torch.library.Library("kiln", "DEF")
+    lib.define("injected_fault(Tensor x, str message) -> Tensor")
+
+    def injected_fault(x, message):
+        raise RuntimeError(message)
+
+    lib.impl("injected_fault", injected_fault, "CompositeExplicitAutograd")
+    return lib
+
+
+_FAULT_LIBRARY = _define_fault_op()
+
+
 def resolve_op(target):
     """The torch.ops overload for `target` ("aten.add.Tensor"); ValueError if
     there is none."""
