@@ -678,12 +678,15 @@ absl::StatusOr<v1::LookupResponse> Engine::Lookup(const v1::LookupRequest& req) 
   if (req.has_report()) RecordReport(ns, req.report());
   std::string key;
   v1::InputSignature signature = req.signature();
+  int64_t key_micros = 0;
   switch (req.what_case()) {
     case v1::LookupRequest::kGraph: {
+      const absl::Time start = absl::Now();
       ASSIGN_OR_RETURN(ir::Graph graph, BuildVerified(req.graph()));
       v1::CompileOptions options = ir::NormalizeOptions(req.options(), &graph);
       RETURN_IF_ERROR(ApplyRequestOptions(graph, &options).status());
       key = ir::CacheKey(graph, options);
+      key_micros = absl::ToInt64Microseconds(absl::Now() - start);
       if (!req.has_signature()) {
         ASSIGN_OR_RETURN(signature, cache::SignatureFromGraph(graph));
       }
@@ -705,6 +708,7 @@ absl::StatusOr<v1::LookupResponse> Engine::Lookup(const v1::LookupRequest& req) 
   ASSIGN_OR_RETURN(cache::LookupResult r, cache_->Lookup(ns, key, signature));
   v1::LookupResponse resp;
   resp.set_key(key);
+  resp.set_key_micros(key_micros);
   if (r.outcome == v1::HIT && req.include_artifact()) {
     auto artifact = LoadArtifact(r.digest);
     if (absl::IsDataLoss(artifact.status())) {

@@ -169,9 +169,11 @@ class TorchCompileTest(SharedKilnd, unittest.TestCase):
         records = [r for r in kiln.compile_times(repr="dict") if r in be.graph_times]
         self.assertEqual(len(records), 2)  # the graph break: two graphs
         for r in records:
-            for phase in ("lower", "lookup", "compile", "load"):
+            for phase in ("dynamo", "lower", "key", "lookup", "compile", "load"):
                 self.assertGreaterEqual(r[phase], 0.0, phase)
             self.assertGreater(r["lower"], 0.0)
+            self.assertGreater(r["dynamo"], 0.0)  # Dynamo traced the frame first
+            self.assertGreater(r["key"], 0.0)     # kilnd verified the graph and keyed it
             phases = [p for p, _ in r["server"]]
             self.assertIn("verify", phases)
             self.assertIn("native-compile", phases)

@@ -146,10 +146,13 @@ class KilnBackend:
         self.cuda_graphed = []  # the kiln.cuda.CudaGraphed of every graph replayed
         self.stats = {"graphs": 0, "hits": 0, "compiles": 0, "eager": 0}
         self.unsupported = []  # (graph name, why it has no kiln form)
-        # Seconds spent per client phase, over every graph: lower (Dynamo's
-        # graph to kiln.v1.Graph), lookup, compile (on kilnd, with the
-        # round trip), load (the artifact into runners).
-        self.times = {"lower": 0.0, "lookup": 0.0, "compile": 0.0, "load": 0.0}
+        # Seconds spent per phase, over every graph: dynamo (Dynamo's
+        # tracing of the frame before it called the backend), lower (Dynamo's
+        # graph to kiln.v1.Graph), key (kilnd's verification and key of it,
+        # inside the lookup), lookup (the rest of the round trip), compile
+        # (on kilnd, with the round trip), load (the artifact into runners).
+        self.times = {"dynamo": 0.0, "lower": 0.0, "key": 0.0, "lookup": 0.0, "compile": 0.0,
+                      "load": 0.0}
         self.last_lowered = None  # the kiln.lower.Lowered of the latest graph
         self.loaded = []  # every kiln.compiled.ArtifactFunction built, in order
         # Per graph served: its name, the client's phases (seconds) and
@@ -187,6 +190,7 @@ class KilnBackend:
         name = _graph_name(gm)
         reason = _new_guard_failures()
         before = dict(self.times)
+        self.times["dynamo"] += _dynamo_elapsed()
         start = time.perf_counter()
         try:
             with _step("lower", name):
@@ -251,7 +255,9 @@ class KilnBackend:
             found = client.lookup(graph=lowered.graph, signature=signature,
                                   namespace=self.namespace, include_artifact=True,
                                   options=options, report=report)
-        self.times["lookup"] += time.perf_counter() - start
+        key = found.key_micros / 1e6
+        self.times["key"] += key
+        self.times["lookup"] += time.perf_counter() - start - key
         if found.HasField("artifact") and found.artifact.backend:
             self.stats["hits"] += 1
             self._verify(found)
@@ -325,21 +331,38 @@ _BACKENDS = weakref.WeakSet()  # every KilnBackend alive, for compile_times()
 def compile_times(repr="str"):  # noqa: A002 (the name torch._dynamo.utils uses)
     """Compile times per graph, over every kiln backend of this process, as
     torch._dynamo.utils.compile_times() gives Dynamo's: the client's phases
-    (lower: Dynamo's graph to a kiln graph; lookup; compile: kilnd's, with
-    the round trip; load) and kilnd's own phases of the graph's compile
-    (verify, key, lower-fuse-plan, codegen, native-compile, ...), in
-    seconds. repr="str" gives a table, "dict" a list of records."""
+    (dynamo: Dynamo's tracing of the frame up to the backend; lower:
+    Dynamo's graph to a kiln graph; key: kilnd's verification and key of
+    it; lookup; compile: kilnd's, with the round trip; load) and kilnd's own
+    phases of the graph's compile (verify, key, lower-fuse-plan, codegen,
+    native-compile, ...), in seconds. repr="str" gives a table, "dict" a
+    list of records."""
     records = [r for backend in list(_BACKENDS) for r in backend.graph_times]
     if repr == "dict":
         return records
     if repr != "str":
         raise ValueError(f"repr takes 'str' or 'dict', not {repr!r}")
-    lines = ["graph  lower  lookup  compile  load  (seconds)  kilnd's phases"]
+    phases = ("dynamo", "lower", "key", "lookup", "compile", "load")
+    lines = ["graph  " + "  ".join(phases) + "  (seconds)  kilnd's phases"]
     for r in records:
         server = ", ".join(f"{phase} {sec:.4f}" for phase, sec in r["server"])
-        lines.append(f"{r['graph']}  {r['lower']:.4f}  {r['lookup']:.4f}  {r['compile']:.4f}  "
-                     f"{r['load']:.4f}  {server}")
+        lines.append(f"{r['graph']}  " + "  ".join(f"{r[p]:.4f}" for p in phases)
+                     + f"  {server}")
     return "\n".join(lines)
+
+
+def _dynamo_elapsed():
+    """Seconds since Dynamo began compiling the current frame (its metrics
+    context opened), or 0.0 when torch does not say."""
+    try:
+        from torch._dynamo.utils import get_metrics_context
+
+        context = get_metrics_context()
+        if not context.in_progress():
+            return 0.0
+        return max(0.0, (time.time_ns() - context._start_time_ns) / 1e9)
+    except Exception:  # noqa: BLE001 (another torch: no such context)
+        return 0.0
 
 
 # Code object -> how many of Dynamo's guard failures for it were reported.
