@@ -357,3 +357,20 @@ def test_reduce_overhead_replays_cuda_graphs(name):
     assert backend.stats["eager"] == 0, backend.stats
     assert backend.cuda_graphed, "no graph was replayed"
     assert sum(g.replays for g in backend.cuda_graphed) >= 4 * len(backend.cuda_graphed)
+
+
+def test_accuracy_minifier_on_cuda():
+    """kiln.minify_accuracy where the CUDA runtime runs: an injected wrong
+    value in relu's generated code, found among the graph's nodes."""
+    from kiln.v1 import service_pb2
+
+    x = rand(64, 32)
+    graph = kiln.capture(lambda x: torch.relu(torch.tanh(x) * 2 - 0.5) * 3 + torch.sigmoid(x),
+                         x, name="cuda_chain")
+    options = service_pb2.CompileOptions(backend="kiln")
+    options.options.add(name="inject_fault", value="accuracy:aten.relu.default")
+    with kiln.Client(os.environ.get("KILN_SERVER")) as client:
+        small = kiln.minify_accuracy(graph, None, client, options)
+    targets = [n.target for n in small.graph.nodes]
+    assert "aten.relu.default" in targets and len(targets) <= 3, targets
+    assert small.inputs[0].is_cuda
