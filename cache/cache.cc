@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "cache/guards.h"
+#include "cache/records.h"
 #include "common/hashing.h"
 #include "common/status_macros.h"
 #include "google/protobuf/message.h"
@@ -19,14 +20,7 @@
 #include "rocksdb/write_batch.h"
 
 namespace kiln::cache {
-namespace {
-
-// Format 2: the record is sealed (see Seal). Format 1 records, written before
-// records were sealed, are read without a checksum.
-constexpr uint32_t kEntryFormat = 2;
-constexpr uint32_t kFirstSealedFormat = 2;
-constexpr int kMaxRecompileReasons = 32;
-constexpr char kStatsKey[] = "s/stats";
+namespace internal {
 
 // The one place rocksdb::Status becomes absl::Status.
 absl::Status FromRocks(const rocksdb::Status& s, absl::string_view what) {
@@ -68,6 +62,22 @@ absl::Status Unseal(absl::string_view value, google::protobuf::Message* m, bool*
   }
   return absl::OkStatus();
 }
+
+}  // namespace internal
+
+using internal::FromRocks;
+using internal::NowMicros;
+using internal::Seal;
+using internal::Unseal;
+
+namespace {
+
+// Format 2: the record is sealed (see Seal). Format 1 records, written before
+// records were sealed, are read without a checksum.
+constexpr uint32_t kEntryFormat = 2;
+constexpr uint32_t kFirstSealedFormat = 2;
+constexpr int kMaxRecompileReasons = 32;
+constexpr char kStatsKey[] = "s/stats";
 
 // An entry record: sealed exactly when its format says so.
 absl::Status ReadEntry(absl::string_view value, v1::StoredEntry* entry, absl::string_view ek) {
@@ -549,138 +559,6 @@ absl::StatusOr<std::vector<Cache::EntrySummary>> Cache::List(const std::string& 
   }
   RETURN_IF_ERROR(FromRocks(it->status(), "listing entries"));
   return out;
-}
-
-namespace {
-
-std::string FailureKey(const std::string& ns, const std::string& id) {
-  return absl::StrCat("r/", ns, "/", id);
-}
-
-}  // namespace
-
-absl::Status Cache::RecordFailure(const v1::FailedCompile& failure) {
-  absl::MutexLock w(&write_mu_);
-  rocksdb::WriteBatch batch;
-  batch.Put(FailureKey(failure.namespace_(), failure.id()), Seal(failure));
-  // Ids are the time in fixed-width hex: key order is age. The namespace's
-  // oldest records beyond the limit go.
-  std::vector<std::string> held;
-  const std::string prefix = FailureKey(failure.namespace_(), "");
-  const std::string mine = FailureKey(failure.namespace_(), failure.id());
-  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions()));
-  for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix); it->Next()) {
-    if (it->key().ToString() != mine) held.push_back(it->key().ToString());
-  }
-  RETURN_IF_ERROR(FromRocks(it->status(), "listing failed compiles"));
-  held.push_back(mine);
-  std::sort(held.begin(), held.end());
-  for (size_t i = 0; i + kMaxFailuresPerNamespace < held.size(); ++i) batch.Delete(held[i]);
-  rocksdb::WriteOptions wo;
-  wo.sync = options_.sync_writes;
-  return FromRocks(db_->Write(wo, &batch), "recording a failed compile");
-}
-
-absl::StatusOr<std::vector<v1::FailedCompile>> Cache::ListFailures(const std::string& ns) {
-  std::vector<v1::FailedCompile> out;
-  const std::string prefix = ns == "*" ? "r/" : FailureKey(ns, "");
-  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions()));
-  for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix); it->Next()) {
-    v1::FailedCompile f;
-    bool sealed = false;
-    RETURN_IF_ERROR(Unseal(absl::string_view(it->value().data(), it->value().size()), &f, &sealed,
-                           it->key().ToString()));
-    out.push_back(std::move(f));
-  }
-  RETURN_IF_ERROR(FromRocks(it->status(), "listing failed compiles"));
-  std::sort(out.begin(), out.end(),
-            [](const auto& a, const auto& b) { return a.unix_micros() > b.unix_micros(); });
-  return out;
-}
-
-absl::StatusOr<v1::FailedCompile> Cache::GetFailure(const std::string& ns, const std::string& id) {
-  const std::string k = FailureKey(ns, id);
-  std::string value;
-  RETURN_IF_ERROR(FromRocks(db_->Get(rocksdb::ReadOptions(), k, &value),
-                            absl::StrCat("failed compile ", id, " in namespace '", ns, "'")));
-  v1::FailedCompile f;
-  bool sealed = false;
-  RETURN_IF_ERROR(Unseal(value, &f, &sealed, k));
-  return f;
-}
-
-absl::Status Cache::RecordGraph(const std::string& ns, const v1::GraphReport& report) {
-  const std::string rk = absl::StrCat("b/", ns, "/", report.job());
-  absl::MutexLock l(&jobs_mu_);
-  auto it = jobs_.find(rk);
-  if (it == jobs_.end()) {
-    if (jobs_.size() >= kMaxJobRecords) return absl::OkStatus();
-    JobRecord record;
-    std::string value;
-    rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), rk, &value);
-    bool sealed = false;
-    if (s.ok() && !Unseal(value, &record.graphs, &sealed, rk).ok()) record.graphs.Clear();
-    if (!s.ok() && !s.IsNotFound()) return FromRocks(s, absl::StrCat("reading ", rk));
-    record.graphs.set_namespace_(ns);
-    record.graphs.set_job(report.job());
-    it = jobs_.emplace(rk, std::move(record)).first;
-  }
-  v1::JobGraphs& job = it->second.graphs;
-  auto row = std::find_if(job.mutable_graphs()->begin(), job.mutable_graphs()->end(),
-                          [&](const v1::JobGraphs::Graph& g) {
-                            return g.function() == report.function() && g.graph() == report.graph();
-                          });
-  if (row == job.mutable_graphs()->end()) {
-    if (job.graphs_size() >= kMaxGraphsPerJob) return absl::OkStatus();
-    v1::JobGraphs::Graph* g = job.add_graphs();
-    g->set_function(report.function());
-    g->set_graph(report.graph());
-    std::sort(job.mutable_graphs()->begin(), job.mutable_graphs()->end(),
-              [](const auto& a, const auto& b) {
-                return std::tie(a.function(), a.graph()) < std::tie(b.function(), b.graph());
-              });
-    row = std::find_if(job.mutable_graphs()->begin(), job.mutable_graphs()->end(),
-                       [&](const v1::JobGraphs::Graph& g) {
-                         return g.function() == report.function() && g.graph() == report.graph();
-                       });
-  }
-  row->set_graph_break(report.graph_break());
-  row->set_reason(report.reason());
-  *row->mutable_user_frames() = report.user_frames();
-  row->set_reports(row->reports() + 1);
-  row->set_last_unix_micros(NowMicros());
-  it->second.dirty = true;
-  return absl::OkStatus();
-}
-
-absl::StatusOr<std::vector<v1::JobGraphs>> Cache::ListJobGraphs(const std::string& ns,
-                                                                const std::string& job) {
-  std::map<std::string, v1::JobGraphs> out;
-  const std::string prefix = ns == "*" ? "b/" : absl::StrCat("b/", ns, "/", job);
-  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions()));
-  for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix); it->Next()) {
-    const std::string rk = it->key().ToString();
-    v1::JobGraphs graphs;
-    bool sealed = false;
-    if (!Unseal(absl::string_view(it->value().data(), it->value().size()), &graphs, &sealed, rk)
-             .ok()) {
-      continue;
-    }
-    out[rk] = std::move(graphs);
-  }
-  RETURN_IF_ERROR(FromRocks(it->status(), "listing graph reports"));
-  {
-    absl::MutexLock l(&jobs_mu_);  // newer than what is on disk
-    for (const auto& [rk, record] : jobs_) {
-      if (absl::StartsWith(rk, prefix)) out[rk] = record.graphs;
-    }
-  }
-  std::vector<v1::JobGraphs> jobs;
-  for (auto& [rk, graphs] : out) {
-    if (!job.empty() && graphs.job() != job) continue;
-    jobs.push_back(std::move(graphs));
-  }
-  return jobs;
 }
 
 void Cache::Count(v1::LookupOutcome outcome) {

@@ -32,7 +32,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/time.h"
 #include "client/client.h"
-#include "client/minify.h"
+#include "client/kilnctl.h"
 #include "common/flags_usage.h"
 #include "common/status_macros.h"
 #include "compiler/ir/graph.h"
@@ -56,8 +56,7 @@ ABSL_FLAG(std::string, o, "", "trace, minify: the directory to write into");
 ABSL_FLAG(std::string, after, "graph",
           "minify: graph (the graph as sent) or aot (its forward or backward graph)");
 
-namespace kiln {
-namespace {
+namespace kiln::kilnctl {
 
 constexpr char kUsage[] = R"(usage: kilnctl [flags] COMMAND [ARGS]
 
@@ -107,48 +106,6 @@ constexpr int kExitUsage = 2;
 
 // ---------------------------------------------------------------------------
 // Formatting
-
-// Columns separated by two spaces, padded to the widest cell; numeric
-// columns are right-aligned. The last column is not padded.
-class Table {
- public:
-  Table(std::vector<std::string> header, std::vector<bool> right_aligned = {})
-      : right_(std::move(right_aligned)) {
-    right_.resize(header.size(), false);
-    rows_.push_back(std::move(header));
-  }
-  void Add(std::vector<std::string> row) {
-    row.resize(rows_[0].size());
-    rows_.push_back(std::move(row));
-  }
-  std::string Render() const {
-    std::vector<size_t> width(rows_[0].size(), 0);
-    for (const auto& row : rows_) {
-      for (size_t c = 0; c < row.size(); ++c) width[c] = std::max(width[c], row[c].size());
-    }
-    std::string out;
-    for (const auto& row : rows_) {
-      std::string line;
-      for (size_t c = 0; c < row.size(); ++c) {
-        const bool last = c + 1 == row.size();
-        const std::string pad(width[c] - row[c].size(), ' ');
-        if (right_[c]) {
-          line += pad + row[c];
-        } else {
-          line += row[c];
-          if (!last) line += pad;
-        }
-        if (!last) line += "  ";
-      }
-      out += std::string(absl::StripTrailingAsciiWhitespace(line)) + "\n";
-    }
-    return out;
-  }
-
- private:
-  std::vector<std::vector<std::string>> rows_;
-  std::vector<bool> right_;
-};
 
 std::string HumanBytes(uint64_t bytes) {
   static const char* const kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB"};
@@ -302,13 +259,6 @@ absl::StatusOr<std::string> ResolveKey(const Client& client, const std::string& 
 
 // ---------------------------------------------------------------------------
 // Commands. Each returns the status the process reports.
-
-struct Invocation {
-  std::string command;
-  std::vector<std::string> args;  // after the command
-  std::string ns;
-  bool json = false;
-};
 
 absl::Status Health(const Client& client, const Invocation& inv) {
   RETURN_IF_ERROR(client.Health());
@@ -647,133 +597,6 @@ absl::Status Trace(const Client& client, const Invocation& inv) {
   return absl::OkStatus();
 }
 
-// ---------------------------------------------------------------------------
-// Record and replay, minifier
-
-absl::Status Failures(const Client& client, const Invocation& inv) {
-  ASSIGN_OR_RETURN(v1::ListFailuresResponse r, client.ListFailures(inv.ns));
-  if (inv.json) return PrintJson(r);
-  if (r.failures_size() == 0) {
-    std::cout << "no failed compiles\n";
-    return absl::OkStatus();
-  }
-  Table t({"ID", "TIME", "NAMESPACE", "CODE", "GRAPH", "KEY", "MINIFIED", "ERROR"});
-  for (const v1::FailedCompile& f : r.failures()) {
-    t.Add({f.id(), Timestamp(f.unix_micros()), Namespace(f.namespace_()), f.code(),
-           f.graph_name().empty() ? "?" : f.graph_name(), f.key().empty() ? "-" : Short(f.key()),
-           f.has_minified() ? absl::StrCat(f.minified().graph().nodes_size(), " nodes") : "-",
-           f.error().substr(0, f.error().find('\n')).substr(0, 160)});
-  }
-  std::cout << t.Render();
-  return absl::OkStatus();
-}
-
-// The kept failure named by an id, or by a key or a prefix of one.
-absl::StatusOr<v1::FailedCompile> FindFailure(const Client& client, const std::string& name,
-                                              const std::string& ns) {
-  ASSIGN_OR_RETURN(v1::ListFailuresResponse all, client.ListFailures(ns));
-  for (const v1::FailedCompile& f : all.failures()) {
-    if (f.id() == name || (name.size() >= 8 && absl::StartsWith(f.key(), name))) {
-      ASSIGN_OR_RETURN(v1::GetFailureResponse got, client.GetFailure(f.id(), f.namespace_()));
-      if (got.failure().request_dropped()) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "failure ", f.id(), ": its request was over the size kilnd keeps; it has no graph"));
-      }
-      return got.failure();
-    }
-  }
-  return absl::NotFoundError(absl::StrCat("no kept failure has id or key '", name, "'"));
-}
-
-absl::Status Replay(const Client& client, const Invocation& inv) {
-  ASSIGN_OR_RETURN(v1::FailedCompile f, FindFailure(client, inv.args[0], inv.ns));
-  v1::CompileRequest request = f.request();
-  request.set_bypass_cache(true);
-  auto again = client.Compile(request);
-  std::cout << "failure " << f.id() << " (" << Timestamp(f.unix_micros()) << ", "
-            << f.compiler_version() << "): " << f.code() << ": " << f.error() << "\n";
-  if (again.ok()) {
-    std::cout << "replay: compiles now (key " << again->key() << ")\n";
-    return absl::OkStatus();
-  }
-  const bool same = absl::StatusCodeToString(again.status().code()) == f.code() &&
-                    again.status().message() == f.error();
-  std::cout << "replay: still fails" << (same ? ", the same way" : ", differently") << ": "
-            << absl::StatusCodeToString(again.status().code()) << ": " << again.status().message()
-            << "\n";
-  return absl::OkStatus();
-}
-
-absl::Status Breaks(const Client& client, const Invocation& inv) {
-  ASSIGN_OR_RETURN(v1::GraphBreaksResponse r,
-                   client.GraphBreaks(inv.ns, inv.args.empty() ? "" : inv.args[0]));
-  if (inv.json) return PrintJson(r);
-  if (r.jobs_size() == 0) {
-    std::cout << "no graph reports\n";
-    return absl::OkStatus();
-  }
-  for (const v1::JobGraphs& job : r.jobs()) {
-    std::set<std::string> functions;
-    int breaks = 0;
-    for (const auto& g : job.graphs()) {
-      functions.insert(g.function());
-      breaks += g.graph_break();
-    }
-    std::cout << "job " << job.job() << " (namespace " << Namespace(job.namespace_())
-              << "): " << job.graphs_size() << " graph" << (job.graphs_size() == 1 ? "" : "s")
-              << " from " << functions.size() << " function" << (functions.size() == 1 ? "" : "s")
-              << ", " << breaks << " graph break" << (breaks == 1 ? "" : "s") << "\n";
-    for (const auto& g : job.graphs()) {
-      std::cout << "  " << g.graph() << " (" << g.function() << ", reported " << g.reports()
-                << " time" << (g.reports() == 1 ? "" : "s") << ")";
-      if (g.graph_break()) {
-        std::cout << ": graph break: " << g.reason().substr(0, g.reason().find('\n'));
-        if (g.user_frames_size() > 0) {
-          std::cout << "\n    at " << g.user_frames(g.user_frames_size() - 1);
-        }
-      }
-      std::cout << "\n";
-    }
-  }
-  return absl::OkStatus();
-}
-
-absl::Status Minify(const Client& client, const Invocation& inv) {
-  const std::string dir = absl::GetFlag(FLAGS_o);
-  if (dir.empty())
-    return absl::InvalidArgumentError("minify: give the output directory with -o DIR");
-  const std::string& what = inv.args[0];
-  v1::CompileRequest request;
-  if (std::filesystem::exists(what)) {
-    ASSIGN_OR_RETURN(v1::GraphFile file, ReadGraphFile(what));
-    *request.mutable_graph() = file.graph();
-    *request.mutable_options() = OptionsFor(file);
-  } else {
-    ASSIGN_OR_RETURN(v1::FailedCompile f, FindFailure(client, what, inv.ns));
-    request = f.request();
-    if (f.has_minified() && absl::GetFlag(FLAGS_after) == "graph") {
-      // Minified in the background already: start from its result.
-      *request.mutable_graph() = f.minified().graph();
-    }
-    if (!absl::GetFlag(FLAGS_backend).empty()) {
-      request.mutable_options()->set_backend(absl::GetFlag(FLAGS_backend));
-    }
-  }
-  request.set_namespace_(inv.ns);
-  ASSIGN_OR_RETURN(
-      Minified m,
-      MinifyCompileError([&client](const v1::CompileRequest& r) { return client.Compile(r); },
-                         request, absl::GetFlag(FLAGS_after)));
-  ASSIGN_OR_RETURN(std::vector<std::string> written,
-                   WriteRepro(dir, m, absl::GetFlag(FLAGS_server)));
-  std::cout << "minified the " << (m.stage == "graph" ? "" : m.stage + " ") << "graph from "
-            << m.nodes_before << " to " << m.request.graph().nodes_size() << " nodes in "
-            << m.compiles << " compiles; it fails with " << absl::StatusCodeToString(m.error.code())
-            << ": " << m.error.message().substr(0, m.error.message().find('\n')) << "\n";
-  for (const std::string& path : written) std::cout << path << "\n";
-  return absl::OkStatus();
-}
-
 struct Command {
   const char* name;
   size_t min_args;
@@ -866,7 +689,6 @@ int Main(int argc, char** argv) {
   return status.ok() ? 0 : Fail(status);
 }
 
-}  // namespace
-}  // namespace kiln
+}  // namespace kiln::kilnctl
 
-int main(int argc, char** argv) { return kiln::Main(argc, argv); }
+int main(int argc, char** argv) { return kiln::kilnctl::Main(argc, argv); }
