@@ -121,7 +121,7 @@ class Cache {
   // (written back by FlushUsage). A job holds at most kMaxGraphsPerJob
   // graphs; reports of further graphs are dropped.
   static constexpr int kMaxGraphsPerJob = 256;
-  static constexpr size_t kMaxJobRecords = 4096;  // per kilnd run, every namespace
+  static constexpr size_t kMaxJobRecords = 128;  // per kilnd run, every namespace
   absl::Status RecordGraph(const std::string& ns, const v1::GraphReport& report);
   // The records of `ns` ("*": every namespace), of `job` or of every job.
   absl::StatusOr<std::vector<v1::JobGraphs>> ListJobGraphs(const std::string& ns,

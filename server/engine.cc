@@ -217,7 +217,10 @@ absl::StatusOr<v1::CompileResponse> Engine::CompileUnrecorded(const v1::CompileR
   record.client_reason = req.recompile_reason().substr(0, kMaxClientReasonBytes);
   Family family;
   if (options_.automatic_dynamic) {
-    family = times.Time("family", [&] { return FindFamily(ns, graph, options); });
+    // Graphs over the limit get no family: skip them before copying them.
+    if (req.graph().ByteSizeLong() <= kMaxFamilyGraphBytes) {
+      family = times.Time("family", [&] { return FindFamily(ns, graph, options); });
+    }
   }
   const bool other_key = family.record.has_value() && family.record->key() != key;
   if (other_key && signature.ok()) {

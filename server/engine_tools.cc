@@ -20,6 +20,11 @@ constexpr size_t kMaxFunctionFilterBytes = 1024;
 // What a failed compile's record keeps (record and replay).
 constexpr size_t kMaxRecordedRequestBytes = 4 << 20;
 constexpr size_t kMaxRecordedTraceBytes = 1 << 20;
+// A graph report's parts (graph breaks): at most 128 jobs of 256 graphs of
+// about 1.8 KiB each are held in memory, under 60 MiB.
+constexpr size_t kMaxReportReasonBytes = 512;
+constexpr int kMaxReportFrames = 8;
+constexpr size_t kMaxReportFrameBytes = 160;
 
 }  // namespace
 
@@ -173,9 +178,10 @@ void Engine::RecordReport(const std::string& ns, const v1::GraphReport& report) 
   r.set_function(clip(report.function(), 256));
   r.set_graph(clip(report.graph(), 256));
   r.set_graph_break(report.graph_break());
-  r.set_reason(clip(report.reason(), 1024));
-  for (int i = std::max(0, report.user_frames_size() - 16); i < report.user_frames_size(); ++i) {
-    r.add_user_frames(clip(report.user_frames(i), 256));
+  r.set_reason(clip(report.reason(), kMaxReportReasonBytes));
+  for (int i = std::max(0, report.user_frames_size() - kMaxReportFrames);
+       i < report.user_frames_size(); ++i) {
+    r.add_user_frames(clip(report.user_frames(i), kMaxReportFrameBytes));
   }
   // Reports are advice: one that cannot be kept changes no reply.
   (void)cache_->RecordGraph(ns, r);
