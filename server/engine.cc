@@ -224,8 +224,11 @@ absl::StatusOr<v1::CompileResponse> Engine::CompileUnrecorded(const v1::CompileR
   }
   const bool other_key = family.record.has_value() && family.record->key() != key;
   if (other_key && signature.ok()) {
-    // Another graph of the family is cached: its variants are this
-    // compile's recompile reasons, and a symbolic one may serve it.
+    // Another graph of the family is cached: its variants, checked against
+    // these inputs, are this compile's recompile reasons, and one that admits
+    // them serves this graph when it is an instance of the family's graph.
+    const absl::Status instance = cache::CheckInstance(family.record->graph(), family.positional);
+    std::string admitting;  // the digest of the first variant that admits
     auto entry = cache_->GetEntry(ns, family.record->key());
     for (int i = 0; entry.ok() && i < entry->variants_size(); ++i) {
       v1::VariantMiss m;
@@ -238,7 +241,7 @@ absl::StatusOr<v1::CompileResponse> Engine::CompileUnrecorded(const v1::CompileR
       } else if (failed->has_value()) {
         m.set_failed_guard(**failed);
       } else {
-        absl::Status instance = cache::CheckInstance(family.record->graph(), family.positional);
+        if (instance.ok() && admitting.empty()) admitting = m.digest();
         m.set_failed_guard(instance.ok() ? "its guards admit these inputs and this graph is an "
                                            "instance of its graph"
                                          : absl::StrCat("its guards admit these inputs, but this "
@@ -247,20 +250,22 @@ absl::StatusOr<v1::CompileResponse> Engine::CompileUnrecorded(const v1::CompileR
       }
       record.misses.push_back(std::move(m));
     }
-    if (auto served = ServeInstance(ns, family, *signature)) {
-      auto& [digest, bytes] = *served;
+    auto bytes = admitting.empty() ? absl::StatusOr<std::string>(absl::NotFoundError(""))
+                                   : cache_->ReadArtifact(admitting);
+    if (bytes.ok()) {  // a corrupt artifact is quarantined: compile instead
       v1::CompileResponse resp;
-      if (!resp.mutable_artifact()->ParseFromString(bytes)) {
-        return absl::DataLossError(absl::StrCat("artifact ", digest, " does not parse"));
+      if (!resp.mutable_artifact()->ParseFromString(*bytes)) {
+        return absl::DataLossError(absl::StrCat("artifact ", admitting, " does not parse"));
       }
+      cache_->RecordHit(ns, family.record->key(), admitting);
       if (!frozen_ && !req.frozen()) {
         // Under this graph's own key too, so that its next Lookup hits.
-        cache::PublishRequest alias{ns, key, graph.name(), options.backend(), guards, bytes, {}};
+        cache::PublishRequest alias{ns, key, graph.name(), options.backend(), guards, *bytes, {}};
         RETURN_IF_ERROR(cache_->Publish(alias).status());
       }
       cache_->Count(v1::HIT);
       resp.set_key(key);
-      resp.set_digest(digest);
+      resp.set_digest(admitting);
       resp.set_outcome(v1::HIT);
       return resp;
     }
@@ -281,7 +286,7 @@ absl::StatusOr<v1::CompileResponse> Engine::CompileUnrecorded(const v1::CompileR
   // CompileMiss counts the miss: the variant may be published by an
   // identical compile before this one gets to run.
   const v1::LookupOutcome outcome = variants == 0 ? v1::FULL_MISS : v1::GUARD_MISS;
-  if (other_key && cache::IsStatic(family.record->graph()) && cache::IsStatic(family.positional)) {
+  if (other_key && family.record_static && family.positional_static) {
     // Automatic dynamic: the sizes that changed become symbols.
     auto general = cache::Generalize(family.record->graph(), family.positional);
     if (general.ok()) {
@@ -315,8 +320,7 @@ absl::StatusOr<v1::CompileResponse> Engine::CompileUnrecorded(const v1::CompileR
   // The family's record becomes this graph, unless it is symbolic and this
   // graph is not: the most general graph seen serves the most.
   if (!family.id.empty() &&
-      !(family.record.has_value() && !cache::IsStatic(family.record->graph()) &&
-        cache::IsStatic(family.positional))) {
+      !(family.record.has_value() && !family.record_static && family.positional_static)) {
     record.family = family.id;
     record.family_record.set_key(key);
     *record.family_record.mutable_graph() = std::move(family.positional);
@@ -335,23 +339,13 @@ Engine::Family Engine::FindFamily(const std::string& ns, const ir::Graph& graph,
                             absl::StrCat(ir::DeterministicBytes(options), KILN_COMPILER_VERSION));
   // A record that cannot be read only loses the generalization; the next
   // publish of the family overwrites it.
+  f.positional_static = cache::IsStatic(f.positional);
   auto record = cache_->GetFamily(ns, f.id);
-  if (record.ok()) f.record = *std::move(record);
-  return f;
-}
-
-std::optional<std::pair<std::string, std::string>> Engine::ServeInstance(
-    const std::string& ns, const Family& family, const v1::InputSignature& signature) {
-  if (!family.record.has_value() || cache::IsStatic(family.record->graph()) ||
-      !cache::IsStatic(family.positional) ||
-      !cache::CheckInstance(family.record->graph(), family.positional).ok()) {
-    return std::nullopt;
+  if (record.ok()) {
+    f.record = *std::move(record);
+    f.record_static = cache::IsStatic(f.record->graph());
   }
-  auto found = cache_->Lookup(ns, family.record->key(), signature);
-  if (!found.ok() || found->outcome != v1::HIT) return std::nullopt;
-  auto bytes = cache_->ReadArtifact(found->digest);
-  if (!bytes.ok()) return std::nullopt;
-  return std::make_pair(found->digest, *std::move(bytes));
+  return f;
 }
 
 absl::StatusOr<v1::CompileResponse> Engine::CompileMiss(

@@ -155,14 +155,12 @@ class Engine {
   struct Family {
     std::string id;        // empty: no family (off, or the graph is too large)
     v1::Graph positional;  // the graph in positional form
+    bool positional_static = false;
     std::optional<v1::StoredFamily> record;
+    bool record_static = false;
   };
   Family FindFamily(const std::string& ns, const ir::Graph& graph,
                     const v1::CompileOptions& options);
-  // The artifact of the family's symbolic variant when `family.positional` is
-  // an instance of it whose guards admit `signature`; nullopt otherwise.
-  std::optional<std::pair<std::string, std::string>> ServeInstance(
-      const std::string& ns, const Family& family, const v1::InputSignature& signature);
   // Publishes the flight's result to its callers and forgets it.
   void FinishFlight(const std::shared_ptr<Flight>& flight, const std::string& flight_key);
   // The flight's result, or CANCELLED once `gone` says the caller left.
