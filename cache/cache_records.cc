@@ -96,24 +96,22 @@ absl::Status Cache::RecordGraph(const std::string& ns, const v1::GraphReport& re
     record.graphs.set_job(report.job());
     it = jobs_.emplace(rk, std::move(record)).first;
   }
-  v1::JobGraphs& job = it->second.graphs;
-  auto row = std::find_if(job.mutable_graphs()->begin(), job.mutable_graphs()->end(),
-                          [&](const v1::JobGraphs::Graph& g) {
-                            return g.function() == report.function() && g.graph() == report.graph();
-                          });
-  if (row == job.mutable_graphs()->end()) {
-    if (job.graphs_size() >= kMaxGraphsPerJob) return absl::OkStatus();
-    v1::JobGraphs::Graph* g = job.add_graphs();
+  // Rows stay sorted by (function, graph).
+  auto* rows = it->second.graphs.mutable_graphs();
+  auto row = std::lower_bound(rows->begin(), rows->end(), report,
+                              [](const v1::JobGraphs::Graph& g, const v1::GraphReport& r) {
+                                return std::tie(g.function(), g.graph()) <
+                                       std::tie(r.function(), r.graph());
+                              });
+  if (row == rows->end() || row->function() != report.function() ||
+      row->graph() != report.graph()) {
+    if (rows->size() >= kMaxGraphsPerJob) return absl::OkStatus();
+    const int at = static_cast<int>(row - rows->begin());
+    v1::JobGraphs::Graph* g = rows->Add();
     g->set_function(report.function());
     g->set_graph(report.graph());
-    std::sort(job.mutable_graphs()->begin(), job.mutable_graphs()->end(),
-              [](const auto& a, const auto& b) {
-                return std::tie(a.function(), a.graph()) < std::tie(b.function(), b.graph());
-              });
-    row = std::find_if(job.mutable_graphs()->begin(), job.mutable_graphs()->end(),
-                       [&](const v1::JobGraphs::Graph& g) {
-                         return g.function() == report.function() && g.graph() == report.graph();
-                       });
+    std::rotate(rows->begin() + at, rows->end() - 1, rows->end());
+    row = rows->begin() + at;
   }
   row->set_graph_break(report.graph_break());
   row->set_reason(report.reason());
