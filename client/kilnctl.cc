@@ -343,12 +343,14 @@ absl::Status List(const Client& client, const Invocation& inv) {
 absl::Status Show(const Client& client, const Invocation& inv) {
   ASSIGN_OR_RETURN(std::string key, ResolveKey(client, inv.args[0], inv.ns));
   absl::StatusOr<v1::GetEntryResponse> got = client.GetEntry(key, inv.ns);
-  auto kept = [&]() {
-    auto failures = client.ListFailures(inv.ns);
-    return failures.ok() && std::any_of(failures->failures().begin(), failures->failures().end(),
-                                        [&](const v1::FailedCompile& f) { return f.key() == key; });
-  };
-  if (absl::IsNotFound(got.status()) && kept()) {
+  // Its failed compiles kept for replay.
+  std::vector<v1::FailedCompile> kept;
+  if (auto failures = client.ListFailures(inv.ns); failures.ok()) {
+    for (const v1::FailedCompile& f : failures->failures()) {
+      if (f.key() == key) kept.push_back(f);
+    }
+  }
+  if (absl::IsNotFound(got.status()) && !kept.empty()) {
     // Only kept failures (the entry's own in-memory one is gone with a restart).
     got = v1::GetEntryResponse();
     got->mutable_entry()->set_key(key);
@@ -367,16 +369,13 @@ absl::Status Show(const Client& client, const Invocation& inv) {
   head.Add({"variants", absl::StrCat(e.variants_size())});
   head.Add({"recompiles", absl::StrCat(e.recompiles_size())});
   std::cout << head.Render();
-  // Its failed compiles kept for replay, and what their minification found.
-  if (auto failures = client.ListFailures(inv.ns); failures.ok()) {
-    for (const v1::FailedCompile& f : failures->failures()) {
-      if (f.key() != key) continue;
-      std::cout << "\nfailed compile " << f.id() << " (" << Timestamp(f.unix_micros())
-                << "): " << f.code() << ": " << f.error().substr(0, f.error().find('\n')) << "\n";
-      if (f.has_minified()) {
-        std::cout << "  minified in the background to " << f.minified().graph().nodes_size()
-                  << " nodes: kilnctl minify " << f.id() << " -o DIR writes it with its repro\n";
-      }
+  // Its failed compiles, and what their minification found.
+  for (const v1::FailedCompile& f : kept) {
+    std::cout << "\nfailed compile " << f.id() << " (" << Timestamp(f.unix_micros())
+              << "): " << f.code() << ": " << f.error().substr(0, f.error().find('\n')) << "\n";
+    if (f.has_minified()) {
+      std::cout << "  minified in the background to " << f.minified().graph().nodes_size()
+                << " nodes: kilnctl minify " << f.id() << " -o DIR writes it with its repro\n";
     }
   }
   if (e.variants_size() == 0) return absl::OkStatus();
