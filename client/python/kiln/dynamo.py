@@ -187,7 +187,8 @@ class KilnBackend:
 
     def _compile(self, gm, example_inputs, cuda_graphs):
         self.stats["graphs"] += 1
-        name = _graph_name(gm)
+        function = _graph_function(gm)
+        name = _graph_name(function)
         reason = _new_guard_failures()
         before = dict(self.times)
         self.times["dynamo"] += _dynamo_elapsed()
@@ -207,7 +208,7 @@ class KilnBackend:
             return gm.forward
         try:
             artifact = self._artifact(lowered, example_inputs, name, reason,
-                                      _graph_report(gm, name, self.job))
+                                      _graph_report(gm, function, name, self.job))
         except KilnError as e:
             if e.code == "FAILED_PRECONDITION" and "frozen" in e.message:
                 if self.on_frozen == "raise":
@@ -388,21 +389,18 @@ def _new_guard_failures():
     return "; ".join(new)[-4096:]
 
 
-def _graph_report(gm, name, job):
-    """The kiln.v1.GraphReport of Dynamo's graph `gm` named `name`: its
-    function, and why Dynamo ended the graph there (a graph break's reason
-    and the user frames, innermost last)."""
+def _graph_report(gm, function, name, job):
+    """The kiln.v1.GraphReport of Dynamo's graph `gm`, from `function`, named
+    `name`: why Dynamo ended the graph there (a graph break's reason and the
+    user frames, innermost last), cut to what kilnd keeps."""
     from kiln.v1 import service_pb2
 
     why = getattr(gm, "compile_subgraph_reason", None)
-    function = name
-    if torch._guards.CompileContext.current_compile_id() is not None:
-        function = name.rsplit("_", 2)[0]
     report = service_pb2.GraphReport(job=job[:128], function=function[:256], graph=name[:256])
     if why is not None:
         report.graph_break = bool(getattr(why, "graph_break", False))
-        report.reason = str(getattr(why, "reason", ""))[:1024]
-        frames = list(getattr(why, "user_stack", None) or [])[-16:]
+        report.reason = str(getattr(why, "reason", ""))[:512]
+        frames = list(getattr(why, "user_stack", None) or [])[-8:]
         report.user_frames.extend(f"{os.path.basename(f.filename)}:{f.lineno} in {f.name}"
                                   for f in frames)
     return report
@@ -419,10 +417,10 @@ def _target(example_inputs):
     return None
 
 
-def _graph_name(gm):
-    """The function the graph came from and Dynamo's compile id: "forward_0_1".
-    The function is the frame Dynamo is compiling when it is user code, else
-    the innermost user frame of the graph's first node."""
+def _graph_function(gm):
+    """The function the graph came from: the frame Dynamo is compiling when
+    it is user code, else the innermost user frame of the graph's first
+    node, else "graph"."""
     name = "graph"
     trace = next((n.meta["stack_trace"] for n in gm.graph.nodes if n.meta.get("stack_trace")), "")
     frames = [line.strip() for line in trace.splitlines() if line.strip().startswith("File ")]
@@ -436,10 +434,15 @@ def _graph_name(gm):
             name = code.co_name
     except Exception:  # noqa: BLE001 (no frame being compiled: keep the trace's)
         pass
-    compile_id = torch._guards.CompileContext.current_compile_id()
-    if compile_id is not None:
-        name = f"{name}_{compile_id.frame_id}_{compile_id.frame_compile_id}"
     return name
+
+
+def _graph_name(function):
+    """`function` and Dynamo's compile id: "forward_0_1"."""
+    compile_id = torch._guards.CompileContext.current_compile_id()
+    if compile_id is None:
+        return function
+    return f"{function}_{compile_id.frame_id}_{compile_id.frame_compile_id}"
 
 
 def _signature(lowered, example_inputs):
