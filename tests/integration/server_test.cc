@@ -15,20 +15,12 @@
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
 #include "rocksdb/db.h"
+#include "tests/integration/connect.h"
 #include "tests/integration/graphs.h"
 #include "tests/integration/kilnd_process.h"
 
 namespace kiln::testing {
 namespace {
-
-std::unique_ptr<Client> ConnectTo(const KilndProcess& kilnd) {
-  ClientOptions o;
-  o.address = kilnd.address();
-  o.deadline = absl::Seconds(60);
-  auto c = Client::Connect(o);
-  EXPECT_TRUE(c.ok()) << c.status();
-  return *std::move(c);
-}
 
 v1::CompileRequest Request(const v1::Graph& graph, const std::string& backend = "eager") {
   v1::CompileRequest r;

@@ -12,20 +12,15 @@
 #include "absl/strings/str_cat.h"
 #include "client/client.h"
 #include "client/minify.h"
+#include "tests/integration/connect.h"
 #include "tests/integration/graphs.h"
 #include "tests/integration/kilnd_process.h"
 
 namespace kiln::testing {
 namespace {
 
-std::unique_ptr<Client> ConnectTo(const KilndProcess& kilnd) {
-  ClientOptions o;
-  o.address = kilnd.address();
-  o.deadline = absl::Seconds(120);
-  auto c = Client::Connect(o);
-  EXPECT_TRUE(c.ok()) << c.status();
-  return *std::move(c);
-}
+// Minifying waits on many compiles.
+constexpr absl::Duration kDeadline = absl::Seconds(120);
 
 v1::CompileRequest Request(const v1::Graph& graph, const std::string& backend,
                            const std::string& fault = "") {
@@ -43,7 +38,7 @@ v1::CompileRequest Request(const v1::Graph& graph, const std::string& backend,
 TEST(ToolkitTest, InjectedCompileErrorIsRecordedAndReplayable) {
   TempDir dir;
   KilndProcess kilnd(dir.path());
-  auto c = ConnectTo(kilnd);
+  auto c = ConnectTo(kilnd, kDeadline);
   // ChainGraph: relu, neg, add, relu, ...
   auto failed = c->Compile(Request(ChainGraph(6), "kiln", "compile_error:aten.neg.default"));
   EXPECT_EQ(failed.status().code(), absl::StatusCode::kInternal);
@@ -96,7 +91,7 @@ TEST(ToolkitTest, InjectedCompileErrorIsRecordedAndReplayable) {
   // Kept across a restart.
   kilnd.Terminate();
   KilndProcess restarted(dir.path());
-  auto c2 = ConnectTo(restarted);
+  auto c2 = ConnectTo(restarted, kDeadline);
   auto after = c2->ListFailures();
   ASSERT_TRUE(after.ok());
   EXPECT_EQ(after->failures_size(), 4);  // the replay failed too
@@ -105,7 +100,7 @@ TEST(ToolkitTest, InjectedCompileErrorIsRecordedAndReplayable) {
 TEST(ToolkitTest, FailuresAreBoundedPerNamespace) {
   TempDir dir;
   KilndProcess kilnd(dir.path());
-  auto c = ConnectTo(kilnd);
+  auto c = ConnectTo(kilnd, kDeadline);
   for (int i = 0; i < 40; ++i) {
     v1::CompileRequest r = Request(ChainGraph(3, 8, i), "kiln", "compile_error:aten.relu.default");
     r.set_namespace_(i % 2 ? "odd" : "even");
@@ -134,7 +129,7 @@ TEST(ToolkitTest, FailuresAreBoundedPerNamespace) {
 TEST(ToolkitTest, FunctionFilterSendsOtherGraphsToEager) {
   TempDir dir;
   KilndProcess kilnd(dir.path(), {"--debug_function=^chain6$"});
-  auto c = ConnectTo(kilnd);
+  auto c = ConnectTo(kilnd, kDeadline);
   auto matched = c->Compile(Request(ChainGraph(6), "kiln"));
   ASSERT_TRUE(matched.ok()) << matched.status();
   EXPECT_EQ(matched->artifact().backend(), "kiln");
@@ -176,7 +171,7 @@ TEST(ToolkitTest, GraphReportsAreGatheredPerJobAcrossClientsAndRestarts) {
   {
     KilndProcess kilnd(dir.path());
     for (int client = 0; client < 2; ++client) {
-      auto c = ConnectTo(kilnd);
+      auto c = ConnectTo(kilnd, kDeadline);
       for (const auto& [graph, broke] : {std::pair{"forward_0_0", true}, {"forward_1_0", false}}) {
         v1::LookupRequest lookup;
         *lookup.mutable_graph() = ChainGraph(4);
@@ -185,7 +180,7 @@ TEST(ToolkitTest, GraphReportsAreGatheredPerJobAcrossClientsAndRestarts) {
       }
     }
     // A compile carries one too; a job name over 128 bytes is cut.
-    auto c = ConnectTo(kilnd);
+    auto c = ConnectTo(kilnd, kDeadline);
     v1::CompileRequest compile = Request(ChainGraph(4), "eager");
     *compile.mutable_report() = report("forward_0_0", true);
     compile.mutable_report()->set_job(std::string(300, 'j'));
@@ -196,7 +191,7 @@ TEST(ToolkitTest, GraphReportsAreGatheredPerJobAcrossClientsAndRestarts) {
     kilnd.Terminate();
   }
   KilndProcess kilnd(dir.path());
-  auto c = ConnectTo(kilnd);
+  auto c = ConnectTo(kilnd, kDeadline);
   auto got = c->GraphBreaks("", "train.py");
   ASSERT_TRUE(got.ok()) << got.status();
   ASSERT_EQ(got->jobs_size(), 1);
@@ -229,7 +224,7 @@ TEST(ToolkitTest, GraphReportsAreGatheredPerJobAcrossClientsAndRestarts) {
 TEST(ToolkitTest, MinifiesAnInjectedCompileErrorToTheFailingNode) {
   TempDir dir;
   KilndProcess kilnd(dir.path());
-  auto c = ConnectTo(kilnd);
+  auto c = ConnectTo(kilnd, kDeadline);
   // 120 nodes; the fault is on neg, the second node and every third after.
   v1::CompileRequest r = Request(ChainGraph(120), "kiln", "compile_error:aten.neg.default");
   auto compile = [&c](const v1::CompileRequest& req) { return c->Compile(req); };
@@ -259,7 +254,7 @@ TEST(ToolkitTest, LogLevelsChooseWhatTheRequestLogHolds) {
   const std::string debug_log = dir.path() + "/debug.log", warning_log = dir.path() + "/warn.log";
   {
     KilndProcess kilnd(dir.path() + "/a", {"--request_log=" + debug_log, "--log_level=debug"});
-    auto c = ConnectTo(kilnd);
+    auto c = ConnectTo(kilnd, kDeadline);
     ASSERT_TRUE(c->Compile(Request(ChainGraph(3), "kiln")).ok());
   }
   const std::string debug = ReadAll(debug_log);
@@ -270,7 +265,7 @@ TEST(ToolkitTest, LogLevelsChooseWhatTheRequestLogHolds) {
   }
   {
     KilndProcess kilnd(dir.path() + "/b", {"--request_log=" + warning_log, "--log_level=warning"});
-    auto c = ConnectTo(kilnd);
+    auto c = ConnectTo(kilnd, kDeadline);
     ASSERT_TRUE(c->Compile(Request(ChainGraph(3), "eager")).ok());
     EXPECT_FALSE(c->Compile(Request(ChainGraph(3), "nope")).ok());
   }
@@ -283,7 +278,7 @@ TEST(ToolkitTest, LogLevelsChooseWhatTheRequestLogHolds) {
 TEST(ToolkitTest, KilndMinifiesFailedCompilesInTheBackground) {
   TempDir dir;
   KilndProcess kilnd(dir.path(), {"--minify_failures"});
-  auto c = ConnectTo(kilnd);
+  auto c = ConnectTo(kilnd, kDeadline);
   v1::CompileRequest r = Request(ChainGraph(60), "kiln", "compile_error:aten.neg.default");
   r.set_namespace_("team");
   ASSERT_EQ(c->Compile(r).status().code(), absl::StatusCode::kInternal);
