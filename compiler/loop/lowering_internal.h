@@ -1,0 +1,261 @@
+// Internal to compiler/loop: what the files of the lowering share. The
+// Lowerer's member functions are defined by phase: lowering.cc drives it,
+// lowering_fusion.cc decides which kernel each node joins and lowers it into
+// that kernel's values, lowering_pointwise.cc holds the pointwise ops'
+// expressions, lowering_emit.cc writes a kernel's statements, and
+// lowering_plan.cc the execution plan with its memory plan.
+#ifndef KILN_COMPILER_LOOP_LOWERING_INTERNAL_H_
+#define KILN_COMPILER_LOOP_LOWERING_INTERNAL_H_
+
+#include <functional>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/status_macros.h"
+#include "compiler/ir/graph.h"
+#include "compiler/loop/kernel.h"
+#include "compiler/loop/lowering.h"
+#include "compiler/ops/registry.h"
+
+namespace kiln::loop::lowering_internal {
+
+using ir::SymInt;
+using ir::ValueId;
+using SymSizes = std::vector<SymInt>;
+
+// Where a value computed inside a kernel varies: over the whole iteration
+// space, or once per row (a reduction result) with the reduced dimensions
+// kept as size 1 or dropped.
+enum class Level { kFull, kRowKeep, kRowFlat };
+
+// A value inside a fused kernel, before it is emitted as statements.
+struct GVal {
+  StmtKind kind = StmtKind::kOp;
+  std::string op;
+  std::vector<int> args;
+  double constant = 0;
+  v1::DType dtype = v1::FLOAT32;
+  int buffer = -1;  // kLoad
+  // kLoad: strides over the consumer's output dims (graph coordinates) and
+  // the offset; split into outer/inner strides when the kernel is emitted,
+  // since a pointwise kernel adopts a reduction's loop order when one joins.
+  std::vector<SymInt> over;
+  SymInt offset{int64_t{0}};
+  ReduceOp reduce = ReduceOp::kSum;
+  Level level = Level::kFull;
+  // kFull: the first pass that can compute it. Rows: the pass at whose end
+  // it exists.
+  int pass = 0;
+};
+
+struct Group {
+  int item = 0;
+  SymSizes full;             // the iteration space in graph coordinates
+  std::vector<int> reduced;  // reduced dimensions of `full`; empty: pointwise
+  std::vector<GVal> vals;
+  std::vector<KernelBuffer> buffers;
+  std::map<std::string, int> buffer_index;
+  std::map<ValueId, int> value_of;  // graph value -> GVal
+  std::map<ValueId, Level> level_of;
+  std::set<ValueId> stored;
+  std::vector<std::string> nodes;
+  bool open = true;
+  // A whole-space value `keep` that the final `out` would recompute in a
+  // later pass (softmax's exponentials): when `value` (out's graph value)
+  // is stored anyway, `keep` is written into its buffer in its own pass and
+  // read back, so it is computed once.
+  struct KeepInOutput {
+    int keep;
+    int out;
+    ValueId value;
+  };
+  std::vector<KeepInOutput> keep_in_output;
+  // Strides over `full` of values computed in a shape other than `full`
+  // (before the kernel took the shape of a view of them, see
+  // Lowerer::ReshapeFor); other values are stored with their graph strides.
+  std::map<ValueId, SymSizes> strides_of;
+};
+
+inline v1::DType Compute(v1::DType t) {
+  return (t == v1::FLOAT16 || t == v1::BFLOAT16) ? v1::FLOAT32 : t;
+}
+
+// The rank of each element type for promotion among operands of one op.
+inline int Rank(v1::DType t) {
+  switch (t) {
+    case v1::BOOL:
+      return 0;
+    case v1::UINT8:
+    case v1::INT8:
+      return 1;
+    case v1::INT16:
+      return 2;
+    case v1::INT32:
+      return 3;
+    case v1::INT64:
+      return 4;
+    case v1::FLOAT16:
+    case v1::BFLOAT16:
+      return 5;
+    case v1::FLOAT32:
+      return 6;
+    case v1::FLOAT64:
+      return 7;
+    default:
+      return 8;
+  }
+}
+
+class Lowerer {
+ public:
+  Lowerer(const ir::Graph& g, const ops::Registry& r) : g_(g), r_(r) {}
+
+  absl::StatusOr<LoweredGraph> Run();
+
+ private:
+  struct Item {
+    enum Kind { kGroup, kExtern } kind;
+    int group = -1;
+    int node = -1;
+  };
+
+  // Root materialized value and offset of a view chain.
+  struct Alias {
+    ValueId root;
+    SymInt offset;  // storage offset minus the root's
+  };
+
+  // --- classification ---
+  bool IsView(const ir::Node& n) const {
+    const ops::OpDef* d = r_.Find(n.target);
+    return d != nullptr && d->traits.view;
+  }
+  absl::StatusOr<bool> TryPointwise(int node_index);
+  absl::StatusOr<bool> TryReduction(int node_index);
+
+  // --- groups ---
+  absl::StatusOr<Level> Classify(const Group& grp, const SymSizes& sizes) const;
+  // The GVal reading `v` at a node whose output (level `level`, sizes
+  // `out`) lies in `grp`; an error string when `v` may not be read there.
+  absl::StatusOr<int> Operand(Group& grp, ValueId v, Level level, const SymSizes& out);
+  // Fusion through order-preserving views (reshape, view, flatten,
+  // unsqueeze of a contiguous value): the group computing the viewed value
+  // takes the view's shape, which enumerates the same elements in the same
+  // order. ReshapeFor does that when `node` reads such a view of a value
+  // `grp` computes and the view's shape is `to`, and returns what undoes
+  // it; nullopt (and `grp` as it was) when the kernel cannot: it reduces,
+  // or an access does not map onto the new dims.
+  struct ReshapeUndo {
+    SymSizes full;
+    std::vector<std::pair<int, SymSizes>> overs;  // load GVal -> its `over`
+    std::map<ValueId, SymSizes> strides_of;
+  };
+  std::optional<ReshapeUndo> ReshapeFor(Group& grp, int node_index, const SymSizes& to);
+  static void Undo(Group& grp, ReshapeUndo undo) {
+    grp.full = std::move(undo.full);
+    for (auto& [i, over] : undo.overs) grp.vals[i].over = std::move(over);
+    grp.strides_of = std::move(undo.strides_of);
+  }
+  const SymSizes& StridesIn(const Group& grp, ValueId v) const {
+    auto it = grp.strides_of.find(v);
+    return it != grp.strides_of.end() ? it->second : g_.value(v).meta.strides;
+  }
+  int Add(Group& grp, GVal v) {
+    grp.vals.push_back(std::move(v));
+    return static_cast<int>(grp.vals.size()) - 1;
+  }
+  int BufferOf(Group& grp, ValueId root, bool written);
+  void MarkStored(ValueId v);
+  int ProducerItem(ValueId v) const {
+    auto it = producer_item_.find(v);
+    return it == producer_item_.end() ? -1 : it->second;
+  }
+
+  // --- emission ---
+  absl::StatusOr<Kernel> EmitKernel(int group_id);
+  void BuildPlan(LoweredGraph* out);
+
+  const ir::Graph& g_;
+  const ops::Registry& r_;
+  std::vector<Item> items_;
+  std::vector<Group> groups_;
+  std::map<ValueId, int> producer_item_;   // graph inputs are absent (-1)
+  std::map<ValueId, int> group_of_;        // values computed inside a group
+  std::map<ValueId, Alias> alias_;         // views of materialized values
+  std::map<ValueId, ValueId> reshape_of_;  // order-preserving view -> the value it views
+  std::vector<std::string> decisions_;
+};
+
+// ---------------------------------------------------------------------------
+// Pointwise lowering: a node becomes a small expression over its operands.
+
+class Builder {
+ public:
+  Builder(Lowerer* l, Group& grp, Level level, const SymSizes& out,
+          std::function<absl::StatusOr<int>(ValueId)> operand, const ops::OpCall& call)
+      : grp_(grp), level_(level), operand_(std::move(operand)), call_(call) {
+    (void)l;
+    (void)out;
+  }
+
+  absl::StatusOr<int> T(const std::string& param) {
+    ASSIGN_OR_RETURN(ValueId v, call_.Tensor(param));
+    return operand_(v);
+  }
+  absl::StatusOr<double> S(const std::string& param) const { return call_.Double(param); }
+  v1::DType D(int id) const { return grp_.vals[id].dtype; }
+  int C(double c, v1::DType t) {
+    GVal v;
+    v.kind = StmtKind::kConstant;
+    v.constant = c;
+    v.dtype = Compute(t);
+    v.level = level_;
+    return Add(std::move(v));
+  }
+  int Cast(int id, v1::DType t) {
+    if (D(id) == t) return id;
+    return Op("cast", {id}, t);
+  }
+  int Op(const std::string& op, std::vector<int> args, v1::DType t) {
+    GVal v;
+    v.kind = StmtKind::kOp;
+    v.op = op;
+    v.args = std::move(args);
+    v.dtype = t;
+    v.level = level_;
+    return Add(std::move(v));
+  }
+  // Arithmetic in `t`'s computation type.
+  int Ar(const std::string& op, std::vector<int> args, v1::DType t) {
+    for (int& a : args) a = Cast(a, Compute(t));
+    return Op(op, std::move(args), Compute(t));
+  }
+  int Compare(const std::string& op, int a, int b) {
+    v1::DType t = Rank(D(a)) >= Rank(D(b)) ? D(a) : D(b);
+    return Op(op, {Cast(a, Compute(t)), Cast(b, Compute(t))}, v1::BOOL);
+  }
+
+ private:
+  int Add(GVal v) {
+    grp_.vals.push_back(std::move(v));
+    return static_cast<int>(grp_.vals.size()) - 1;
+  }
+  Group& grp_;
+  Level level_;
+  std::function<absl::StatusOr<int>(ValueId)> operand_;
+  const ops::OpCall& call_;
+};
+
+using PointwiseRule = std::function<absl::StatusOr<int>(Builder&, const ops::OpCall&, v1::DType)>;
+
+// The pointwise ops' lowerings, by target (lowering_pointwise.cc).
+const std::map<std::string, PointwiseRule>& PointwiseRules();
+
+}  // namespace kiln::loop::lowering_internal
+
+#endif  // KILN_COMPILER_LOOP_LOWERING_INTERNAL_H_

@@ -1,0 +1,254 @@
+// The pointwise ops' lowerings: for each target, the expression over its
+// operands that a Builder adds to a kernel (arithmetic in the computation
+// type: float16 and bfloat16 are carried in float32).
+#include <map>
+#include <string>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "compiler/loop/lowering_internal.h"
+
+namespace kiln::loop::lowering_internal {
+
+const std::map<std::string, PointwiseRule>& PointwiseRules() {
+  static const auto* rules = [] {
+    auto* m = new std::map<std::string, PointwiseRule>();
+    auto unary = [m](const std::string& target, const std::string& op) {
+      (*m)[target] = [op](Builder& b, const ops::OpCall&, v1::DType t) -> absl::StatusOr<int> {
+        ASSIGN_OR_RETURN(int x, b.T("self"));
+        return b.Ar(op, {x}, t);
+      };
+    };
+    for (const char* op :
+         {"neg", "abs", "exp", "log", "log1p", "expm1", "sqrt", "rsqrt", "reciprocal", "sin", "cos",
+          "tanh", "sigmoid", "relu", "erf", "sign", "floor", "ceil", "silu"}) {
+      unary(absl::StrCat("aten.", op, ".default"), op);
+    }
+    (*m)["aten.logical_not.default"] = [](Builder& b, const ops::OpCall&,
+                                          v1::DType) -> absl::StatusOr<int> {
+      ASSIGN_OR_RETURN(int x, b.T("self"));
+      return b.Op("not", {b.Cast(x, v1::BOOL)}, v1::BOOL);
+    };
+    (*m)["aten.gelu.default"] = [](Builder& b, const ops::OpCall& c,
+                                   v1::DType t) -> absl::StatusOr<int> {
+      ASSIGN_OR_RETURN(int x, b.T("self"));
+      const ir::Argument* a = c.Find("approximate");
+      const std::string* approx = a ? std::get_if<std::string>(&a->kind) : nullptr;
+      return b.Ar(approx != nullptr && *approx == "tanh" ? "gelu_tanh" : "gelu", {x}, t);
+    };
+    for (const char* id : {"clone", "alias", "detach", "lift_fresh_copy"}) {
+      (*m)[absl::StrCat("aten.", id, ".default")] = [](Builder& b, const ops::OpCall&,
+                                                       v1::DType t) -> absl::StatusOr<int> {
+        ASSIGN_OR_RETURN(int x, b.T("self"));
+        return b.Cast(x, Compute(t));
+      };
+    }
+    // An explicit conversion rounds to its dtype even when the value stays
+    // in the kernel (x.bfloat16().float() is x rounded to bfloat16), though
+    // half-type arithmetic is carried in float32 and rounded at its store.
+    (*m)["aten._to_copy.default"] = [](Builder& b, const ops::OpCall&,
+                                       v1::DType t) -> absl::StatusOr<int> {
+      ASSIGN_OR_RETURN(int x, b.T("self"));
+      return b.Cast(x, t);
+    };
+    // Binary ops over two tensors or a tensor and a Scalar, with `alpha`.
+    auto binary = [m](const std::string& name, const std::string& op, bool alpha, bool reverse) {
+      for (const char* overload : {"Tensor", "Scalar"}) {
+        const bool scalar = std::string(overload) == "Scalar";
+        (*m)[absl::StrCat("aten.", name, ".", overload)] = [op, alpha, reverse, scalar](
+                                                               Builder& b, const ops::OpCall& c,
+                                                               v1::DType t) -> absl::StatusOr<int> {
+          ASSIGN_OR_RETURN(int x, b.T("self"));
+          int y;
+          if (scalar) {
+            ASSIGN_OR_RETURN(double s, b.S("other"));
+            y = b.C(s, t);
+          } else {
+            ASSIGN_OR_RETURN(y, b.T("other"));
+          }
+          if (alpha && !c.IsNone("alpha")) {
+            ASSIGN_OR_RETURN(double a, c.Double("alpha"));
+            if (a != 1.0) y = b.Ar("mul", {y, b.C(a, t)}, t);
+          }
+          if (reverse) std::swap(x, y);
+          return b.Ar(op, {x, y}, t);
+        };
+      }
+    };
+    binary("add", "add", true, false);
+    binary("sub", "sub", true, false);
+    binary("rsub", "sub", true, true);
+    binary("mul", "mul", false, false);
+    binary("div", "div", false, false);
+    (*m)["aten.maximum.default"] = [](Builder& b, const ops::OpCall&,
+                                      v1::DType t) -> absl::StatusOr<int> {
+      ASSIGN_OR_RETURN(int x, b.T("self"));
+      ASSIGN_OR_RETURN(int y, b.T("other"));
+      return b.Ar("max", {x, y}, t);
+    };
+    (*m)["aten.minimum.default"] = [](Builder& b, const ops::OpCall&,
+                                      v1::DType t) -> absl::StatusOr<int> {
+      ASSIGN_OR_RETURN(int x, b.T("self"));
+      ASSIGN_OR_RETURN(int y, b.T("other"));
+      return b.Ar("min", {x, y}, t);
+    };
+    (*m)["aten.pow.Tensor_Scalar"] = [](Builder& b, const ops::OpCall&,
+                                        v1::DType t) -> absl::StatusOr<int> {
+      ASSIGN_OR_RETURN(int x, b.T("self"));
+      ASSIGN_OR_RETURN(double e, b.S("exponent"));
+      if (e == 2.0) return b.Ar("mul", {x, x}, t);
+      return b.Ar("pow", {x, b.C(e, t)}, t);
+    };
+    (*m)["aten.pow.Tensor_Tensor"] = [](Builder& b, const ops::OpCall&,
+                                        v1::DType t) -> absl::StatusOr<int> {
+      ASSIGN_OR_RETURN(int x, b.T("self"));
+      ASSIGN_OR_RETURN(int y, b.T("exponent"));
+      return b.Ar("pow", {x, y}, t);
+    };
+    for (const char* cmp : {"eq", "ne", "lt", "le", "gt", "ge"}) {
+      for (const char* overload : {"Tensor", "Scalar"}) {
+        const bool scalar = std::string(overload) == "Scalar";
+        const std::string op = cmp;
+        (*m)[absl::StrCat("aten.", cmp, ".", overload)] =
+            [op, scalar](Builder& b, const ops::OpCall&, v1::DType) -> absl::StatusOr<int> {
+          ASSIGN_OR_RETURN(int x, b.T("self"));
+          int y;
+          if (scalar) {
+            ASSIGN_OR_RETURN(double s, b.S("other"));
+            y = b.C(s, b.D(x) == v1::BOOL ? v1::INT64 : b.D(x));
+          } else {
+            ASSIGN_OR_RETURN(y, b.T("other"));
+          }
+          return b.Compare(op, x, y);
+        };
+      }
+    }
+    for (const char* lop : {"and", "or", "xor"}) {
+      const std::string op = lop;
+      (*m)[absl::StrCat("aten.logical_", lop, ".default")] =
+          [op](Builder& b, const ops::OpCall&, v1::DType) -> absl::StatusOr<int> {
+        ASSIGN_OR_RETURN(int x, b.T("self"));
+        ASSIGN_OR_RETURN(int y, b.T("other"));
+        return b.Op(op, {b.Cast(x, v1::BOOL), b.Cast(y, v1::BOOL)}, v1::BOOL);
+      };
+    }
+    (*m)["aten.where.self"] = [](Builder& b, const ops::OpCall&,
+                                 v1::DType t) -> absl::StatusOr<int> {
+      ASSIGN_OR_RETURN(int c, b.T("condition"));
+      ASSIGN_OR_RETURN(int x, b.T("self"));
+      ASSIGN_OR_RETURN(int y, b.T("other"));
+      return b.Op("where", {b.Cast(c, v1::BOOL), b.Cast(x, Compute(t)), b.Cast(y, Compute(t))},
+                  Compute(t));
+    };
+    (*m)["aten.masked_fill.Scalar"] = [](Builder& b, const ops::OpCall&,
+                                         v1::DType t) -> absl::StatusOr<int> {
+      ASSIGN_OR_RETURN(int x, b.T("self"));
+      ASSIGN_OR_RETURN(int mask, b.T("mask"));
+      ASSIGN_OR_RETURN(double v, b.S("value"));
+      return b.Op("where", {b.Cast(mask, v1::BOOL), b.C(v, t), b.Cast(x, Compute(t))}, Compute(t));
+    };
+    (*m)["aten.clamp.default"] = [](Builder& b, const ops::OpCall& c,
+                                    v1::DType t) -> absl::StatusOr<int> {
+      ASSIGN_OR_RETURN(int x, b.T("self"));
+      x = b.Cast(x, Compute(t));
+      if (!c.IsNone("min")) {
+        ASSIGN_OR_RETURN(double lo, c.Double("min"));
+        x = b.Op("max", {x, b.C(lo, t)}, Compute(t));
+      }
+      if (!c.IsNone("max")) {
+        ASSIGN_OR_RETURN(double hi, c.Double("max"));
+        x = b.Op("min", {x, b.C(hi, t)}, Compute(t));
+      }
+      return x;
+    };
+    (*m)["aten.threshold_backward.default"] = [](Builder& b, const ops::OpCall&,
+                                                 v1::DType t) -> absl::StatusOr<int> {
+      ASSIGN_OR_RETURN(int g, b.T("grad_output"));
+      ASSIGN_OR_RETURN(int x, b.T("self"));
+      ASSIGN_OR_RETURN(double th, b.S("threshold"));
+      int keep = b.Op("le", {b.Cast(x, Compute(t)), b.C(th, t)}, v1::BOOL);
+      return b.Op("where", {keep, b.C(0, t), b.Cast(g, Compute(t))}, Compute(t));
+    };
+    (*m)["aten.tanh_backward.default"] = [](Builder& b, const ops::OpCall&,
+                                            v1::DType t) -> absl::StatusOr<int> {
+      ASSIGN_OR_RETURN(int g, b.T("grad_output"));
+      ASSIGN_OR_RETURN(int y, b.T("output"));
+      int yy = b.Ar("mul", {y, y}, t);
+      return b.Ar("mul", {g, b.Ar("sub", {b.C(1, t), yy}, t)}, t);
+    };
+    (*m)["aten.sigmoid_backward.default"] = [](Builder& b, const ops::OpCall&,
+                                               v1::DType t) -> absl::StatusOr<int> {
+      ASSIGN_OR_RETURN(int g, b.T("grad_output"));
+      ASSIGN_OR_RETURN(int y, b.T("output"));
+      int one_minus = b.Ar("sub", {b.C(1, t), y}, t);
+      return b.Ar("mul", {g, b.Ar("mul", {y, one_minus}, t)}, t);
+    };
+    (*m)["aten.gelu_backward.default"] = [](Builder& b, const ops::OpCall& c,
+                                            v1::DType t) -> absl::StatusOr<int> {
+      ASSIGN_OR_RETURN(int g, b.T("grad_output"));
+      ASSIGN_OR_RETURN(int x, b.T("self"));
+      const ir::Argument* a = c.Find("approximate");
+      const std::string* approx = a ? std::get_if<std::string>(&a->kind) : nullptr;
+      const v1::DType ct = Compute(t);
+      x = b.Cast(x, ct);
+      int d;
+      if (approx != nullptr && *approx == "tanh") {
+        // d/dx 0.5 x (1 + tanh(k (x + 0.044715 x^3))), k = sqrt(2 / pi)
+        const double k = 0.7978845608028654, kappa = 0.044715;
+        int x2 = b.Op("mul", {x, x}, ct);
+        int inner = b.Op(
+            "mul",
+            {b.C(k, ct),
+             b.Op("add", {x, b.Op("mul", {b.C(kappa, ct), b.Op("mul", {x2, x}, ct)}, ct)}, ct)},
+            ct);
+        int th = b.Op("tanh", {inner}, ct);
+        int left = b.Op("mul", {b.C(0.5, ct), b.Op("add", {b.C(1, ct), th}, ct)}, ct);
+        int sech2 = b.Op("sub", {b.C(1, ct), b.Op("mul", {th, th}, ct)}, ct);
+        int dinner = b.Op(
+            "mul",
+            {b.C(k, ct), b.Op("add", {b.C(1, ct), b.Op("mul", {b.C(3 * kappa, ct), x2}, ct)}, ct)},
+            ct);
+        int right =
+            b.Op("mul", {b.Op("mul", {b.C(0.5, ct), x}, ct), b.Op("mul", {sech2, dinner}, ct)}, ct);
+        d = b.Op("add", {left, right}, ct);
+      } else {
+        // Phi(x) + x phi(x)
+        int cdf = b.Op("mul",
+                       {b.C(0.5, ct),
+                        b.Op("add",
+                             {b.C(1, ct),
+                              b.Op("erf", {b.Op("mul", {x, b.C(0.7071067811865476, ct)}, ct)}, ct)},
+                             ct)},
+                       ct);
+        int pdf =
+            b.Op("mul",
+                 {b.Op("exp", {b.Op("mul", {b.C(-0.5, ct), b.Op("mul", {x, x}, ct)}, ct)}, ct),
+                  b.C(0.3989422804014327, ct)},
+                 ct);
+        d = b.Op("add", {cdf, b.Op("mul", {x, pdf}, ct)}, ct);
+      }
+      return b.Ar("mul", {g, d}, t);
+    };
+    (*m)["aten.native_dropout_backward.default"] = [](Builder& b, const ops::OpCall&,
+                                                      v1::DType t) -> absl::StatusOr<int> {
+      ASSIGN_OR_RETURN(int g, b.T("grad_output"));
+      ASSIGN_OR_RETURN(int mask, b.T("mask"));
+      ASSIGN_OR_RETURN(double scale, b.S("scale"));
+      int kept = b.Cast(b.Cast(mask, v1::BOOL), Compute(t));
+      return b.Ar("mul", {b.Ar("mul", {g, kept}, t), b.C(scale, t)}, t);
+    };
+    (*m)["aten.fill.Scalar"] = [](Builder& b, const ops::OpCall& c,
+                                  v1::DType t) -> absl::StatusOr<int> {
+      ASSIGN_OR_RETURN(double v, c.Double("value"));
+      return b.C(v, t);
+    };
+    return m;
+  }();
+  return *rules;
+}
+
+}  // namespace kiln::loop::lowering_internal
