@@ -1,0 +1,100 @@
+// The C++ backend's statements: loads, constants, scalar ops and stores as
+// lines of C++, with the address of each access in each sweep mode.
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/status_macros.h"
+#include "compiler/codegen/c_family.h"
+#include "compiler/codegen/cpp_codegen_internal.h"
+
+namespace kiln::codegen::cpp_internal {
+
+// "x * stride", simplified for strides 1.
+absl::StatusOr<std::string> KernelEmitter::Term(const std::string& var, const ir::SymInt& stride) {
+  if (IsOne(stride)) return var;
+  ASSIGN_OR_RETURN(std::string st, Int(stride));
+  return absl::StrCat(var, " * ", st);
+}
+
+// Operand `a` converted to `to`.
+std::string KernelEmitter::Cast(int a, CType to) const {
+  if (type_[a] == to) return Val(a);
+  if (to == CType::kBool) return absl::StrCat("(", Val(a), " != 0)");
+  return absl::StrCat("static_cast<", CName(to), ">(", Val(a), ")");
+}
+
+absl::StatusOr<std::string> KernelEmitter::OpExpr(int j) const {
+  const Stmt& s = k_.stmts[j];
+  if (s.op == "div" && reciprocal_.count(j)) {
+    return absl::StrCat("(", Cast(s.args[0], type_[j]), " * rc", j, ")");
+  }
+  return ScalarOpExpr(k_, type_, j, kCppDialect);
+}
+
+// The inner-stride part of an access address in loop modes kPlain and
+// kNested ("i * 64", "i0 * 4 + i1").
+absl::StatusOr<std::string> KernelEmitter::InnerOffset(const loop::Index& index) {
+  std::vector<std::string> terms;
+  for (size_t k = 0; k < k_.inner.size(); ++k) {
+    const ir::SymInt& st = Stride(index.inner_strides, k);
+    if (IsZero(st)) continue;
+    const std::string var = k_.inner.size() == 1 ? "i" : absl::StrCat("i", k);
+    ASSIGN_OR_RETURN(std::string t, Term(var, st));
+    terms.push_back(t);
+  }
+  return absl::StrJoin(terms, " + ");
+}
+
+// The address of access j, for the loop mode.
+absl::StatusOr<std::string> KernelEmitter::Access(int j, SweepMode mode) {
+  const Stmt& s = k_.stmts[j];
+  const std::string& base = base_[j];
+  if (s.inner && (mode == SweepMode::kSimd || mode == SweepMode::kChunked)) {
+    const bool unit = !IsZero(Stride(s.index.inner_strides, 0));
+    return absl::StrCat("p", j, unit ? "[i]" : "[0]");
+  }
+  std::string offset;
+  if (s.inner) {
+    ASSIGN_OR_RETURN(offset, InnerOffset(s.index));
+  }
+  std::string addr = base == "0"      ? offset
+                     : offset.empty() ? base
+                                      : absl::StrCat(base, " + ", offset);
+  if (addr.empty()) addr = "0";
+  return absl::StrCat("buf", s.buffer, "[", addr, "]");
+}
+
+// One statement that is not a reduction, as a line.
+absl::StatusOr<std::string> KernelEmitter::Statement(int j, SweepMode mode) {
+  const Stmt& s = k_.stmts[j];
+  const char* T = CName(type_[j]);
+  switch (s.kind) {
+    case StmtKind::kLoad: {
+      ASSIGN_OR_RETURN(std::string addr, Access(j, mode));
+      ASSIGN_OR_RETURN(std::string value,
+                       LoadValue(k_.buffers[s.buffer].dtype, type_[j], addr, "C++"));
+      return absl::StrCat("const ", T, " t", j, " = ", value, ";");
+    }
+    case StmtKind::kConstant:
+      return absl::StrCat("const ", T, " t", j, " = ", Literal(s.constant, type_[j], kCppDialect),
+                          ";");
+    case StmtKind::kOp: {
+      ASSIGN_OR_RETURN(std::string e, OpExpr(j));
+      return absl::StrCat("const ", T, " t", j, " = ", e, ";");
+    }
+    case StmtKind::kStore: {
+      ASSIGN_OR_RETURN(std::string addr, Access(j, mode));
+      const int a = s.args[0];
+      return absl::StrCat(addr, " = ", ToStorage(k_.buffers[s.buffer].dtype, type_[a], Val(a)),
+                          ";");
+    }
+    case StmtKind::kReduce:
+      break;
+  }
+  return StmtError(j, "internal: a reduction is not a plain statement");
+}
+
+}  // namespace kiln::codegen::cpp_internal
