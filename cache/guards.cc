@@ -5,6 +5,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
+#include "absl/functional/function_ref.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "cache/guard_expr.h"
@@ -307,7 +308,48 @@ class GuardChecker {
 
 }  // namespace
 
-absl::Status ValidateGuardSet(const v1::GuardSet& guards) {
+namespace {
+
+// `what` (a guard and its field), when its text is beyond `limits`: over
+// max_length characters, or parentheses nested deeper than max_depth. One
+// pass over the text, which the message does not quote.
+absl::Status CheckExprLimits(absl::string_view text, const ExprLimits& limits,
+                             absl::FunctionRef<std::string()> what) {
+  if (static_cast<int64_t>(text.size()) > limits.max_length) {
+    return absl::InvalidArgumentError(absl::StrCat(what(), ": an expression of ", text.size(),
+                                                   " characters, over the limit of ",
+                                                   limits.max_length, " (max_expr_length)"));
+  }
+  int64_t depth = 0;
+  for (char c : text) {
+    if (c == '(' && ++depth > limits.max_depth) {
+      return absl::InvalidArgumentError(absl::StrCat(what(), ": parentheses nest deeper than ",
+                                                     limits.max_depth, " (max_expr_depth)"));
+    }
+    if (c == ')') --depth;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ValidateGuardSet(const v1::GuardSet& guards, const ExprLimits& limits) {
+  for (int i = 0; i < guards.tensors_size(); ++i) {
+    const v1::TensorGuard& g = guards.tensors(i);
+    for (bool stride : {false, true}) {
+      const auto& dims = stride ? g.strides() : g.sizes();
+      for (int d = 0; d < dims.size(); ++d) {
+        if (dims[d].value_case() != v1::SymInt::kExpr) continue;
+        RETURN_IF_ERROR(CheckExprLimits(dims[d].expr(), limits, [&] {
+          return absl::StrCat(GuardLabel(i, g).substr(0, 200), " ", DimLabel(stride, d));
+        }));
+      }
+    }
+  }
+  for (int k = 0; k < guards.shape_guards_size(); ++k) {
+    RETURN_IF_ERROR(CheckExprLimits(guards.shape_guards(k), limits,
+                                    [k] { return absl::StrCat("shape guard ", k); }));
+  }
   absl::flat_hash_set<absl::string_view> bound;
   for (const v1::TensorGuard& g : guards.tensors()) {
     for (const v1::SymInt& s : g.sizes()) {

@@ -31,7 +31,15 @@ namespace kiln::cache {
 // check has one stride per size. Errors are INVALID_ARGUMENT naming the guard:
 //   shape guard 0 's3 > 2' uses symbol 's3', which no input size binds
 //   tensor guard 1 'w' size[0]: malformed expression '2*': ...
-absl::Status ValidateGuardSet(const v1::GuardSet& guards);
+//
+// First, every expression is within `limits` (a server's configuration):
+//   shape guard 2: an expression of 5000 characters, over the limit of 1024
+//   (max_expr_length)
+struct ExprLimits {
+  int64_t max_length = 1024;
+  int64_t max_depth = 256;  // parentheses nested; the parser's own bound
+};
+absl::Status ValidateGuardSet(const v1::GuardSet& guards, const ExprLimits& limits = {});
 
 // Evaluates `guards` against `inputs`. Returns nullopt when every guard holds,
 // otherwise the first failing guard in words, e.g.

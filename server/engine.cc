@@ -42,9 +42,15 @@ absl::Status Prefix(const absl::Status& s, absl::string_view prefix) {
 
 // Structure, schemas, and the client's metadata against the op registry's
 // shape rules.
-absl::StatusOr<ir::Graph> BuildVerified(const v1::Graph& proto) {
+absl::StatusOr<ir::Graph> BuildVerified(const v1::Graph& proto, const ir::GraphLimits& limits) {
+  // Before anything is built from it.
+  if (proto.nodes_size() > limits.max_nodes) {
+    return absl::InvalidArgumentError(absl::StrCat("graph has ", proto.nodes_size(),
+                                                   " nodes, over the limit of ", limits.max_nodes,
+                                                   " (max_nodes)"));
+  }
   ASSIGN_OR_RETURN(ir::Graph g, ir::Graph::FromProto(proto));
-  RETURN_IF_ERROR(ir::Verify(g));
+  RETURN_IF_ERROR(ir::Verify(g, limits));
   RETURN_IF_ERROR(ops::CheckMetadata(ops::DefaultRegistry(), g));
   return g;
 }
@@ -135,8 +141,9 @@ absl::StatusOr<v1::CompileResponse> Engine::CompileUnrecorded(const v1::CompileR
   const std::string& ns = req.namespace_();
   RETURN_IF_ERROR(cache::ValidateNamespace(ns));
   PhaseTimes times;
-  ASSIGN_OR_RETURN(ir::Graph graph,
-                   times.Time("verify", [&] { return BuildVerified(req.graph()); }));
+  ASSIGN_OR_RETURN(ir::Graph graph, times.Time("verify", [&] {
+    return BuildVerified(req.graph(), options_.graph_limits);
+  }));
   v1::CompileOptions options = ir::NormalizeOptions(req.options(), &graph);
   RETURN_IF_ERROR(backends_.Find(options.backend()).status());
   ASSIGN_OR_RETURN(const Filter filter, ApplyRequestOptions(graph, &options));
@@ -147,7 +154,7 @@ absl::StatusOr<v1::CompileResponse> Engine::CompileUnrecorded(const v1::CompileR
                                                    " tensor guards for a graph of ",
                                                    graph.inputs().size(), " inputs"));
   }
-  RETURN_IF_ERROR(Prefix(cache::ValidateGuardSet(guards), "guards: "));
+  RETURN_IF_ERROR(Prefix(cache::ValidateGuardSet(guards, options_.expr_limits), "guards: "));
   const std::string key = times.Time("key", [&] { return ir::CacheKey(graph, options); });
 
   if (req.bypass_cache()) {
@@ -292,7 +299,7 @@ absl::StatusOr<v1::CompileResponse> Engine::CompileUnrecorded(const v1::CompileR
     if (general.ok()) {
       v1::Graph proto = cache::ConstantsAsInts(general->graph);
       proto.set_name(graph.name());
-      auto built = BuildVerified(proto);
+      auto built = BuildVerified(proto, options_.graph_limits);
       if (built.ok()) {
         std::vector<std::string> dims;
         for (size_t k = 0; k < general->symbols.size(); ++k) {
@@ -502,7 +509,7 @@ absl::StatusOr<v1::LookupResponse> Engine::Lookup(const v1::LookupRequest& req) 
   switch (req.what_case()) {
     case v1::LookupRequest::kGraph: {
       const absl::Time start = absl::Now();
-      ASSIGN_OR_RETURN(ir::Graph graph, BuildVerified(req.graph()));
+      ASSIGN_OR_RETURN(ir::Graph graph, BuildVerified(req.graph(), options_.graph_limits));
       v1::CompileOptions options = ir::NormalizeOptions(req.options(), &graph);
       RETURN_IF_ERROR(ApplyRequestOptions(graph, &options).status());
       key = ir::CacheKey(graph, options);

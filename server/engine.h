@@ -24,7 +24,9 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "cache/cache.h"
+#include "cache/guards.h"
 #include "cache/shape_family.h"
+#include "compiler/ir/limits.h"
 #include "kiln/v1/service.pb.h"
 #include "server/backend.h"
 #include "server/request_log.h"
@@ -62,6 +64,9 @@ struct EngineOptions {
   // time, compiling the candidates here in namespace kMinifyNamespace.
   bool minify_failures = false;
   uint32_t cache_size_limit = 8;
+  // What one graph, and one guard expression, may hold (ServerConfig.limits).
+  ir::GraphLimits graph_limits;
+  cache::ExprLimits expr_limits;
   int compile_workers = 2;
   int compile_queue_depth = 64;
 };

@@ -28,13 +28,12 @@
 #include "common/signing.h"
 #include "common/status_macros.h"
 #include "compiler/pipeline/fault.h"
-#include "google/protobuf/io/tokenizer.h"
-#include "google/protobuf/text_format.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "kiln/v1/config.pb.h"
 #include "server/auth.h"
+#include "server/config.h"
 #include "server/engine.h"
 #include "server/listener.h"
 #include "server/metrics.h"
@@ -98,24 +97,13 @@ ABSL_FLAG(std::string, native_compiler, "g++",
 ABSL_FLAG(int32_t, compile_timeout_s, 120,
           "seconds one run of the native compiler (g++, or NVRTC for cuda) may take before it is "
           "killed");
+ABSL_FLAG(bool, reflection, false, "serve gRPC server reflection (grpc_cli, grpcurl)");
 ABSL_FLAG(bool, salvage_wal, false,
           "start on a corrupted or truncated write-ahead log, dropping the writes after the "
           "damage (refused otherwise)");
 
 namespace kiln::server {
 namespace {
-
-class ConfigErrors : public google::protobuf::io::ErrorCollector {
- public:
-  void AddError(int line, int column, const std::string& message) override {
-    if (first_.empty())
-      first_ = absl::StrCat("line ", line + 1, " column ", column + 1, ": ", message);
-  }
-  const std::string& first() const { return first_; }
-
- private:
-  std::string first_;
-};
 
 absl::StatusOr<v1::ServerConfig> LoadConfig() {
   v1::ServerConfig config;
@@ -125,12 +113,12 @@ absl::StatusOr<v1::ServerConfig> LoadConfig() {
     if (!in) return absl::NotFoundError(absl::StrCat("config ", path, ": cannot be read"));
     std::stringstream text;
     text << in.rdbuf();
-    google::protobuf::TextFormat::Parser parser;
-    ConfigErrors errors;
-    parser.RecordErrorsTo(&errors);
-    if (!parser.ParseFromString(text.str(), &config)) {
-      return absl::InvalidArgumentError(absl::StrCat("config ", path, ": ", errors.first()));
+    absl::StatusOr<v1::ServerConfig> parsed = ParseConfig(text.str());
+    if (!parsed.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("config ", path, ": ", parsed.status().message()));
     }
+    config = *std::move(parsed);
   }
   if (!absl::GetFlag(FLAGS_listen).empty()) config.set_listen(absl::GetFlag(FLAGS_listen));
   if (!absl::GetFlag(FLAGS_data_dir).empty()) config.set_data_dir(absl::GetFlag(FLAGS_data_dir));
@@ -139,41 +127,23 @@ absl::StatusOr<v1::ServerConfig> LoadConfig() {
   if (absl::GetFlag(FLAGS_salvage_wal)) config.set_salvage_wal(true);
   if (!absl::GetFlag(FLAGS_automatic_dynamic)) config.set_no_automatic_dynamic(true);
   if (absl::GetFlag(FLAGS_minify_failures)) config.set_minify_failures(true);
-  if (!absl::GetFlag(FLAGS_inject_fault).empty()) {
-    config.set_inject_fault(absl::GetFlag(FLAGS_inject_fault));
-  }
-  if (!absl::GetFlag(FLAGS_debug_function).empty()) {
-    config.set_debug_function(absl::GetFlag(FLAGS_debug_function));
-  }
+  if (absl::GetFlag(FLAGS_allow_insecure_remote)) config.set_allow_insecure_remote(true);
+  if (absl::GetFlag(FLAGS_reflection)) config.set_reflection(true);
+  auto set_string = [](const std::string& flag, std::string* field) {
+    if (!flag.empty()) *field = flag;
+  };
+  set_string(absl::GetFlag(FLAGS_inject_fault), config.mutable_inject_fault());
+  set_string(absl::GetFlag(FLAGS_debug_function), config.mutable_debug_function());
+  set_string(absl::GetFlag(FLAGS_tls_cert_file), config.mutable_tls_cert_file());
+  set_string(absl::GetFlag(FLAGS_tls_key_file), config.mutable_tls_key_file());
+  set_string(absl::GetFlag(FLAGS_tls_client_ca_file), config.mutable_tls_client_ca_file());
+  set_string(absl::GetFlag(FLAGS_tokens_file), config.mutable_tokens_file());
+  set_string(absl::GetFlag(FLAGS_signing_key_file), config.mutable_signing_key_file());
   if (auto v = absl::GetFlag(FLAGS_cache_byte_budget)) config.set_cache_byte_budget(v);
   if (auto v = absl::GetFlag(FLAGS_cache_size_limit)) config.set_cache_size_limit(v);
   if (auto v = absl::GetFlag(FLAGS_max_message_bytes)) config.set_max_message_bytes(v);
   if (auto v = absl::GetFlag(FLAGS_compile_workers)) config.set_compile_workers(v);
-
-  if (config.listen().empty()) config.set_listen("127.0.0.1:50051");
-  if (config.data_dir().empty()) {
-    const char* home = std::getenv("HOME");
-    config.set_data_dir(absl::StrCat(home ? home : ".", "/.local/share/kiln"));
-  }
-  if (config.max_message_bytes() == 0) config.set_max_message_bytes(64ull << 20);
-  if (config.compile_workers() == 0) {
-    config.set_compile_workers(std::max(1u, std::thread::hardware_concurrency()));
-  }
-  if (config.compile_queue_depth() == 0) config.set_compile_queue_depth(64);
-  if (config.cache_byte_budget() == 0) config.set_cache_byte_budget(8ull << 30);
-  if (config.cache_size_limit() == 0) config.set_cache_size_limit(8);
-  if (config.stats_flush_millis() == 0) config.set_stats_flush_millis(1000);
-
-  size_t colon = config.listen().rfind(':');
-  int port = 0;
-  if (colon == std::string::npos || !absl::SimpleAtoi(config.listen().substr(colon + 1), &port) ||
-      port < 0 || port > 65535) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("listen: '", config.listen(), "' is not HOST:PORT"));
-  }
-  if (config.max_message_bytes() > (1ull << 30)) {
-    return absl::InvalidArgumentError("max_message_bytes: at most 1 GiB");
-  }
+  RETURN_IF_ERROR(FinishConfig(&config));
   return config;
 }
 
@@ -221,6 +191,8 @@ absl::Status Serve() {
   engine_options.minify_failures = config.minify_failures();
   engine_options.compile_workers = static_cast<int>(config.compile_workers());
   engine_options.compile_queue_depth = static_cast<int>(config.compile_queue_depth());
+  engine_options.graph_limits = GraphLimitsOf(config.limits());
+  engine_options.expr_limits = ExprLimitsOf(config.limits());
   // Scratch files of native compiles live under the data directory, which
   // this kilnd alone holds (RocksDB's LOCK): what a crash left there is
   // removed now.
@@ -250,15 +222,15 @@ absl::Status Serve() {
                                          BackendRegistry::Default(backend_options));
 
   Authorizer auth;
-  if (const std::string path = absl::GetFlag(FLAGS_tokens_file); !path.empty()) {
+  if (const std::string& path = config.tokens_file(); !path.empty()) {
     ASSIGN_OR_RETURN(auth, Authorizer::FromFile(path));
   }
-  const std::string cert_file = absl::GetFlag(FLAGS_tls_cert_file);
+  const std::string& cert_file = config.tls_cert_file();
   const bool tls = !cert_file.empty();
   const std::string listen_host = config.listen().substr(0, config.listen().rfind(':'));
   const bool loopback = listen_host == "localhost" || absl::StartsWith(listen_host, "127.") ||
                         listen_host == "[::1]" || listen_host == "::1";
-  if (!loopback && !(tls && auth.enabled()) && !absl::GetFlag(FLAGS_allow_insecure_remote)) {
+  if (!loopback && !(tls && auth.enabled()) && !config.allow_insecure_remote()) {
     return absl::FailedPreconditionError(absl::StrCat(
         "listen: ", config.listen().substr(0, 200),
         " is beyond loopback, and TLS (--tls_cert_file, --tls_key_file) and tokens "
@@ -266,15 +238,23 @@ absl::Status Serve() {
         "and write every namespace. Configure both, or pass --allow_insecure_remote"));
   }
   std::unique_ptr<Signer> signer;
-  if (const std::string path = absl::GetFlag(FLAGS_signing_key_file); !path.empty()) {
+  if (const std::string& path = config.signing_key_file(); !path.empty()) {
     ASSIGN_OR_RETURN(std::string pem, ReadFile(path, "signing_key_file"));
     ASSIGN_OR_RETURN(signer, Signer::FromPem(pem));
   }
-  CompilerService compiler(engine.get(), config.max_message_bytes(),
-                           /*max_waiting_compiles=*/256, &auth, requests.get(), signer.get());
+  CompilerService::Limits service_limits;
+  service_limits.max_message_bytes = config.max_message_bytes();
+  service_limits.max_waiting_compiles = static_cast<int>(config.limits().max_waiting_compiles());
+  service_limits.max_compiles_per_tenant = config.limits().max_compiles_per_tenant();
+  service_limits.max_queued_bytes_per_tenant =
+      static_cast<int64_t>(config.limits().max_queued_bytes_per_tenant());
+  service_limits.lookup_workers =
+      static_cast<int>(std::max(4u, 2 * std::thread::hardware_concurrency()));
+  service_limits.max_queued_lookups = static_cast<int>(config.limits().max_queued_lookups());
+  CompilerService compiler(engine.get(), service_limits, &auth, requests.get(), signer.get());
   AdminService admin(engine.get(), &auth, audit.get());
   grpc::EnableDefaultHealthCheckService(true);
-  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  if (config.reflection()) grpc::reflection::InitProtoReflectionServerBuilderPlugin();
 
   // Plaintext connections come from kilnd's own accept loop
   // (server/listener.h), which survives running out of descriptors; gRPC
@@ -294,9 +274,9 @@ absl::Status Serve() {
   if (tls) {
     grpc::SslServerCredentialsOptions ssl;
     ASSIGN_OR_RETURN(std::string cert, ReadFile(cert_file, "tls_cert_file"));
-    ASSIGN_OR_RETURN(std::string key, ReadFile(absl::GetFlag(FLAGS_tls_key_file), "tls_key_file"));
+    ASSIGN_OR_RETURN(std::string key, ReadFile(config.tls_key_file(), "tls_key_file"));
     ssl.pem_key_cert_pairs.push_back({std::move(key), std::move(cert)});
-    if (const std::string ca = absl::GetFlag(FLAGS_tls_client_ca_file); !ca.empty()) {
+    if (const std::string& ca = config.tls_client_ca_file(); !ca.empty()) {
       ASSIGN_OR_RETURN(ssl.pem_root_certs, ReadFile(ca, "tls_client_ca_file"));
       ssl.client_certificate_request = GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
     }

@@ -89,15 +89,18 @@ absl::StatusOr<Resp> CompilerService::Signed(absl::StatusOr<Resp> resp) const {
   return resp;
 }
 
-CompilerService::CompilerService(Engine* engine, uint64_t max_message_bytes,
-                                 int max_waiting_compiles, const Authorizer* auth,
+CompilerService::CompilerService(Engine* engine, const Limits& limits, const Authorizer* auth,
                                  RequestLog* requests, const Signer* signer)
     : engine_(engine),
       auth_(auth),
       signer_(signer),
       requests_(requests),
-      max_message_bytes_(max_message_bytes),
-      waiting_compiles_(max_waiting_compiles, max_waiting_compiles) {}
+      max_message_bytes_(limits.max_message_bytes),
+      tenants_(limits.max_compiles_per_tenant, limits.max_queued_bytes_per_tenant),
+      waiting_compiles_(limits.max_waiting_compiles, limits.max_waiting_compiles,
+                        "set of waiting compile requests (limits.max_waiting_compiles)"),
+      lookups_(limits.lookup_workers, limits.max_queued_lookups,
+               "lookup queue (limits.max_queued_lookups)") {}
 
 grpc::ServerUnaryReactor* CompilerService::Compile(grpc::CallbackServerContext* ctx,
                                                    const grpc::ByteBuffer* req,
@@ -112,6 +115,8 @@ grpc::ServerUnaryReactor* CompilerService::Compile(grpc::CallbackServerContext* 
         [&](const v1::CompileRequest& r) -> absl::StatusOr<v1::CompileResponse> {
           ns = r.namespace_();
           RETURN_IF_ERROR(auth_->Check(*ctx, Role::kCompiler, r.namespace_()));
+          ASSIGN_OR_RETURN(TenantLimits::Admission admitted,
+                           tenants_.Admit(r.namespace_(), static_cast<int64_t>(req->Length())));
           return Signed(engine_->Compile(r, [ctx] { return ctx->IsCancelled(); }));
         });
     --active_;
@@ -130,16 +135,19 @@ grpc::ServerUnaryReactor* CompilerService::Lookup(grpc::CallbackServerContext* c
                                                   grpc::ByteBuffer* resp) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   const absl::Time start = absl::Now();
-  std::string ns;
-  grpc::Status s = Serve<v1::LookupRequest, v1::LookupResponse>(
-      *req, max_message_bytes_, resp,
-      [&](const v1::LookupRequest& r) -> absl::StatusOr<v1::LookupResponse> {
-        ns = r.namespace_();
-        RETURN_IF_ERROR(auth_->Check(*ctx, Role::kReader, r.namespace_()));
-        return Signed(engine_->Lookup(r));
-      });
-  Log(requests_, *auth_, *ctx, "Lookup", ns, s, start);
-  reactor->Finish(s);
+  absl::Status queued = lookups_.Submit([this, ctx, req, resp, reactor, start] {
+    std::string ns;
+    grpc::Status s = Serve<v1::LookupRequest, v1::LookupResponse>(
+        *req, max_message_bytes_, resp,
+        [&](const v1::LookupRequest& r) -> absl::StatusOr<v1::LookupResponse> {
+          ns = r.namespace_();
+          RETURN_IF_ERROR(auth_->Check(*ctx, Role::kReader, r.namespace_()));
+          return Signed(engine_->Lookup(r));
+        });
+    Log(requests_, *auth_, *ctx, "Lookup", ns, s, start);
+    reactor->Finish(s);
+  });
+  if (!queued.ok()) reactor->Finish(ToGrpc(queued));
   return reactor;
 }
 

@@ -4,9 +4,13 @@
 //
 // The Compiler service takes raw bytes so that a request that is too large or
 // is no protobuf at all gets INVALID_ARGUMENT saying so (gRPC's own parsing
-// would answer a bare INTERNAL). Its methods use the callback API: Lookup and
-// GetArtifact never wait and answer on gRPC's thread; Compile may wait for a
-// compile worker, so it is handed to a bounded request executor.
+// would answer a bare INTERNAL). Its methods use the callback API, and
+// nothing that costs time in proportion to a request runs on gRPC's own
+// threads: Lookup (parsing, verifying and keying a graph) runs on a bounded
+// pool of checking threads, and Compile, which may wait for a compile worker,
+// on a bounded request executor after its namespace's admission
+// (server/tenant_limits.h). GetArtifact, a read by digest, answers on gRPC's
+// thread.
 #ifndef KILN_SERVER_SERVICES_H_
 #define KILN_SERVER_SERVICES_H_
 
@@ -17,6 +21,7 @@
 #include "server/auth.h"
 #include "server/engine.h"
 #include "server/request_log.h"
+#include "server/tenant_limits.h"
 #include "server/worker_pool.h"
 
 namespace kiln::server {
@@ -25,14 +30,25 @@ class CompilerService final
     : public v1::Compiler::WithRawCallbackMethod_Compile<v1::Compiler::WithRawCallbackMethod_Lookup<
           v1::Compiler::WithRawCallbackMethod_GetArtifact<v1::Compiler::Service>>> {
  public:
-  // `engine` must outlive the service. At most `max_waiting_compiles`
-  // Compile requests wait for a result at once; more are RESOURCE_EXHAUSTED.
+  struct Limits {
+    uint64_t max_message_bytes = 64 << 20;
+    // Compile requests waiting for a result at once, over all namespaces and
+    // per namespace, and the bytes of one namespace's; more are
+    // RESOURCE_EXHAUSTED.
+    int max_waiting_compiles = 256;
+    int64_t max_compiles_per_tenant = 32;
+    int64_t max_queued_bytes_per_tenant = int64_t{256} << 20;
+    // Threads that parse and check Lookups, and Lookups that may wait for
+    // them (more are RESOURCE_EXHAUSTED).
+    int lookup_workers = 2;
+    int max_queued_lookups = 4096;
+  };
+  // `engine` must outlive the service.
   // `requests` (may be null) gets one record per Compile and Lookup.
   // With `signer`, every reply that carries an artifact carries its signed
   // digest.
-  CompilerService(Engine* engine, uint64_t max_message_bytes, int max_waiting_compiles,
-                  const Authorizer* auth, RequestLog* requests = nullptr,
-                  const Signer* signer = nullptr);
+  CompilerService(Engine* engine, const Limits& limits, const Authorizer* auth,
+                  RequestLog* requests = nullptr, const Signer* signer = nullptr);
 
   grpc::ServerUnaryReactor* Compile(grpc::CallbackServerContext*, const grpc::ByteBuffer*,
                                     grpc::ByteBuffer*) override;
@@ -54,7 +70,9 @@ class CompilerService final
   RequestLog* const requests_;
   const uint64_t max_message_bytes_;
   std::atomic<int> active_{0};
+  TenantLimits tenants_;
   WorkerPool waiting_compiles_;
+  WorkerPool lookups_;
 };
 
 class AdminService final : public v1::Admin::Service {

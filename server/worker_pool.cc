@@ -1,10 +1,13 @@
 #include "server/worker_pool.h"
 
+#include <utility>
+
 #include "absl/strings/str_cat.h"
 
 namespace kiln::server {
 
-WorkerPool::WorkerPool(int workers, int queue_depth) : queue_depth_(queue_depth) {
+WorkerPool::WorkerPool(int workers, int queue_depth, std::string queue)
+    : queue_depth_(queue_depth), queue_name_(std::move(queue)) {
   for (int i = 0; i < workers; ++i) threads_.emplace_back([this] { Loop(); });
 }
 
@@ -21,7 +24,7 @@ absl::Status WorkerPool::Submit(std::function<void()> job) {
   if (stopping_) return absl::UnavailableError("the server is shutting down");
   if (static_cast<int>(queue_.size()) >= queue_depth_) {
     return absl::ResourceExhaustedError(
-        absl::StrCat("the compile queue is full (", queue_depth_, " jobs waiting); retry later"));
+        absl::StrCat("the ", queue_name_, " is full (", queue_depth_, " waiting); retry later"));
   }
   queue_.push_back(std::move(job));
   return absl::OkStatus();

@@ -6,6 +6,7 @@
 
 #include <deque>
 #include <functional>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -16,7 +17,10 @@ namespace kiln::server {
 
 class WorkerPool {
  public:
-  WorkerPool(int workers, int queue_depth);
+  // `queue` names the queue and its setting in a refusal, e.g.
+  // "compile queue (compile_queue_depth)".
+  WorkerPool(int workers, int queue_depth,
+             std::string queue = "compile queue (compile_queue_depth)");
   // Runs what is queued, then joins the workers.
   ~WorkerPool();
 
@@ -27,6 +31,7 @@ class WorkerPool {
   void Loop();
 
   const int queue_depth_;
+  const std::string queue_name_;
   mutable absl::Mutex mu_;
   std::deque<std::function<void()>> queue_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;

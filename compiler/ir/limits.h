@@ -3,7 +3,8 @@
 // keep every size computation inside int64 (a product of sizes that would
 // overflow is refused before anything multiplies it).
 //
-// Constants; thread-safe.
+// The constants are ceilings: GraphLimits, which a server takes from its
+// configuration, may lower them and never raise them. Thread-safe.
 #ifndef KILN_COMPILER_IR_LIMITS_H_
 #define KILN_COMPILER_IR_LIMITS_H_
 
@@ -22,6 +23,19 @@ inline constexpr int64_t kMaxOutputsPerNode = 4096;
 // Characters of one symbolic size expression ("8*s77 + 1"): enough for any
 // shape torch writes, and a bound on what parsing and error messages see.
 inline constexpr int64_t kMaxExprLength = 1024;
+// Nesting of one guard expression.
+inline constexpr int64_t kMaxExprDepth = 256;
+// Nodes of one graph, by default (no ceiling beyond the request's bytes).
+inline constexpr int64_t kDefaultMaxNodes = 100000;
+
+// What ir::Verify enforces: the ceilings above, or less.
+struct GraphLimits {
+  int64_t max_nodes = kDefaultMaxNodes;
+  int64_t max_rank = kMaxRank;
+  int64_t max_elements = kMaxElements;
+  int64_t max_outputs_per_node = kMaxOutputsPerNode;
+  int64_t max_expr_length = kMaxExprLength;
+};
 
 }  // namespace kiln::ir
 

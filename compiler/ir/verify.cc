@@ -9,30 +9,32 @@
 namespace kiln::ir {
 namespace {
 
-bool TooLong(const SymInt& s) {
-  return !s.is_constant() && static_cast<int64_t>(s.expr().size()) > kMaxExprLength;
+bool TooLong(const SymInt& s, const GraphLimits& limits) {
+  return !s.is_constant() && static_cast<int64_t>(s.expr().size()) > limits.max_expr_length;
 }
 
-std::string TooLongText(const SymInt& s) {
+std::string TooLongText(const SymInt& s, const GraphLimits& limits) {
   return absl::StrCat("is an expression of ", s.expr().size(), " characters, over the limit of ",
-                      kMaxExprLength);
+                      limits.max_expr_length, " (max_expr_length)");
 }
 
-absl::Status VerifyMeta(const Value& v, const std::string& where) {
+absl::Status VerifyMeta(const Value& v, const std::string& where, const GraphLimits& limits) {
   const TensorMeta& m = v.meta;
   auto err = [&](absl::string_view what) {
     return absl::InvalidArgumentError(absl::StrCat(where, " '", v.name, "': ", what));
   };
   for (size_t d = 0; d < m.sizes.size(); ++d) {
-    if (TooLong(m.sizes[d])) return err(absl::StrCat("size[", d, "] ", TooLongText(m.sizes[d])));
-  }
-  for (size_t d = 0; d < m.strides.size(); ++d) {
-    if (TooLong(m.strides[d])) {
-      return err(absl::StrCat("stride[", d, "] ", TooLongText(m.strides[d])));
+    if (TooLong(m.sizes[d], limits)) {
+      return err(absl::StrCat("size[", d, "] ", TooLongText(m.sizes[d], limits)));
     }
   }
-  if (TooLong(m.storage_offset)) {
-    return err(absl::StrCat("storage offset ", TooLongText(m.storage_offset)));
+  for (size_t d = 0; d < m.strides.size(); ++d) {
+    if (TooLong(m.strides[d], limits)) {
+      return err(absl::StrCat("stride[", d, "] ", TooLongText(m.strides[d], limits)));
+    }
+  }
+  if (TooLong(m.storage_offset, limits)) {
+    return err(absl::StrCat("storage offset ", TooLongText(m.storage_offset, limits)));
   }
   if (m.dtype == v1::DTYPE_UNSPECIFIED) return err("metadata has no dtype");
   if (m.device_type.empty()) return err("metadata has no device");
@@ -40,9 +42,11 @@ absl::Status VerifyMeta(const Value& v, const std::string& where) {
     return err(
         absl::StrCat("metadata has ", m.sizes.size(), " sizes but ", m.strides.size(), " strides"));
   }
-  if (static_cast<int64_t>(m.sizes.size()) > kMaxRank) {
-    return err(absl::StrCat("rank ", m.sizes.size(), " is over the limit of ", kMaxRank));
+  if (static_cast<int64_t>(m.sizes.size()) > limits.max_rank) {
+    return err(absl::StrCat("rank ", m.sizes.size(), " is over the limit of ", limits.max_rank,
+                            " (max_rank)"));
   }
+  const int64_t max_elements = limits.max_elements;
   int64_t elements = 1;
   for (size_t d = 0; d < m.sizes.size(); ++d) {
     const SymInt& s = m.sizes[d];
@@ -50,35 +54,35 @@ absl::Status VerifyMeta(const Value& v, const std::string& where) {
       return err(absl::StrCat("size[", d, "] is ", s.is_constant() ? s.ToString() : "empty"));
     }
     if (s.is_constant() &&
-        (__builtin_mul_overflow(elements, s.constant(), &elements) || elements > kMaxElements)) {
-      return err(absl::StrCat("the sizes multiply to more than ", kMaxElements,
-                              " elements (the limit per tensor) at size[", d, "]"));
+        (__builtin_mul_overflow(elements, s.constant(), &elements) || elements > max_elements)) {
+      return err(absl::StrCat("the sizes multiply to more than ", max_elements,
+                              " elements (the limit per tensor, max_elements) at size[", d, "]"));
     }
   }
   for (size_t d = 0; d < m.strides.size(); ++d) {
     const SymInt& s = m.strides[d];
-    if (s.is_constant() && (s.constant() > kMaxElements || s.constant() < -kMaxElements)) {
+    if (s.is_constant() && (s.constant() > max_elements || s.constant() < -max_elements)) {
       return err(absl::StrCat("stride[", d, "] is ", s.constant(), ", beyond the limit of +-",
-                              kMaxElements));
+                              max_elements, " (max_elements)"));
     }
   }
   const SymInt& offset = m.storage_offset;
-  if (offset.is_constant() && (offset.constant() < 0 || offset.constant() > kMaxElements)) {
-    return err(
-        absl::StrCat("storage offset ", offset.constant(), " is outside [0, ", kMaxElements, "]"));
+  if (offset.is_constant() && (offset.constant() < 0 || offset.constant() > max_elements)) {
+    return err(absl::StrCat("storage offset ", offset.constant(), " is outside [0, ", max_elements,
+                            "] (max_elements)"));
   }
   return absl::OkStatus();
 }
 
-absl::Status VerifySymbolicArguments(const Node& node) {
+absl::Status VerifySymbolicArguments(const Node& node, const GraphLimits& limits) {
   auto check = [&](const Argument& a, const std::string& which) -> absl::Status {
     std::vector<SymInt> syms;
     if (const auto* s = std::get_if<SymInt>(&a.kind)) syms.push_back(*s);
     if (const auto* v = std::get_if<std::vector<SymInt>>(&a.kind)) syms = *v;
     for (const SymInt& s : syms) {
-      if (TooLong(s)) {
+      if (TooLong(s, limits)) {
         return absl::InvalidArgumentError(
-            absl::StrCat("node '", node.name, "' argument ", which, " ", TooLongText(s)));
+            absl::StrCat("node '", node.name, "' argument ", which, " ", TooLongText(s, limits)));
       }
     }
     return absl::OkStatus();
@@ -92,13 +96,18 @@ absl::Status VerifySymbolicArguments(const Node& node) {
 
 }  // namespace
 
-absl::Status Verify(const Graph& g) {
+absl::Status Verify(const Graph& g, const GraphLimits& limits) {
+  if (static_cast<int64_t>(g.nodes().size()) > limits.max_nodes) {
+    return absl::InvalidArgumentError(absl::StrCat("graph has ", g.nodes().size(),
+                                                   " nodes, over the limit of ", limits.max_nodes,
+                                                   " (max_nodes)"));
+  }
   if (g.nodes().empty() && g.outputs().empty()) {
     return absl::InvalidArgumentError("graph is empty: it has no nodes and no outputs");
   }
   if (g.outputs().empty()) return absl::InvalidArgumentError("graph has no outputs");
   for (size_t i = 0; i < g.inputs().size(); ++i) {
-    RETURN_IF_ERROR(VerifyMeta(g.value(g.inputs()[i].value), absl::StrCat("input ", i)));
+    RETURN_IF_ERROR(VerifyMeta(g.value(g.inputs()[i].value), absl::StrCat("input ", i), limits));
   }
   for (const Node& node : g.nodes()) {
     std::vector<absl::string_view> parts = absl::StrSplit(node.target, '.');
@@ -110,15 +119,16 @@ absl::Status Verify(const Graph& g) {
     if (node.outputs.empty()) {
       return absl::InvalidArgumentError(absl::StrCat("node '", node.name, "' has no outputs"));
     }
-    if (static_cast<int64_t>(node.outputs.size()) > kMaxOutputsPerNode) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("node '", node.name, "' has ", node.outputs.size(),
-                       " outputs, over the limit of ", kMaxOutputsPerNode, " per node"));
+    if (static_cast<int64_t>(node.outputs.size()) > limits.max_outputs_per_node) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "node '", node.name, "' has ", node.outputs.size(), " outputs, over the limit of ",
+          limits.max_outputs_per_node, " per node (max_outputs_per_node)"));
     }
     for (ValueId id : node.outputs) {
-      RETURN_IF_ERROR(VerifyMeta(g.value(id), absl::StrCat("node '", node.name, "' output")));
+      RETURN_IF_ERROR(
+          VerifyMeta(g.value(id), absl::StrCat("node '", node.name, "' output"), limits));
     }
-    RETURN_IF_ERROR(VerifySymbolicArguments(node));
+    RETURN_IF_ERROR(VerifySymbolicArguments(node, limits));
     RETURN_IF_ERROR(CheckArguments(node, g));
   }
   return absl::OkStatus();

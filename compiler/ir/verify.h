@@ -9,10 +9,13 @@
 
 #include "absl/status/status.h"
 #include "compiler/ir/graph.h"
+#include "compiler/ir/limits.h"
 
 namespace kiln::ir {
 
-absl::Status Verify(const Graph& graph);
+// Within `limits` (compiler/ir/limits.h): nodes, rank, elements, outputs per
+// node, expression length; a refusal names the limit's configuration field.
+absl::Status Verify(const Graph& graph, const GraphLimits& limits = GraphLimits());
 
 }  // namespace kiln::ir
 

@@ -1,10 +1,13 @@
 #include "tests/integration/graphs.h"
 
+#include <cctype>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "google/protobuf/text_format.h"
 #include "google/protobuf/util/json_util.h"
 
 namespace kiln::testing {
@@ -26,7 +29,41 @@ v1::TensorMeta Meta(int64_t batch, bool symbolic = false) {
   return m;
 }
 
+std::string MetaText(const std::string& sizes, const std::string& strides) {
+  return "meta { dtype: FLOAT32 " + sizes + " " + strides + " device { type: \"cpu\" index: -1 } }";
+}
+
+std::string Ints(const std::string& field, const std::vector<std::string>& values) {
+  std::string out;
+  for (const std::string& v : values) {
+    const bool number = !v.empty() && (std::isdigit(v[0]) || v[0] == '-');
+    out += field + (number ? " { int_value: " + v + " } " : " { expr: \"" + v + "\" } ");
+  }
+  return out;
+}
+
 }  // namespace
+
+v1::Graph OneNodeGraph(const std::vector<std::string>& sizes,
+                       const std::vector<std::string>& strides, const std::string& target,
+                       const std::string& args, int outputs,
+                       const std::vector<std::string>& out_sizes) {
+  std::string text = "inputs { value { name: \"x\" " +
+                     MetaText(Ints("sizes", sizes), Ints("strides", strides)) + " } }\n";
+  text += "nodes { name: \"n\" target: \"" + target + "\" args { tensor: \"x\" } " + args;
+  std::vector<std::string> out_strides(out_sizes.size(), "1");
+  for (int i = 0; i < outputs; ++i) {
+    text += " outputs { name: \"o" + std::to_string(i) + "\" " +
+            MetaText(Ints("sizes", out_sizes), Ints("strides", out_strides)) + " }";
+  }
+  text += " }\noutputs: \"o0\"\n";
+  v1::Graph g;
+  if (!google::protobuf::TextFormat::ParseFromString(text, &g)) {
+    std::fprintf(stderr, "OneNodeGraph: not a graph:\n%s\n", text.substr(0, 500).c_str());
+    std::abort();
+  }
+  return g;
+}
 
 v1::Graph ChainGraph(int nodes, int64_t batch, int salt, bool symbolic) {
   v1::Graph g;

@@ -3,6 +3,7 @@
 #define KILN_TESTS_INTEGRATION_GRAPHS_H_
 
 #include <string>
+#include <vector>
 
 #include "kiln/v1/service.pb.h"
 
@@ -19,6 +20,14 @@ v1::GuardSet ChainGuards(int64_t batch);
 
 // The signature of ChainGraph's input with this batch size.
 v1::InputSignature ChainSignature(int64_t batch);
+
+// One float32 cpu input x with `sizes`/`strides` and one node
+// `target(x, args...)` (args in protobuf text) with `outputs` outputs of
+// sizes `out_sizes`. A size or stride that is not a number is an expression.
+v1::Graph OneNodeGraph(const std::vector<std::string>& sizes,
+                       const std::vector<std::string>& strides, const std::string& target,
+                       const std::string& args, int outputs = 1,
+                       const std::vector<std::string>& out_sizes = {"1"});
 
 // Reads a GraphFile (protobuf JSON) from tests/data/graphs/NAME.
 v1::GraphFile LoadGraphFile(const std::string& name);

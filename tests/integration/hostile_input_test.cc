@@ -29,38 +29,6 @@
 namespace kiln::testing {
 namespace {
 
-std::string Meta(const std::string& sizes, const std::string& strides) {
-  return "meta { dtype: FLOAT32 " + sizes + " " + strides + " device { type: \"cpu\" index: -1 } }";
-}
-
-std::string Ints(const std::string& field, const std::vector<std::string>& values) {
-  std::string out;
-  for (const std::string& v : values) {
-    const bool number = !v.empty() && (std::isdigit(v[0]) || v[0] == '-');
-    out += field + (number ? " { int_value: " + v + " } " : " { expr: \"" + v + "\" } ");
-  }
-  return out;
-}
-
-// One input x with `sizes`/`strides` and one node `target(x, args...)` with
-// `outputs` outputs of sizes `out_sizes`.
-v1::Graph OneNode(const std::vector<std::string>& sizes, const std::vector<std::string>& strides,
-                  const std::string& target, const std::string& args, int outputs = 1,
-                  const std::vector<std::string>& out_sizes = {"1"}) {
-  std::string text = "inputs { value { name: \"x\" " +
-                     Meta(Ints("sizes", sizes), Ints("strides", strides)) + " } }\n";
-  text += "nodes { name: \"n\" target: \"" + target + "\" args { tensor: \"x\" } " + args;
-  std::vector<std::string> out_strides(out_sizes.size(), "1");
-  for (int i = 0; i < outputs; ++i) {
-    text += " outputs { name: \"o" + std::to_string(i) + "\" " +
-            Meta(Ints("sizes", out_sizes), Ints("strides", out_strides)) + " }";
-  }
-  text += " }\noutputs: \"o0\"\n";
-  v1::Graph g;
-  EXPECT_TRUE(google::protobuf::TextFormat::ParseFromString(text, &g)) << text.substr(0, 500);
-  return g;
-}
-
 std::string Nested(int depth) { return std::string(depth, '(') + "s0" + std::string(depth, ')'); }
 
 // kilnd's peak resident memory (VmHWM), in KiB.
@@ -93,50 +61,53 @@ TEST(HostileInputTest, EveryBadGraphIsRefusedByNameAndKilndKeepsServing) {
       // overflows int64 and the view rule took numel % known.
       {"view of 2^63 elements",
        [&] {
-         return OneNode({two62, "2"}, {"2", "1"}, "aten.view.default",
-                        "args { ints { values: 3 values: 5 values: 17 values: 257 values: 641 "
-                        "values: 65537 values: 6700417 values: -1 } }");
+         return OneNodeGraph({two62, "2"}, {"2", "1"}, "aten.view.default",
+                             "args { ints { values: 3 values: 5 values: 17 values: 257 values: 641 "
+                             "values: 65537 values: 6700417 values: -1 } }");
        },
-       "elements (the limit per tensor)"},
+       "elements (the limit per tensor, max_elements)"},
       // The same view sizes, whose product is 2^64 - 1, over a small input.
       {"view sizes whose product overflows",
        [&] {
-         return OneNode({"4096", "4096"}, {"4096", "1"}, "aten.view.default",
-                        "args { ints { values: 3 values: 5 values: 17 values: 257 values: 641 "
-                        "values: 65537 values: 6700417 values: -1 } }");
+         return OneNodeGraph({"4096", "4096"}, {"4096", "1"}, "aten.view.default",
+                             "args { ints { values: 3 values: 5 values: 17 values: 257 values: 641 "
+                             "values: 65537 values: 6700417 values: -1 } }");
        },
        "is invalid for input of size 16777216"},
       {"split of a dimension of 10^12",
        [&] {
-         return OneNode({"1000000000000"}, {"1"}, "aten.split.Tensor", "args { int_value: 1 }");
+         return OneNodeGraph({"1000000000000"}, {"1"}, "aten.split.Tensor",
+                             "args { int_value: 1 }");
        },
        "outputs, over the limit of 4096 per node"},
       {"unbind of a dimension of 10^12",
        [&] {
-         return OneNode({"1000000000000", "2"}, {"2", "1"}, "aten.unbind.int", "");
+         return OneNodeGraph({"1000000000000", "2"}, {"2", "1"}, "aten.unbind.int", "");
        },
        "over the limit of 4096 per node"},
       {"100,000 nested parentheses in a size",
-       [&] { return OneNode({Nested(100000)}, {"1"}, "aten.relu.default", ""); },
+       [&] { return OneNodeGraph({Nested(100000)}, {"1"}, "aten.relu.default", ""); },
        "is an expression of 200002 characters, over the limit of 1024"},
       {"a megabyte of size expression",
        [&] {
          std::string e = "s0";
          while (e.size() < (1u << 20)) e += " + s0";
-         return OneNode({e}, {"1"}, "aten.relu.default", "");
+         return OneNodeGraph({e}, {"1"}, "aten.relu.default", "");
        },
        "over the limit of 1024"},
       {"rank 65",
        [&] {
-         return OneNode(std::vector<std::string>(65, "1"), std::vector<std::string>(65, "1"),
-                        "aten.relu.default", "");
+         return OneNodeGraph(std::vector<std::string>(65, "1"), std::vector<std::string>(65, "1"),
+                             "aten.relu.default", "");
        },
        "rank 65 is over the limit of 64"},
       {"a negative stride beyond the bound",
-       [&] { return OneNode({"4"}, {"-9223372036854775807"}, "aten.relu.default", ""); },
+       [&] { return OneNodeGraph({"4"}, {"-9223372036854775807"}, "aten.relu.default", ""); },
        "stride[0] is -9223372036854775807, beyond the limit"},
       {"5000 outputs on one node",
-       [&] { return OneNode({"8"}, {"1"}, "aten.split.Tensor", "args { int_value: 1 }", 5000); },
+       [&] {
+         return OneNodeGraph({"8"}, {"1"}, "aten.split.Tensor", "args { int_value: 1 }", 5000);
+       },
        "has 5000 outputs, over the limit of 4096 per node"},
   };
 
@@ -186,7 +157,7 @@ TEST(HostileInputTest, BadTargetsAreRefusedByField) {
   o.deadline = absl::Seconds(60);
   auto c = Client::Connect(o);
   ASSERT_TRUE(c.ok()) << c.status();
-  v1::Graph cuda_graph = OneNode({"8"}, {"1"}, "aten.relu.default", "", 1, {"8"});
+  v1::Graph cuda_graph = OneNodeGraph({"8"}, {"1"}, "aten.relu.default", "", 1, {"8"});
   cuda_graph.mutable_inputs(0)->mutable_value()->mutable_meta()->mutable_device()->set_type("cuda");
   cuda_graph.mutable_nodes(0)->mutable_outputs(0)->mutable_meta()->mutable_device()->set_type(
       "cuda");
@@ -213,7 +184,7 @@ TEST(HostileInputTest, BadTargetsAreRefusedByField) {
     SCOPED_TRACE(k.what);
     v1::CompileRequest compile;
     *compile.mutable_graph() =
-        k.cuda_tensors ? cuda_graph : OneNode({"8"}, {"1"}, "aten.relu.default", "", 1, {"8"});
+        k.cuda_tensors ? cuda_graph : OneNodeGraph({"8"}, {"1"}, "aten.relu.default", "", 1, {"8"});
     compile.mutable_options()->set_backend("kiln");
     v1::Target* t = compile.mutable_options()->mutable_target();
     t->set_device_type(k.device);

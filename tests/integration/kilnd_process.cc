@@ -53,7 +53,9 @@ TempDir::~TempDir() {
 KilndProcess::KilndProcess(const std::string& data_dir, std::vector<std::string> extra) {
   int out[2];
   if (pipe(out) != 0) std::abort();
-  std::vector<std::string> args = {KILND_PATH, "--listen=127.0.0.1:0", "--data_dir=" + data_dir};
+  const char* binary = std::getenv("KILND");  // another kilnd, or a wrapper (taskset)
+  std::vector<std::string> args = {binary != nullptr && *binary != '\0' ? binary : KILND_PATH,
+                                   "--listen=127.0.0.1:0", "--data_dir=" + data_dir};
   args.insert(args.end(), extra.begin(), extra.end());
   pid_ = fork();
   if (pid_ == 0) {

@@ -31,7 +31,8 @@ class TempDir {
 
 class KilndProcess {
  public:
-  // Starts `kilnd --listen=127.0.0.1:0 --data_dir=DIR extra...` and waits for
+  // Starts `kilnd --listen=127.0.0.1:0 --data_dir=DIR extra...` ($KILND when
+  // set, else the build's kilnd) and waits for
   // its "kilnd listening on ADDR" line. Aborts the test binary on failure.
   KilndProcess(const std::string& data_dir, std::vector<std::string> extra_flags = {});
   // SIGKILLs the process if it still runs.
