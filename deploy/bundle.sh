@@ -5,6 +5,9 @@
 # LD_LIBRARY_PATH=OUT/lib.
 #
 #   deploy/bundle.sh OUT [binary ...]     (default: kilnd kilnctl kiln_nvrtc)
+#
+# A binary named by a path (with a '/') is taken from there, any other from
+# build/bin/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out="${1:?usage: deploy/bundle.sh OUT [binary ...]}"
@@ -16,8 +19,9 @@ rm -rf "$out"
 mkdir -p "$out/bin" "$out/lib"
 skip='^(linux-vdso|ld-linux|libc\.|libm\.|libpthread|libdl\.|librt\.|libstdc\+\+|libgcc_s)'
 for b in "${bins[@]}"; do
-  cp "build/bin/$b" "$out/bin/"
-  ldd "build/bin/$b" | awk '/=>/ {print $1, $3}' | while read -r name path; do
+  [[ "$b" == */* ]] || b="build/bin/$b"
+  cp "$b" "$out/bin/"
+  ldd "$b" | awk '/=>/ {print $1, $3}' | while read -r name path; do
     if [[ ! "$name" =~ $skip ]] && [ -f "$path" ]; then cp -n "$path" "$out/lib/"; fi
   done
 done
