@@ -1,0 +1,335 @@
+// Shape rules of the expensive ops kiln runs through ATen: matmul (mm, bmm,
+// addmm), convolution, pooling, embedding and indexing (index, gather);
+// their registration.
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "compiler/ops/registry.h"
+#include "compiler/ops/shape_rules_internal.h"
+#include "compiler/ops/shape_util.h"
+
+namespace kiln::ops::shape_rules_internal {
+namespace {
+
+// ---------------------------------------------------------------------------
+// Matmul, convolution, pooling, embedding, indexing.
+
+absl::StatusOr<Metas> Mm(const OpCall& c) {
+  ASSIGN_OR_RETURN(const TensorMeta* self, c.Meta("self"));
+  ASSIGN_OR_RETURN(const TensorMeta* mat2, c.Meta("mat2"));
+  RETURN_IF_ERROR(ExpectRank(c, "self", *self, {2}));
+  RETURN_IF_ERROR(ExpectRank(c, "mat2", *mat2, {2}));
+  RETURN_IF_ERROR(ExpectSameSize(c, "mat2", *mat2, 0, "self", *self, 1));
+  RETURN_IF_ERROR(ExpectSameDType(c, "mat2", *mat2, "self", *self));
+  return Metas{NewTensor(self->dtype, {self->sizes[0], mat2->sizes[1]}, *self)};
+}
+
+absl::StatusOr<Metas> Bmm(const OpCall& c) {
+  ASSIGN_OR_RETURN(const TensorMeta* self, c.Meta("self"));
+  ASSIGN_OR_RETURN(const TensorMeta* mat2, c.Meta("mat2"));
+  RETURN_IF_ERROR(ExpectRank(c, "self", *self, {3}));
+  RETURN_IF_ERROR(ExpectRank(c, "mat2", *mat2, {3}));
+  RETURN_IF_ERROR(ExpectSameSize(c, "mat2", *mat2, 0, "self", *self, 0));
+  RETURN_IF_ERROR(ExpectSameSize(c, "mat2", *mat2, 1, "self", *self, 2));
+  RETURN_IF_ERROR(ExpectSameDType(c, "mat2", *mat2, "self", *self));
+  return Metas{NewTensor(self->dtype, {self->sizes[0], self->sizes[1], mat2->sizes[2]}, *self)};
+}
+
+absl::StatusOr<Metas> Addmm(const OpCall& c) {
+  ASSIGN_OR_RETURN(const TensorMeta* self, c.Meta("self"));
+  ASSIGN_OR_RETURN(const TensorMeta* mat1, c.Meta("mat1"));
+  ASSIGN_OR_RETURN(const TensorMeta* mat2, c.Meta("mat2"));
+  RETURN_IF_ERROR(ExpectRank(c, "mat1", *mat1, {2}));
+  RETURN_IF_ERROR(ExpectRank(c, "mat2", *mat2, {2}));
+  RETURN_IF_ERROR(ExpectSameSize(c, "mat2", *mat2, 0, "mat1", *mat1, 1));
+  RETURN_IF_ERROR(ExpectSameDType(c, "mat2", *mat2, "mat1", *mat1));
+  RETURN_IF_ERROR(ExpectSameDType(c, "self", *self, "mat1", *mat1));
+  const SymSizes out = {mat1->sizes[0], mat2->sizes[1]};
+  auto b = BroadcastSizes(self->sizes, out);
+  if (!b.ok() || !SizesCompatible(*b, out)) {
+    return ArgError(c, "self",
+                    absl::StrCat("has sizes ", SizesToString(self->sizes),
+                                 ", which do not broadcast to the product's ", SizesToString(out)));
+  }
+  return Metas{NewTensor(mat1->dtype, out, *mat1)};
+}
+
+// A per-spatial-dimension parameter: one value for all, or one each.
+absl::StatusOr<SymSizes> PerSpatial(const OpCall& c, const std::string& name, size_t k) {
+  ASSIGN_OR_RETURN(SymSizes v, c.SymInts(name));
+  if (v.size() == 1 && k > 1) v.resize(k, v[0]);
+  if (v.size() != k) {
+    return ArgError(c, name,
+                    absl::StrCat(SizesToString(v), " should have 1 or ", k,
+                                 " entries, one per spatial dimension"));
+  }
+  return v;
+}
+
+struct ConvParams {
+  SymSizes stride, padding, dilation, output_padding;
+  bool transposed = false;
+  int64_t groups = 1;
+};
+
+absl::StatusOr<ConvParams> ReadConvParams(const OpCall& c, size_t k) {
+  ConvParams p;
+  ASSIGN_OR_RETURN(p.stride, PerSpatial(c, "stride", k));
+  ASSIGN_OR_RETURN(p.padding, PerSpatial(c, "padding", k));
+  ASSIGN_OR_RETURN(p.dilation, PerSpatial(c, "dilation", k));
+  ASSIGN_OR_RETURN(p.transposed, c.Bool("transposed"));
+  ASSIGN_OR_RETURN(p.output_padding, PerSpatial(c, "output_padding", k));
+  ASSIGN_OR_RETURN(p.groups, c.Int("groups"));
+  if (p.groups <= 0)
+    return ArgError(c, "groups", absl::StrCat("is ", p.groups, "; it must be positive"));
+  for (const SymInt& s : p.stride) {
+    if (s.is_constant() && s.constant() <= 0) {
+      return ArgError(c, "stride", absl::StrCat(SizesToString(p.stride), " should be positive"));
+    }
+  }
+  return p;
+}
+
+// The output sizes of a convolution of `input` by `weight`:
+//   [N, C_out, out_1, ..., out_k] with, per spatial dimension,
+//   out = (in + 2*padding - dilation*(kernel-1) - 1) // stride + 1
+//   transposed: out = (in-1)*stride - 2*padding + dilation*(kernel-1) + output_padding + 1
+absl::StatusOr<SymSizes> ConvOutputSizes(const OpCall& c, const TensorMeta& input,
+                                         const TensorMeta& weight, const ConvParams& p) {
+  const size_t k = input.sizes.size() - 2;
+  const SymInt groups{p.groups};
+  const SymInt c_in = p.transposed ? weight.sizes[0] : SymMul(weight.sizes[1], groups);
+  if (input.sizes[1].is_constant() && c_in.is_constant() &&
+      input.sizes[1].constant() != c_in.constant()) {
+    return ArgError(c, "weight",
+                    absl::StrCat("has sizes ", SizesToString(weight.sizes),
+                                 ", which with groups=", p.groups, " expect ", c_in.constant(),
+                                 " input channels, but 'input' has ", input.sizes[1].ToString()));
+  }
+  SymSizes out{input.sizes[0], p.transposed ? SymMul(weight.sizes[1], groups) : weight.sizes[0]};
+  const SymInt one{int64_t{1}};
+  for (size_t i = 0; i < k; ++i) {
+    const SymInt& in = input.sizes[2 + i];
+    const SymInt extent = SymMul(p.dilation[i], SymSub(weight.sizes[2 + i], one));
+    SymInt o;
+    if (p.transposed) {
+      o = SymAdd(SymAdd(SymSub(SymMul(SymSub(in, one), p.stride[i]),
+                               SymMul(SymInt{int64_t{2}}, p.padding[i])),
+                        extent),
+                 SymAdd(p.output_padding[i], one));
+    } else {
+      o = SymAdd(SymFloorDiv(SymSub(SymAdd(in, SymMul(SymInt{int64_t{2}}, p.padding[i])),
+                                    SymAdd(extent, one)),
+                             p.stride[i]),
+                 one);
+    }
+    if (o.is_constant() && o.constant() <= 0) {
+      return ArgError(c, "input",
+                      absl::StrCat("has sizes ", SizesToString(input.sizes),
+                                   ", too small for the kernel ", SizesToString(weight.sizes),
+                                   ": output size ", o.constant(), " at spatial dimension ", i));
+    }
+    out.push_back(o);
+  }
+  return out;
+}
+
+absl::StatusOr<Metas> Convolution(const OpCall& c) {
+  ASSIGN_OR_RETURN(const TensorMeta* input, c.Meta("input"));
+  ASSIGN_OR_RETURN(const TensorMeta* weight, c.Meta("weight"));
+  if (Rank(*input) < 3) {
+    return ArgError(
+        c, "input",
+        absl::StrCat("should be [N, C, spatial...], got sizes ", SizesToString(input->sizes)));
+  }
+  if (Rank(*weight) != Rank(*input)) {
+    return ArgError(c, "weight",
+                    absl::StrCat("has sizes ", SizesToString(weight->sizes), ", but 'input' has ",
+                                 SizesToString(input->sizes), " (ranks differ)"));
+  }
+  ASSIGN_OR_RETURN(ConvParams p, ReadConvParams(c, input->sizes.size() - 2));
+  ASSIGN_OR_RETURN(SymSizes sizes, ConvOutputSizes(c, *input, *weight, p));
+  ASSIGN_OR_RETURN(const TensorMeta* bias, OptMeta(c, "bias"));
+  if (bias != nullptr && !SizesCompatible(bias->sizes, {sizes[1]})) {
+    return ArgError(c, "bias",
+                    absl::StrCat("has sizes ", SizesToString(bias->sizes),
+                                 ", but the "
+                                 "convolution has ",
+                                 sizes[1].ToString(), " output channels"));
+  }
+  RETURN_IF_ERROR(ExpectSameDType(c, "weight", *weight, "input", *input));
+  return Metas{NewTensor(input->dtype, std::move(sizes), *input)};
+}
+
+// max_pool2d_with_indices and avg_pool2d: [N, C, H, W] or [C, H, W].
+absl::StatusOr<SymSizes> Pool2dSizes(const OpCall& c, const TensorMeta& self, bool has_dilation) {
+  RETURN_IF_ERROR(ExpectRank(c, "self", self, {3, 4}));
+  ASSIGN_OR_RETURN(std::vector<int64_t> kernel, c.Ints("kernel_size"));
+  ASSIGN_OR_RETURN(std::vector<int64_t> stride, c.Ints("stride"));
+  ASSIGN_OR_RETURN(std::vector<int64_t> padding, c.Ints("padding"));
+  std::vector<int64_t> dilation = {1, 1};
+  if (has_dilation) {
+    ASSIGN_OR_RETURN(dilation, c.Ints("dilation"));
+  }
+  ASSIGN_OR_RETURN(bool ceil_mode, c.Bool("ceil_mode"));
+  if (stride.empty()) stride = kernel;
+  auto two = [&](std::vector<int64_t>& v, const char* name) -> absl::Status {
+    if (v.size() == 1) v.push_back(v[0]);
+    if (v.size() != 2) {
+      return ArgError(c, name, absl::StrCat("should have 1 or 2 entries, got ", v.size()));
+    }
+    return absl::OkStatus();
+  };
+  RETURN_IF_ERROR(two(kernel, "kernel_size"));
+  RETURN_IF_ERROR(two(stride, "stride"));
+  RETURN_IF_ERROR(two(padding, "padding"));
+  RETURN_IF_ERROR(two(dilation, "dilation"));
+  SymSizes sizes = self.sizes;
+  const size_t h = sizes.size() - 2;
+  for (size_t i = 0; i < 2; ++i) {
+    if (kernel[i] <= 0 || stride[i] <= 0 || dilation[i] <= 0) {
+      return ArgError(c,
+                      kernel[i] <= 0   ? "kernel_size"
+                      : stride[i] <= 0 ? "stride"
+                                       : "dilation",
+                      "should be positive");
+    }
+    if (padding[i] < 0 || padding[i] > kernel[i] / 2) {
+      return ArgError(c, "padding",
+                      absl::StrCat("is ", padding[i],
+                                   "; it should be at most half the kernel size ", kernel[i]));
+    }
+    const SymInt& in = sizes[h + i];
+    const int64_t extra =
+        2 * padding[i] - dilation[i] * (kernel[i] - 1) - 1 + (ceil_mode ? stride[i] - 1 : 0);
+    SymInt o =
+        SymAdd(SymFloorDiv(SymAdd(in, SymInt{extra}), SymInt{stride[i]}), SymInt{int64_t{1}});
+    // With ceil_mode the last window must start inside the input or its
+    // left padding.
+    if (ceil_mode && o.is_constant() && in.is_constant() &&
+        (o.constant() - 1) * stride[i] >= in.constant() + padding[i]) {
+      o = SymInt{o.constant() - 1};
+    }
+    if (o.is_constant() && o.constant() <= 0) {
+      return ArgError(c, "self",
+                      absl::StrCat("has sizes ", SizesToString(self.sizes),
+                                   ", too small for the kernel size ", kernel[i]));
+    }
+    sizes[h + i] = o;
+  }
+  return sizes;
+}
+
+absl::StatusOr<Metas> MaxPool2d(const OpCall& c) {
+  ASSIGN_OR_RETURN(const TensorMeta* self, c.Meta("self"));
+  ASSIGN_OR_RETURN(SymSizes sizes, Pool2dSizes(c, *self, /*has_dilation=*/true));
+  return Metas{NewTensor(self->dtype, sizes, *self), NewTensor(v1::INT64, sizes, *self)};
+}
+
+absl::StatusOr<Metas> AvgPool2d(const OpCall& c) {
+  ASSIGN_OR_RETURN(const TensorMeta* self, c.Meta("self"));
+  ASSIGN_OR_RETURN(SymSizes sizes, Pool2dSizes(c, *self, /*has_dilation=*/false));
+  return Metas{NewTensor(self->dtype, std::move(sizes), *self)};
+}
+
+absl::Status ExpectIndexDType(const OpCall& c, const std::string& name, const TensorMeta& m) {
+  if (m.dtype == v1::INT64 || m.dtype == v1::INT32) return absl::OkStatus();
+  return ArgError(c, name,
+                  absl::StrCat("should have dtype INT64 or INT32, got ", v1::DType_Name(m.dtype)));
+}
+
+absl::StatusOr<Metas> Embedding(const OpCall& c) {
+  ASSIGN_OR_RETURN(const TensorMeta* weight, c.Meta("weight"));
+  ASSIGN_OR_RETURN(const TensorMeta* indices, c.Meta("indices"));
+  RETURN_IF_ERROR(ExpectRank(c, "weight", *weight, {2}));
+  RETURN_IF_ERROR(ExpectIndexDType(c, "indices", *indices));
+  SymSizes sizes = indices->sizes;
+  sizes.push_back(weight->sizes[1]);
+  return Metas{NewTensor(weight->dtype, std::move(sizes), *weight)};
+}
+
+// Advanced indexing with integer index tensors (None entries skip a
+// dimension). The broadcast index shape replaces the indexed dimensions:
+// in place when they are adjacent, in front otherwise.
+absl::StatusOr<Metas> Index(const OpCall& c) {
+  ASSIGN_OR_RETURN(const TensorMeta* self, c.Meta("self"));
+  ASSIGN_OR_RETURN(std::vector<ir::ValueId> indices, c.Tensors("indices"));
+  if (static_cast<int64_t>(indices.size()) > Rank(*self)) {
+    return ArgError(c, "indices",
+                    absl::StrCat("has ", indices.size(), " entries, but 'self' has sizes ",
+                                 SizesToString(self->sizes)));
+  }
+  SymSizes index_sizes;
+  int first = -1, last = -1;
+  bool adjacent = true;
+  for (size_t i = 0; i < indices.size(); ++i) {
+    if (indices[i] == ir::kNoValue) continue;
+    const TensorMeta& m = c.MetaOf(indices[i]);
+    if (m.dtype == v1::BOOL || m.dtype == v1::UINT8) {
+      return ArgError(c, "indices",
+                      absl::StrCat("entry ", i, " is a mask (dtype ", v1::DType_Name(m.dtype),
+                                   "): the result's size depends on its values"));
+    }
+    RETURN_IF_ERROR(ExpectIndexDType(c, "indices", m));
+    if (first < 0) {
+      index_sizes = m.sizes;
+      first = static_cast<int>(i);
+    } else {
+      if (last != static_cast<int>(i) - 1) adjacent = false;
+      ASSIGN_OR_RETURN(index_sizes,
+                       At(c, "argument 'indices'", BroadcastSizes(index_sizes, m.sizes)));
+    }
+    last = static_cast<int>(i);
+  }
+  if (first < 0) return Metas{NewTensor(self->dtype, self->sizes, *self)};
+  SymSizes sizes;
+  if (adjacent) {
+    sizes.assign(self->sizes.begin(), self->sizes.begin() + first);
+    sizes.insert(sizes.end(), index_sizes.begin(), index_sizes.end());
+  } else {
+    sizes = index_sizes;
+    for (int i = 0; i < last; ++i) {
+      if (i < static_cast<int>(indices.size()) && indices[i] == ir::kNoValue) {
+        sizes.push_back(self->sizes[i]);
+      }
+    }
+  }
+  sizes.insert(sizes.end(), self->sizes.begin() + last + 1, self->sizes.end());
+  return Metas{NewTensor(self->dtype, std::move(sizes), *self)};
+}
+
+absl::StatusOr<Metas> Gather(const OpCall& c) {
+  ASSIGN_OR_RETURN(const TensorMeta* self, c.Meta("self"));
+  ASSIGN_OR_RETURN(const TensorMeta* index, c.Meta("index"));
+  RETURN_IF_ERROR(DimArg(c, "dim", Rank(*self)).status());
+  if (index->dtype != v1::INT64) {
+    return ArgError(c, "index",
+                    absl::StrCat("should have dtype INT64, got ", v1::DType_Name(index->dtype)));
+  }
+  if (Rank(*index) != Rank(*self) && !(Rank(*self) == 0 && Rank(*index) <= 1) &&
+      !(Rank(*index) == 0 && Rank(*self) <= 1)) {
+    return ArgError(c, "index",
+                    absl::StrCat("has sizes ", SizesToString(index->sizes), ", but 'self' has ",
+                                 SizesToString(self->sizes), " (ranks differ)"));
+  }
+  return Metas{NewTensor(self->dtype, index->sizes, *self)};
+}
+
+}  // namespace
+
+void RegisterExtern(Definer& def) {
+  def("aten.mm.default", kExpensive, Mm);
+  def("aten.bmm.default", kExpensive, Bmm);
+  def("aten.addmm.default", kExpensive, Addmm);
+  def("aten.convolution.default", kExpensive, Convolution);
+  def("aten.max_pool2d_with_indices.default", kExpensive, MaxPool2d);
+  def("aten.avg_pool2d.default", kExpensive, AvgPool2d);
+  def("aten.embedding.default", kExpensive, Embedding, {"indices"});
+  def("aten.index.Tensor", kExpensive, Index, {"indices"});
+  def("aten.gather.default", kExpensive, Gather, {"index"});
+}
+
+}  // namespace kiln::ops::shape_rules_internal
