@@ -1,0 +1,296 @@
+// Derivative rules of views and shape manipulation (view, permute, expand,
+// squeeze, unsqueeze, slice, select, split, unbind, t, transpose,
+// as_strided), of cat, stack and constant_pad_nd, and of index.Tensor.
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "compiler/ops/derivative.h"
+#include "compiler/ops/derivatives_internal.h"
+#include "compiler/ops/registry.h"
+#include "compiler/ops/shape_util.h"
+
+namespace kiln::ops::derivatives_internal {
+namespace {
+
+// grad.reshape(sizes): a view when the strides allow one, else a
+// contiguous copy first (reshape's own rule).
+Val Reshape(Ctx& c, ValueId v, const std::vector<ir::SymInt>& sizes) {
+  const ir::TensorMeta m = c.meta(v);
+  if (m.sizes == sizes) return v;
+  if (!ViewStrides(m.sizes, m.strides, sizes).has_value()) {
+    ASSIGN_OR_RETURN(v, c.Op("aten.clone.default", {Ref(v)},
+                             {ir::Kwarg("memory_format", Argument{"", v1::CONTIGUOUS_FORMAT})}));
+  }
+  return c.Op("aten.view.default", {Ref(v), SizesArg(sizes)});
+}
+
+// constant_pad_nd padding of dimension `dim` of a rank-`rank` tensor by
+// `before`/`after` (negative values crop).
+Val PadDim(Ctx& c, ValueId v, int64_t dim, int64_t rank, const ir::SymInt& before,
+           const ir::SymInt& after) {
+  std::vector<ir::SymInt> pad(2 * (rank - dim), ir::SymInt{int64_t{0}});
+  pad[pad.size() - 2] = before;
+  pad[pad.size() - 1] = after;
+  return c.Op("aten.constant_pad_nd.default", {Ref(v), SizesArg(pad)});
+}
+
+// ---------------------------------------------------------------------------
+// Views.
+
+// slice_backward(grad, input_sizes, dim, start, end, step): zeros with grad
+// written into the slice, spelled as constant padding (step 1) or as
+// padding each element to `step` elements first (step > 1).
+absl::Status SliceRule(Ctx& c) {
+  if (!c.NeedsGrad("self") || c.grad_output(0) == kNoValue) return absl::OkStatus();
+  ValueId g = c.grad_output(0);
+  ASSIGN_OR_RETURN(const ir::TensorMeta m, MetaOf(c, "self"));
+  const int64_t rank = Rank(m);
+  ASSIGN_OR_RETURN(int64_t dim, c.call().Int("dim"));
+  ASSIGN_OR_RETURN(dim, WrapDim(dim, rank));
+  ASSIGN_OR_RETURN(int64_t step, c.call().Int("step"));
+  const ir::SymInt size = m.sizes[dim];
+  const ir::SymInt out_size = c.meta(g).sizes[dim];
+  // The start as the forward clamped it (Python slice semantics).
+  ir::SymInt start{int64_t{0}};
+  const Argument* given = c.call().Find("start");
+  if (const auto* s = given == nullptr ? nullptr : std::get_if<ir::SymInt>(&given->kind);
+      s != nullptr && !s->is_constant()) {
+    start = *s;
+  } else if (!c.call().IsNone("start")) {
+    ASSIGN_OR_RETURN(int64_t s0, c.call().Int("start"));
+    if (size.is_constant()) {
+      if (s0 < 0) s0 += size.constant();
+      start = ir::SymInt{std::clamp<int64_t>(s0, 0, size.constant())};
+    } else if (s0 >= 0) {
+      start = ir::SymInt{s0};
+    } else {
+      return absl::UnimplementedError(absl::StrCat("derivative of ", c.call().Where(),
+                                                   ": negative start over a symbolic size"));
+    }
+  }
+  ir::SymInt covered = SymMul(out_size, ir::SymInt{step});
+  if (step > 1) {
+    // [.., m, ..] -> [.., m, step, ..] (grad first, zeros after) -> [.., m*step, ..].
+    ASSIGN_OR_RETURN(g, Unsqueeze(c, g, dim + 1));
+    ASSIGN_OR_RETURN(g,
+                     PadDim(c, g, dim + 1, rank + 1, ir::SymInt{int64_t{0}}, ir::SymInt{step - 1}));
+    std::vector<ir::SymInt> sizes = c.meta(g).sizes;
+    sizes[dim] = covered;
+    sizes.erase(sizes.begin() + dim + 1);
+    ASSIGN_OR_RETURN(g, Reshape(c, g, sizes));
+  }
+  ASSIGN_OR_RETURN(g, PadDim(c, g, dim, rank, start, SymSub(SymSub(size, start), covered)));
+  c.SetGrad("self", g);
+  return absl::OkStatus();
+}
+
+// select_backward: unsqueeze, then pad with zeros around the index.
+absl::Status SelectRule(Ctx& c) {
+  if (!c.NeedsGrad("self") || c.grad_output(0) == kNoValue) return absl::OkStatus();
+  ASSIGN_OR_RETURN(const ir::TensorMeta m, MetaOf(c, "self"));
+  const int64_t rank = Rank(m);
+  ASSIGN_OR_RETURN(int64_t dim, c.call().Int("dim"));
+  ASSIGN_OR_RETURN(dim, WrapDim(dim, rank));
+  const ir::SymInt size = m.sizes[dim];
+  ir::SymInt index;
+  const Argument* a = c.call().Find("index");
+  if (const auto* s = std::get_if<ir::SymInt>(&a->kind); s != nullptr && !s->is_constant()) {
+    index = *s;
+  } else {
+    ASSIGN_OR_RETURN(int64_t i, c.call().Int("index"));
+    if (i < 0) {
+      if (!size.is_constant()) {
+        return absl::UnimplementedError(absl::StrCat("derivative of ", c.call().Where(),
+                                                     ": negative index over a symbolic size"));
+      }
+      i += size.constant();
+    }
+    index = ir::SymInt{i};
+  }
+  ASSIGN_OR_RETURN(ValueId g, Unsqueeze(c, c.grad_output(0), dim));
+  ASSIGN_OR_RETURN(
+      g, PadDim(c, g, dim, rank, index, SymSub(SymSub(size, index), ir::SymInt{int64_t{1}})));
+  c.SetGrad("self", g);
+  return absl::OkStatus();
+}
+
+// split_backward / split_with_sizes_backward: cat of the output gradients,
+// zeros for outputs without one.
+absl::Status SplitRule(Ctx& c) {
+  if (!c.NeedsGrad("self")) return absl::OkStatus();
+  std::vector<ValueId> parts;
+  for (int i = 0; i < c.num_outputs(); ++i) {
+    ASSIGN_OR_RETURN(ValueId g, c.GradOrZeros(i));
+    parts.push_back(g);
+  }
+  ASSIGN_OR_RETURN(ValueId g, c.Op("aten.cat.default", {Argument{"", parts}, Arg(c, "dim")}));
+  return SetReduced(c, "self", g);
+}
+
+// cat_tensors_backward: the slice of grad each input became.
+absl::Status CatRule(Ctx& c) {
+  if (!c.NeedsGrad("tensors") || c.grad_output(0) == kNoValue) return absl::OkStatus();
+  const ValueId g = c.grad_output(0);
+  ASSIGN_OR_RETURN(std::vector<ValueId> tensors, c.call().Tensors("tensors"));
+  ASSIGN_OR_RETURN(int64_t dim, c.call().Int("dim"));
+  ASSIGN_OR_RETURN(dim, WrapDim(dim, Rank(c.meta(g))));
+  std::vector<ValueId> grads;
+  ir::SymInt offset{int64_t{0}};
+  for (ValueId t : tensors) {
+    const ir::TensorMeta m = c.meta(t);
+    if (m.sizes.size() == 1 && IsConstant(m.sizes[0], 0)) {
+      // Legacy empty inputs take no part in cat; libtorch gives zeros({0}).
+      ASSIGN_OR_RETURN(ValueId z, c.Op("aten.new_zeros.default", {Ref(g), ir::Ints({0})}));
+      grads.push_back(z);
+      continue;
+    }
+    ir::SymInt end = SymAdd(offset, m.sizes[dim]);
+    ASSIGN_OR_RETURN(ValueId part,
+                     c.Op("aten.slice.Tensor",
+                          {Ref(g), ir::Int(dim), SymIntArg(offset), SymIntArg(end), ir::Int(1)}));
+    ASSIGN_OR_RETURN(part, c.SumToSize(part, m));
+    grads.push_back(part);
+    offset = end;
+  }
+  c.SetGrads("tensors", std::move(grads));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+void RegisterViews(Registry* r) {
+  auto reshape_back = [](Ctx& c, ValueId g) -> Val {
+    ASSIGN_OR_RETURN(const ir::TensorMeta m, MetaOf(c, "self"));
+    return Reshape(c, g, m.sizes);
+  };
+  Def(r, "aten.view.default", SelfRule(reshape_back));
+  Def(r, "aten._unsafe_view.default", SelfRule(reshape_back));
+  Def(r, "aten.permute.default", SelfRule([](Ctx& c, ValueId g) -> Val {
+        ASSIGN_OR_RETURN(const ir::TensorMeta m, MetaOf(c, "self"));
+        ASSIGN_OR_RETURN(std::vector<int64_t> dims, c.call().Ints("dims"));
+        std::vector<int64_t> inverse(dims.size());
+        for (size_t i = 0; i < dims.size(); ++i) {
+          ASSIGN_OR_RETURN(int64_t d, WrapDim(dims[i], Rank(m)));
+          inverse[d] = static_cast<int64_t>(i);
+        }
+        return c.Op("aten.permute.default", {Ref(g), ir::Ints(inverse)});
+      }));
+  // expand: sum over the expanded dimensions (SetReduced).
+  Def(r, "aten.expand.default", SelfRule(Identity()));
+  // squeeze: unsqueeze_to, which puts back only dimensions of size 1.
+  Def(r, "aten.squeeze.dim", SelfRule([](Ctx& c, ValueId g) -> Val {
+        ASSIGN_OR_RETURN(const ir::TensorMeta m, MetaOf(c, "self"));
+        if (m.sizes.empty()) return g;
+        ASSIGN_OR_RETURN(int64_t dim, c.call().Int("dim"));
+        ASSIGN_OR_RETURN(dim, WrapDim(dim, Rank(m)));
+        if (!IsConstant(m.sizes[dim], 1)) return g;
+        return Unsqueeze(c, g, dim);
+      }));
+  Def(r, "aten.squeeze.dims", SelfRule([](Ctx& c, ValueId g) -> Val {
+        ASSIGN_OR_RETURN(const ir::TensorMeta m, MetaOf(c, "self"));
+        if (m.sizes.empty()) return g;
+        ASSIGN_OR_RETURN(std::vector<int64_t> given, c.call().Ints("dim"));
+        std::vector<int64_t> dims;
+        for (int64_t d : given) {
+          ASSIGN_OR_RETURN(d, WrapDim(d, Rank(m)));
+          dims.push_back(d);
+        }
+        std::sort(dims.begin(), dims.end());
+        dims.erase(std::unique(dims.begin(), dims.end()), dims.end());
+        for (int64_t d : dims) {
+          if (!IsConstant(m.sizes[d], 1)) continue;
+          ASSIGN_OR_RETURN(g, Unsqueeze(c, g, d));
+        }
+        return g;
+      }));
+  Def(r, "aten.unsqueeze.default", SelfRule([](Ctx& c, ValueId g) -> Val {
+        ASSIGN_OR_RETURN(int64_t dim, c.call().Int("dim"));
+        ASSIGN_OR_RETURN(dim, WrapDim(dim, Rank(c.meta(g))));
+        return c.Op("aten.squeeze.dim", {Ref(g), ir::Int(dim)});
+      }));
+  Def(r, "aten.slice.Tensor", SliceRule);
+  Def(r, "aten.select.int", SelectRule);
+  Def(r, "aten.split.Tensor", SplitRule);
+  Def(r, "aten.split_with_sizes.default", SplitRule);
+  // unbind_backward: stack of the output gradients, zeros where missing.
+  Def(r, "aten.unbind.int", [](Ctx& c) -> absl::Status {
+    if (!c.NeedsGrad("self")) return absl::OkStatus();
+    std::vector<ValueId> parts;
+    for (int i = 0; i < c.num_outputs(); ++i) {
+      ASSIGN_OR_RETURN(ValueId g, c.GradOrZeros(i));
+      parts.push_back(g);
+    }
+    ASSIGN_OR_RETURN(ValueId g, c.Op("aten.stack.default", {Argument{"", parts}, Arg(c, "dim")}));
+    return SetReduced(c, "self", g);
+  });
+  Def(r, "aten.cat.default", CatRule);
+  // stack_tensors_backward: grad unbound along the stacked dimension.
+  Def(r, "aten.stack.default", [](Ctx& c) -> absl::Status {
+    if (!c.NeedsGrad("tensors") || c.grad_output(0) == kNoValue) return absl::OkStatus();
+    ASSIGN_OR_RETURN(std::vector<ValueId> tensors, c.call().Tensors("tensors"));
+    ASSIGN_OR_RETURN(int64_t dim, c.call().Int("dim"));
+    ASSIGN_OR_RETURN(dim, WrapDim(dim, Rank(c.meta(c.grad_output(0)))));
+    ASSIGN_OR_RETURN(std::vector<ValueId> parts,
+                     c.OpN("aten.unbind.int", {Ref(c.grad_output(0)), ir::Int(dim)}));
+    if (parts.size() != tensors.size()) {
+      return absl::InternalError(absl::StrCat("derivative of ", c.call().Where(), ": unbind gave ",
+                                              parts.size(), " parts for ", tensors.size(),
+                                              " tensors"));
+    }
+    for (size_t i = 0; i < parts.size(); ++i) {
+      const ir::TensorMeta like = c.meta(tensors[i]);
+      ASSIGN_OR_RETURN(parts[i], c.SumToSize(parts[i], like));
+    }
+    c.SetGrads("tensors", std::move(parts));
+    return absl::OkStatus();
+  });
+  Def(r, "aten.t.default",
+      SelfRule([](Ctx& c, ValueId g) { return c.Op("aten.t.default", {Ref(g)}); }));
+  // as_strided: the gradient written into zeros through the same window.
+  // Exact when the window does not overlap itself (libtorch then sums).
+  Def(r, "aten.as_strided.default", SelfRule([](Ctx& c, ValueId g) -> Val {
+        ASSIGN_OR_RETURN(ValueId self, c.call().Tensor("self"));
+        ASSIGN_OR_RETURN(ValueId zeros, c.Op("aten.zeros_like.default", {Ref(self)}));
+        return c.Op(
+            "aten.as_strided_scatter.default",
+            {Ref(zeros), Ref(g), Arg(c, "size"), Arg(c, "stride"), Arg(c, "storage_offset")});
+      }));
+  Def(r, "aten.transpose.int", SelfRule([](Ctx& c, ValueId g) {
+        return c.Op("aten.transpose.int", {Ref(g), Arg(c, "dim0"), Arg(c, "dim1")});
+      }));
+  // constant_pad_nd: the negated padding crops the gradient back.
+  Def(r, "aten.constant_pad_nd.default", SelfRule([](Ctx& c, ValueId g) -> Val {
+        ASSIGN_OR_RETURN(std::vector<ir::SymInt> pad, c.call().SymInts("pad"));
+        for (ir::SymInt& p : pad) p = SymSub(ir::SymInt{int64_t{0}}, p);
+        return c.Op("aten.constant_pad_nd.default", {Ref(g), SizesArg(pad)});
+      }));
+  // index.Tensor with one index tensor on dimension 0: index_put's
+  // accumulation is embedding_dense_backward over self viewed as [N, rest].
+  Def(r, "aten.index.Tensor", SelfRule([](Ctx& c, ValueId g) -> Val {
+        ASSIGN_OR_RETURN(const ir::TensorMeta m, MetaOf(c, "self"));
+        ASSIGN_OR_RETURN(std::vector<ValueId> indices, c.call().Tensors("indices"));
+        if (indices.size() != 1 || indices[0] == kNoValue || m.sizes.empty() ||
+            (c.meta(indices[0]).dtype != v1::INT64 && c.meta(indices[0]).dtype != v1::INT32)) {
+          return absl::UnimplementedError(
+              absl::StrCat("derivative of ", c.call().Where(),
+                           ": only one integer index tensor on dimension 0 is supported"));
+        }
+        const std::vector<ir::SymInt> rest(m.sizes.begin() + 1, m.sizes.end());
+        std::vector<ir::SymInt> flat = c.meta(indices[0]).sizes;
+        flat.push_back(Numel(rest));
+        ASSIGN_OR_RETURN(g, Reshape(c, g, flat));
+        ASSIGN_OR_RETURN(g, c.Op("aten.embedding_dense_backward.default",
+                                 {Ref(g), Ref(indices[0]), SymIntArg(m.sizes[0]), ir::Int(-1),
+                                  ir::Bool(false)}));
+        return Reshape(c, g, m.sizes);
+      }),
+      {"indices"});
+}
+
+}  // namespace kiln::ops::derivatives_internal
