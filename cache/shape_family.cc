@@ -72,16 +72,57 @@ struct Symbol {
   int64_t a, b;  // its value in each graph
 };
 
+// k * (the product of `factors`' values in each graph) when that is `a` and
+// `b` for some integer k >= 1.
+std::optional<std::string> Product(int64_t a, int64_t b,
+                                   const std::vector<const Symbol*>& factors) {
+  int64_t pa = 1, pb = 1;
+  std::vector<std::string> names;
+  for (const Symbol* f : factors) {
+    if (__builtin_mul_overflow(pa, f->a, &pa) || __builtin_mul_overflow(pb, f->b, &pb)) {
+      return std::nullopt;
+    }
+    names.push_back(f->name);
+  }
+  int64_t kb;
+  if (pa == 0 || a % pa != 0 || a / pa < 1 || __builtin_mul_overflow(a / pa, pb, &kb) || kb != b) {
+    return std::nullopt;
+  }
+  return Affine(a / pa, std::move(names), 0);
+}
+
 // An expression of the symbols that is `a` in the first graph and `b` in the
-// second, or nullopt: s, k*s, k*s + c, s + t + c or k*s*t.
+// second, or nullopt. The structural forms come first, as sizes and strides
+// are built from sizes: s, k*s, k*s*t, k*s*t*u (a stride of a 4-d tensor, a
+// flattened batch; factors may repeat), then s + t + c, then k*s + c. Two
+// sample points fit many expressions: an affine one fits almost any pair, so
+// it is the last resort (CheckInstance still decides what a later graph is).
 std::optional<std::string> Fit(int64_t a, int64_t b, const std::vector<Symbol>& symbols) {
   for (const Symbol& s : symbols) {
     if (a == s.a && b == s.b) return s.name;
   }
-  for (const Symbol& s : symbols) {  // k*s
-    int64_t kb;
-    if (a % s.a == 0 && !__builtin_mul_overflow(a / s.a, s.b, &kb) && kb == b) {
-      return Affine(a / s.a, {s.name}, 0);
+  const size_t n = symbols.size();
+  for (size_t i = 0; i < n; ++i) {  // k*s
+    if (auto e = Product(a, b, {&symbols[i]})) return e;
+  }
+  for (size_t i = 0; i < n; ++i) {  // k*s*t
+    for (size_t j = i; j < n; ++j) {
+      if (auto e = Product(a, b, {&symbols[i], &symbols[j]})) return e;
+    }
+  }
+  for (size_t i = 0; i < n; ++i) {  // k*s*t*u
+    for (size_t j = i; j < n; ++j) {
+      for (size_t l = j; l < n; ++l) {
+        if (auto e = Product(a, b, {&symbols[i], &symbols[j], &symbols[l]})) return e;
+      }
+    }
+  }
+  for (size_t i = 0; i < n; ++i) {  // s + t + c
+    for (size_t j = i + 1; j < n; ++j) {
+      const Symbol &s = symbols[i], &t = symbols[j];
+      const int64_t c = a - s.a - t.a;
+      if (b - s.b - t.b != c) continue;
+      return absl::StrCat(Affine(1, {s.name}, 0), " + ", Affine(1, {t.name}, c));
     }
   }
   for (const Symbol& s : symbols) {  // k*s + c, k >= 1
@@ -91,23 +132,6 @@ std::optional<std::string> Fit(int64_t a, int64_t b, const std::vector<Symbol>& 
     int64_t ka;
     if (__builtin_mul_overflow(k, s.a, &ka)) continue;
     return Affine(k, {s.name}, a - ka);
-  }
-  for (size_t i = 0; i < symbols.size(); ++i) {  // s + t + c
-    for (size_t j = i + 1; j < symbols.size(); ++j) {
-      const Symbol &s = symbols[i], &t = symbols[j];
-      const int64_t c = a - s.a - t.a;
-      if (b - s.b - t.b != c) continue;
-      return absl::StrCat(Affine(1, {s.name}, 0), " + ", Affine(1, {t.name}, c));
-    }
-  }
-  for (size_t i = 0; i < symbols.size(); ++i) {  // k*s*t
-    for (size_t j = i + 1; j < symbols.size(); ++j) {
-      const Symbol &s = symbols[i], &t = symbols[j];
-      int64_t pa, pb, kb;
-      if (__builtin_mul_overflow(s.a, t.a, &pa) || __builtin_mul_overflow(s.b, t.b, &pb)) continue;
-      if (a % pa != 0 || __builtin_mul_overflow(a / pa, pb, &kb) || kb != b) continue;
-      return Affine(a / pa, {s.name, t.name}, 0);
-    }
   }
   return std::nullopt;
 }

@@ -9,11 +9,11 @@
 // Generalize anti-unifies two static graphs of a family: each input dimension
 // whose size differs becomes a symbol (equal pairs of sizes share one, as
 // Dynamo's duck sizing does), and every other integer that differs must be an
-// expression of those symbols that fits both graphs: s, k*s, k*s + c, s + t + c
-// or k*s*t. Two sample points cannot decide what a program computes at a third
-// size, so a generalized graph serves a later graph only when CheckInstance
-// finds that graph to be exactly the generalized one at some values of its
-// symbols.
+// expression of those symbols that fits both graphs: s, k*s, k*s*t, k*s*t*u,
+// s + t + c or k*s + c, tried in that order (products first: sizes and
+// strides are products of sizes). Two sample points cannot decide what a program computes at a
+// third size, so a generalized graph serves a later graph only when CheckInstance finds that graph
+// to be exactly the generalized one at some values of its symbols.
 //
 // Graphs are compared in positional form: values renamed by position (inputs
 // "arg0".., node outputs "v0"..), nodes in the order given, integer arguments
