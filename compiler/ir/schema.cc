@@ -188,6 +188,16 @@ constexpr const char* kSchemas[] = {
     // Matmul, convolution, pooling, embedding.
     "mm(Tensor self, Tensor mat2) -> Tensor",
     "bmm(Tensor self, Tensor mat2) -> Tensor",
+    "_scaled_dot_product_efficient_attention(Tensor query, Tensor key, Tensor value, "
+    "Tensor? attn_bias, bool compute_log_sumexp, float dropout_p=0.0, bool is_causal=False, *, "
+    "float? scale=None) -> (Tensor output, Tensor log_sumexp, Tensor philox_seed, "
+    "Tensor philox_offset)",
+    "_flash_attention_forward(Tensor query, Tensor key, Tensor value, Tensor? cum_seq_q, "
+    "Tensor? cum_seq_k, SymInt max_q, SymInt max_k, float dropout_p, bool is_causal, "
+    "bool return_debug_mask, *, float? scale=None, SymInt? window_size_left=None, "
+    "SymInt? window_size_right=None, Tensor? seqused_k=None, Tensor? alibi_slopes=None) -> "
+    "(Tensor output, Tensor softmax_logsumexp, Tensor rng_state, Tensor unused, "
+    "Tensor debug_attn_mask)",
     "addmm(Tensor self, Tensor mat1, Tensor mat2, *, Scalar beta=1, Scalar alpha=1) -> Tensor",
     "convolution(Tensor input, Tensor weight, Tensor? bias, SymInt[] stride, SymInt[] padding, "
     "SymInt[] dilation, bool transposed, SymInt[] output_padding, SymInt groups) -> Tensor",

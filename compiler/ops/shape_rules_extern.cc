@@ -1,5 +1,5 @@
 // Shape rules of the expensive ops kiln runs through ATen: matmul (mm, bmm,
-// addmm), convolution, pooling, embedding and indexing (index, gather);
+// addmm), fused attention, convolution, pooling, embedding and indexing (index, gather);
 // their registration.
 #include <string>
 #include <utility>
@@ -36,6 +36,74 @@ absl::StatusOr<Metas> Bmm(const OpCall& c) {
   RETURN_IF_ERROR(ExpectSameSize(c, "mat2", *mat2, 1, "self", *self, 2));
   RETURN_IF_ERROR(ExpectSameDType(c, "mat2", *mat2, "self", *self));
   return Metas{NewTensor(self->dtype, {self->sizes[0], self->sizes[1], mat2->sizes[2]}, *self)};
+}
+
+// Fused attention kernels (compiler/pipeline/attention.h puts them in place
+// of softmax attention), without dropout, a bias or a mask.
+//
+// Memory-efficient attention: query [B, H, L, E], key [B, H, S, E] and
+// value [B, H, S, Ev] give the output [B, H, L, Ev], laid out as
+// [B, L, H, Ev]; the log-sum-exp, [B, H, L rounded up to 32] in float32 when
+// asked for and [B, H, 0] otherwise; the dropout RNG's seed and offset, int64
+// scalars.
+absl::StatusOr<Metas> EfficientAttention(const OpCall& c) {
+  ASSIGN_OR_RETURN(const TensorMeta* q, c.Meta("query"));
+  ASSIGN_OR_RETURN(const TensorMeta* k, c.Meta("key"));
+  ASSIGN_OR_RETURN(const TensorMeta* v, c.Meta("value"));
+  RETURN_IF_ERROR(ExpectRank(c, "query", *q, {4}));
+  RETURN_IF_ERROR(ExpectRank(c, "key", *k, {4}));
+  RETURN_IF_ERROR(ExpectRank(c, "value", *v, {4}));
+  RETURN_IF_ERROR(ExpectSameDType(c, "key", *k, "query", *q));
+  RETURN_IF_ERROR(ExpectSameDType(c, "value", *v, "query", *q));
+  for (int64_t d : {0, 1, 3}) RETURN_IF_ERROR(ExpectSameSize(c, "key", *k, d, "query", *q, d));
+  for (int64_t d : {0, 1}) RETURN_IF_ERROR(ExpectSameSize(c, "value", *v, d, "query", *q, d));
+  RETURN_IF_ERROR(ExpectSameSize(c, "value", *v, 2, "key", *k, 2));
+  if (!c.IsNone("attn_bias")) return ArgError(c, "attn_bias", "is not supported");
+  ASSIGN_OR_RETURN(const double dropout, c.Double("dropout_p"));
+  if (dropout != 0) return ArgError(c, "dropout_p", "must be 0: kiln runs no random kernels");
+  ASSIGN_OR_RETURN(const bool log_sumexp, c.Bool("compute_log_sumexp"));
+  const SymInt &b = q->sizes[0], &h = q->sizes[1], &l = q->sizes[2], &ev = v->sizes[3];
+  TensorMeta out = NewTensor(q->dtype, {b, h, l, ev}, *q);
+  out.strides = {SymMul(SymMul(l, h), ev), ev, SymMul(h, ev), SymInt{int64_t{1}}};
+  SymInt lse_length{int64_t{0}};
+  if (log_sumexp) {
+    if (!l.is_constant()) return ArgError(c, "compute_log_sumexp", "needs a constant query length");
+    lse_length = SymInt{(l.constant() + 31) / 32 * 32};
+  }
+  return Metas{out, NewTensor(v1::FLOAT32, {b, h, lse_length}, *q), NewTensor(v1::INT64, {}, *q),
+               NewTensor(v1::INT64, {}, *q)};
+}
+
+// Flash attention (float16 and bfloat16, sm_80 and later), in its own layout:
+// query [B, L, H, E], key [B, S, H, E] and value [B, S, H, E] give the
+// output [B, L, H, E], laid out as the query is (ATen allocates it like the
+// query); the log-sum-exp [B, H, L] in float32; the RNG state and an unused
+// result (uint64 in ATen, int64 here: kiln reads neither); an empty debug
+// mask.
+absl::StatusOr<Metas> FlashAttention(const OpCall& c) {
+  ASSIGN_OR_RETURN(const TensorMeta* q, c.Meta("query"));
+  ASSIGN_OR_RETURN(const TensorMeta* k, c.Meta("key"));
+  ASSIGN_OR_RETURN(const TensorMeta* v, c.Meta("value"));
+  RETURN_IF_ERROR(ExpectRank(c, "query", *q, {4}));
+  RETURN_IF_ERROR(ExpectRank(c, "key", *k, {4}));
+  RETURN_IF_ERROR(ExpectRank(c, "value", *v, {4}));
+  RETURN_IF_ERROR(ExpectSameDType(c, "key", *k, "query", *q));
+  RETURN_IF_ERROR(ExpectSameDType(c, "value", *v, "query", *q));
+  for (int64_t d : {0, 2, 3}) RETURN_IF_ERROR(ExpectSameSize(c, "key", *k, d, "query", *q, d));
+  for (int64_t d : {0, 2, 3}) RETURN_IF_ERROR(ExpectSameSize(c, "value", *v, d, "query", *q, d));
+  RETURN_IF_ERROR(ExpectSameSize(c, "value", *v, 1, "key", *k, 1));
+  for (const char* unsupported : {"cum_seq_q", "cum_seq_k", "window_size_left", "window_size_right",
+                                  "seqused_k", "alibi_slopes"}) {
+    if (!c.IsNone(unsupported)) return ArgError(c, unsupported, "is not supported");
+  }
+  ASSIGN_OR_RETURN(const double dropout, c.Double("dropout_p"));
+  if (dropout != 0) return ArgError(c, "dropout_p", "must be 0: kiln runs no random kernels");
+  ASSIGN_OR_RETURN(const bool debug, c.Bool("return_debug_mask"));
+  if (debug) return ArgError(c, "return_debug_mask", "is not supported");
+  const SymInt &b = q->sizes[0], &l = q->sizes[1], &h = q->sizes[2];
+  return Metas{CopyOf(*q, q->dtype), NewTensor(v1::FLOAT32, {b, h, l}, *q),
+               NewTensor(v1::INT64, {SymInt{int64_t{2}}}, *q), NewTensor(v1::INT64, {}, *q),
+               NewTensor(q->dtype, {SymInt{int64_t{0}}}, *q)};
 }
 
 absl::StatusOr<Metas> Addmm(const OpCall& c) {
@@ -323,6 +391,8 @@ absl::StatusOr<Metas> Gather(const OpCall& c) {
 void RegisterExtern(Definer& def) {
   def("aten.mm.default", kExpensive, Mm);
   def("aten.bmm.default", kExpensive, Bmm);
+  def("aten._scaled_dot_product_efficient_attention.default", kExpensive, EfficientAttention);
+  def("aten._flash_attention_forward.default", kExpensive, FlashAttention);
   def("aten.addmm.default", kExpensive, Addmm);
   def("aten.convolution.default", kExpensive, Convolution);
   def("aten.max_pool2d_with_indices.default", kExpensive, MaxPool2d);

@@ -3,12 +3,15 @@
 #include <memory>
 #include <utility>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "compiler/codegen/codegen.h"
 #include "compiler/ir/canonical.h"
 #include "compiler/ir/printer.h"
 #include "compiler/loop/lowering.h"
+#include "compiler/pipeline/attention.h"
 
 namespace kiln::pipeline {
 namespace {
@@ -124,6 +127,24 @@ absl::Status RunKiln(const ir::Graph& graph, const v1::Target& wanted, const Kil
     training = training || graph.value(in.value).meta.requires_grad;
   }
   if (!training) {
+    if (target->device_type() == "cuda") {
+      // One fused attention kernel for softmax attention spelled as matmuls.
+      ir::Graph rewritten = graph;
+      AttentionOptions attention;
+      int sm = 0;
+      const std::string& arch = target->proto().sm_arch();
+      attention.flash =
+          absl::StartsWith(arch, "sm_") && absl::SimpleAtoi(arch.substr(3), &sm) && sm >= 80;
+      ASSIGN_OR_RETURN(const int fused, times->Time("attention", [&] {
+        return RewriteAttention(&rewritten, attention);
+      }));
+      if (fused > 0) {
+        (*trace)["attention_graph.txt"] = ir::PrintReadable(rewritten);
+        ASSIGN_OR_RETURN(*artifact->mutable_compiled(),
+                         CompileGraph(rewritten, "", *target, *backend, options, times, trace));
+        return absl::OkStatus();
+      }
+    }
     ASSIGN_OR_RETURN(*artifact->mutable_compiled(),
                      CompileGraph(graph, "", *target, *backend, options, times, trace));
     return absl::OkStatus();

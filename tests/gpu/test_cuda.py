@@ -193,6 +193,40 @@ def test_training_softmax_cross_entropy():
 
 # Models (the torch 2 tests' kinds), on the GPU.
 
+def _extern_targets(backend):
+    """The ops the loaded artifacts' plans run through ATen."""
+    targets = []
+    for fn in backend.loaded:
+        art = fn.artifact
+        for g in (art.compiled, art.compiled_forward, art.compiled_backward):
+            targets += [p.extern_call.node.target for p in g.plan.steps
+                        if p.WhichOneof("kind") == "extern_call"]
+    return targets
+
+
+def _softmax_attention(q, k, v):
+    s = (q @ k.transpose(-1, -2)) * (q.shape[-1] ** -0.5)
+    return torch.softmax(s, -1) @ v
+
+
+@pytest.mark.parametrize("shape", [(2, 4, 128, 64), (3, 96, 32)], ids=["heads", "batched"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=_dtype_id)
+def test_softmax_attention_is_one_fused_kernel(dtype, shape):
+    q, k, v = (rand(*shape, dtype=dtype) for _ in range(3))
+    backend = check(_softmax_attention, q, k, v, min_kernels=0)
+    targets = _extern_targets(backend)
+    fused = ("aten._scaled_dot_product_efficient_attention.default" if dtype == torch.float32
+             else "aten._flash_attention_forward.default")
+    assert targets.count(fused) == 1, targets
+    assert "aten.bmm.default" not in targets, targets
+
+
+def test_softmax_attention_training_keeps_its_matmuls():
+    q, k, v = (rand(2, 4, 64, 32) for _ in range(3))
+    backend = check(_softmax_attention, q, k, v, training=True)
+    assert "aten.bmm.default" in _extern_targets(backend)
+
+
 class MLP(torch.nn.Module):
     def __init__(self, d=256):
         super().__init__()

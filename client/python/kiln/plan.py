@@ -378,8 +378,14 @@ class _View:
         state.define(self.value, torch.as_strided(state.env[self.base], sizes, strides, offset))
 
 
+def _layout_differs(t, strides):
+    """Whether tensor `t` is laid out other than `strides` say (dimensions of
+    size 0 or 1 have no layout)."""
+    return any(size > 1 and got != want for size, got, want in zip(t.shape, t.stride(), strides))
+
+
 class _Extern:
-    __slots__ = ("label", "node", "dtypes")
+    __slots__ = ("label", "node", "dtypes", "layouts")
 
     def run(self, state):
         env = state.env
@@ -388,6 +394,14 @@ class _Extern:
             t = env[name]
             if t is not None and t.dtype != dtype:
                 env[name] = t.to(dtype)
+        # Kernels read an extern's result by the strides of its metadata: a
+        # result ATen laid out otherwise (an op whose kernel choice depends on
+        # the device, such as fused attention's math fallback) is copied.
+        for name, strides in self.layouts:
+            t = env[name]
+            if t is not None and _layout_differs(t, strides):
+                env[name] = torch.empty_strided(t.shape, strides, dtype=t.dtype,
+                                                device=t.device).copy_(t)
         if state.storage_users is not None:
             for name in self.node.outputs:
                 t = env[name]  # None for an output the op does not compute
@@ -419,6 +433,7 @@ class _PlanBuilder:
         self.state = {}       # value name -> _LIVE / _FREED / _REUSED
         self.inputs = set()
         self.freed_by = {}    # value name -> its _Free step
+        self.read = set()     # values a step or the plan's outputs read
 
     def define_inputs(self):
         for i, ph in enumerate(self.plan.inputs):
@@ -432,7 +447,9 @@ class _PlanBuilder:
             raise ValueError(f"{where}: the value '{name}' is defined twice")
         self.state[name] = self._LIVE
 
-    def _use(self, name, where):
+    def _use(self, name, where, read=True):
+        if read:
+            self.read.add(name)
         state = self.state.get(name)
         if state is None:
             raise ValueError(f"{where}: the value '{name}' is not defined before it")
@@ -455,7 +472,7 @@ class _PlanBuilder:
             elif kind == "free":
                 step = _Free()
                 step.label = f"step {i} (free '{p.free.value}')"
-                self._use(p.free.value, step.label)
+                self._use(p.free.value, step.label, read=False)
                 step.value = p.free.value
                 step.keep = False
                 self.state[step.value] = self._FREED
@@ -557,12 +574,16 @@ class _PlanBuilder:
         # with torch's own meta functions (batch norm's new running statistics
         # of bfloat16 buffers are bfloat16 on CUDA, float32 by its meta).
         s.dtypes = []
+        s.layouts = []
         for out in node.outputs:
             if out.name and out.meta.dtype:
                 try:
                     s.dtypes.append((out.name, torch_dtype(out.meta.dtype)))
                 except ValueError:
                     pass
+            strides = out.meta.strides
+            if out.name and strides and all(x.WhichOneof("value") == "int_value" for x in strides):
+                s.layouts.append((out.name, tuple(x.int_value for x in strides)))
         return s
 
 
@@ -642,6 +663,12 @@ class PlanRunner:
         builder.define_inputs()
         self._steps = builder.build_steps()
         self.output_names = builder.outputs()
+        # An extern's results that nothing reads (fused attention's random
+        # state) are neither converted nor copied.
+        for step in self._steps:
+            if isinstance(step, _Extern):
+                step.dtypes = [(n, d) for n, d in step.dtypes if n in builder.read]
+                step.layouts = [(n, st) for n, st in step.layouts if n in builder.read]
         self._reuses = any(isinstance(s, _Alloc) and s.reuse is not None for s in self._steps)
         self._checked = {}  # (shape, stride, dtype, device) per input -> run() inputs
 
