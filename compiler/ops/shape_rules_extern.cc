@@ -40,27 +40,40 @@ absl::StatusOr<Metas> Bmm(const OpCall& c) {
 
 // Fused attention kernels (compiler/pipeline/attention.h puts them in place
 // of softmax attention), without dropout, a bias or a mask.
-//
+
+struct AttentionOperands {
+  const TensorMeta *q, *k, *v;
+};
+
+// Query, key and value of a fused attention kernel: rank 4, one dtype, and
+// no dropout (kiln runs no random kernels).
+absl::StatusOr<AttentionOperands> AttentionOperandsOf(const OpCall& c) {
+  AttentionOperands o;
+  ASSIGN_OR_RETURN(o.q, c.Meta("query"));
+  ASSIGN_OR_RETURN(o.k, c.Meta("key"));
+  ASSIGN_OR_RETURN(o.v, c.Meta("value"));
+  RETURN_IF_ERROR(ExpectRank(c, "query", *o.q, {4}));
+  RETURN_IF_ERROR(ExpectRank(c, "key", *o.k, {4}));
+  RETURN_IF_ERROR(ExpectRank(c, "value", *o.v, {4}));
+  RETURN_IF_ERROR(ExpectSameDType(c, "key", *o.k, "query", *o.q));
+  RETURN_IF_ERROR(ExpectSameDType(c, "value", *o.v, "query", *o.q));
+  ASSIGN_OR_RETURN(const double dropout, c.Double("dropout_p"));
+  if (dropout != 0) return ArgError(c, "dropout_p", "must be 0: kiln runs no random kernels");
+  return o;
+}
+
 // Memory-efficient attention: query [B, H, L, E], key [B, H, S, E] and
 // value [B, H, S, Ev] give the output [B, H, L, Ev], laid out as
 // [B, L, H, Ev]; the log-sum-exp, [B, H, L rounded up to 32] in float32 when
 // asked for and [B, H, 0] otherwise; the dropout RNG's seed and offset, int64
 // scalars.
 absl::StatusOr<Metas> EfficientAttention(const OpCall& c) {
-  ASSIGN_OR_RETURN(const TensorMeta* q, c.Meta("query"));
-  ASSIGN_OR_RETURN(const TensorMeta* k, c.Meta("key"));
-  ASSIGN_OR_RETURN(const TensorMeta* v, c.Meta("value"));
-  RETURN_IF_ERROR(ExpectRank(c, "query", *q, {4}));
-  RETURN_IF_ERROR(ExpectRank(c, "key", *k, {4}));
-  RETURN_IF_ERROR(ExpectRank(c, "value", *v, {4}));
-  RETURN_IF_ERROR(ExpectSameDType(c, "key", *k, "query", *q));
-  RETURN_IF_ERROR(ExpectSameDType(c, "value", *v, "query", *q));
+  ASSIGN_OR_RETURN(const AttentionOperands ops, AttentionOperandsOf(c));
+  const TensorMeta *q = ops.q, *k = ops.k, *v = ops.v;
   for (int64_t d : {0, 1, 3}) RETURN_IF_ERROR(ExpectSameSize(c, "key", *k, d, "query", *q, d));
   for (int64_t d : {0, 1}) RETURN_IF_ERROR(ExpectSameSize(c, "value", *v, d, "query", *q, d));
   RETURN_IF_ERROR(ExpectSameSize(c, "value", *v, 2, "key", *k, 2));
   if (!c.IsNone("attn_bias")) return ArgError(c, "attn_bias", "is not supported");
-  ASSIGN_OR_RETURN(const double dropout, c.Double("dropout_p"));
-  if (dropout != 0) return ArgError(c, "dropout_p", "must be 0: kiln runs no random kernels");
   ASSIGN_OR_RETURN(const bool log_sumexp, c.Bool("compute_log_sumexp"));
   const SymInt &b = q->sizes[0], &h = q->sizes[1], &l = q->sizes[2], &ev = v->sizes[3];
   TensorMeta out = NewTensor(q->dtype, {b, h, l, ev}, *q);
@@ -81,14 +94,8 @@ absl::StatusOr<Metas> EfficientAttention(const OpCall& c) {
 // result (uint64 in ATen, int64 here: kiln reads neither); an empty debug
 // mask.
 absl::StatusOr<Metas> FlashAttention(const OpCall& c) {
-  ASSIGN_OR_RETURN(const TensorMeta* q, c.Meta("query"));
-  ASSIGN_OR_RETURN(const TensorMeta* k, c.Meta("key"));
-  ASSIGN_OR_RETURN(const TensorMeta* v, c.Meta("value"));
-  RETURN_IF_ERROR(ExpectRank(c, "query", *q, {4}));
-  RETURN_IF_ERROR(ExpectRank(c, "key", *k, {4}));
-  RETURN_IF_ERROR(ExpectRank(c, "value", *v, {4}));
-  RETURN_IF_ERROR(ExpectSameDType(c, "key", *k, "query", *q));
-  RETURN_IF_ERROR(ExpectSameDType(c, "value", *v, "query", *q));
+  ASSIGN_OR_RETURN(const AttentionOperands ops, AttentionOperandsOf(c));
+  const TensorMeta *q = ops.q, *k = ops.k, *v = ops.v;
   for (int64_t d : {0, 2, 3}) RETURN_IF_ERROR(ExpectSameSize(c, "key", *k, d, "query", *q, d));
   for (int64_t d : {0, 2, 3}) RETURN_IF_ERROR(ExpectSameSize(c, "value", *v, d, "query", *q, d));
   RETURN_IF_ERROR(ExpectSameSize(c, "value", *v, 1, "key", *k, 1));
@@ -96,8 +103,6 @@ absl::StatusOr<Metas> FlashAttention(const OpCall& c) {
                                   "seqused_k", "alibi_slopes"}) {
     if (!c.IsNone(unsupported)) return ArgError(c, unsupported, "is not supported");
   }
-  ASSIGN_OR_RETURN(const double dropout, c.Double("dropout_p"));
-  if (dropout != 0) return ArgError(c, "dropout_p", "must be 0: kiln runs no random kernels");
   ASSIGN_OR_RETURN(const bool debug, c.Bool("return_debug_mask"));
   if (debug) return ArgError(c, "return_debug_mask", "is not supported");
   const SymInt &b = q->sizes[0], &l = q->sizes[1], &h = q->sizes[2];

@@ -1,9 +1,10 @@
-// Tests of the shape rules of matmul, convolution, pooling, embedding and
+// Tests of the shape rules of matmul, fused attention, convolution, pooling, embedding and
 // indexing.
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "compiler/ir/builder.h"
 #include "compiler/ir/graph.h"
 #include "compiler/ops/registry.h"
@@ -61,6 +62,49 @@ struct ConvCase {
   int64_t groups;
   std::string want;
 };
+
+TEST(ShapeRules, FusedAttention) {
+  Env env;
+  auto q = env.In(v1::BFLOAT16, {2, 4, 16, 64});
+  auto k = env.In(v1::BFLOAT16, {2, 4, 24, 64});
+  auto v = env.In(v1::BFLOAT16, {2, 4, 24, 32});
+  auto efficient =
+      env.Infer("aten._scaled_dot_product_efficient_attention.default",
+                {ir::Ref(q), ir::Ref(k), ir::Ref(v), Argument{"", ir::None{}}, Argument{"", true}});
+  ASSERT_TRUE(efficient.ok()) << efficient.status();
+  ASSERT_EQ(efficient->size(), 4u);
+  EXPECT_EQ(Str((*efficient)[0].sizes), "[2, 4, 16, 32]");
+  EXPECT_EQ(Str((*efficient)[0].strides), "[2048, 32, 128, 1]");  // [B, L, H, Ev] in memory
+  EXPECT_EQ(Str((*efficient)[1].sizes), "[2, 4, 32]");            // 16 rounded up to 32
+  EXPECT_EQ((*efficient)[1].dtype, v1::FLOAT32);
+
+  // Flash attention in its [B, L, H, E] layout, its output laid out as q.
+  auto fq = env.In(v1::BFLOAT16, {2, 16, 4, 64});
+  auto fk = env.In(v1::BFLOAT16, {2, 24, 4, 64});
+  auto flash =
+      env.Infer("aten._flash_attention_forward.default",
+                {ir::Ref(fq), ir::Ref(fk), ir::Ref(fk), Argument{"", ir::None{}},
+                 Argument{"", ir::None{}}, Argument{"", int64_t{16}}, Argument{"", int64_t{24}},
+                 Argument{"", 0.0}, Argument{"", false}, Argument{"", false}});
+  ASSERT_TRUE(flash.ok()) << flash.status();
+  ASSERT_EQ(flash->size(), 5u);
+  EXPECT_EQ(Str((*flash)[0].sizes), "[2, 16, 4, 64]");
+  EXPECT_EQ(Str((*flash)[1].sizes), "[2, 4, 16]");
+
+  // Refused by name: dropout, a bias, mismatched sizes.
+  auto dropout = env.Infer("aten._scaled_dot_product_efficient_attention.default",
+                           {ir::Ref(q), ir::Ref(k), ir::Ref(v), Argument{"", ir::None{}},
+                            Argument{"", false}, Argument{"", 0.1}});
+  EXPECT_TRUE(absl::StrContains(dropout.status().message(), "'dropout_p'")) << dropout.status();
+  auto bias = env.Infer("aten._scaled_dot_product_efficient_attention.default",
+                        {ir::Ref(q), ir::Ref(k), ir::Ref(v), ir::Ref(q), Argument{"", false}});
+  EXPECT_TRUE(absl::StrContains(bias.status().message(), "'attn_bias'")) << bias.status();
+  auto sizes = env.Infer(
+      "aten._scaled_dot_product_efficient_attention.default",
+      {ir::Ref(q), ir::Ref(v), ir::Ref(v), Argument{"", ir::None{}}, Argument{"", false}});
+  EXPECT_EQ(sizes.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(sizes.status().message(), "'key'")) << sizes.status();
+}
 
 TEST(ShapeRules, ConvolutionOutputSizes) {
   const std::vector<ConvCase> cases = {
