@@ -109,8 +109,10 @@ class Cache {
   // Record and replay: keeps `failure` (its namespace and id set; ids are
   // the time in 16 hex digits, so that their order is their age) under
   // "r/<ns>/<id>", then drops the namespace's oldest records beyond
-  // kMaxFailuresPerNamespace.
+  // kMaxFailuresPerNamespace and the oldest of all beyond kMaxFailures (a
+  // record holds at most 4 MiB of request: at most 1 GiB in all).
   static constexpr int kMaxFailuresPerNamespace = 32;
+  static constexpr size_t kMaxFailures = 256;
   absl::Status RecordFailure(const v1::FailedCompile& failure);
   // The records of `ns` (of every namespace for "*"), newest first.
   absl::StatusOr<std::vector<v1::FailedCompile>> ListFailures(const std::string& ns);

@@ -5,6 +5,7 @@
 #include <memory>
 #include <tuple>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "cache/cache.h"
@@ -33,20 +34,35 @@ std::string FailureKey(const std::string& ns, const std::string& id) {
 absl::Status Cache::RecordFailure(const v1::FailedCompile& failure) {
   absl::MutexLock w(&write_mu_);
   rocksdb::WriteBatch batch;
-  batch.Put(FailureKey(failure.namespace_(), failure.id()), Seal(failure));
-  // Ids are the time in fixed-width hex: key order is age. The namespace's
-  // oldest records beyond the limit go.
-  std::vector<std::string> held;
-  const std::string prefix = FailureKey(failure.namespace_(), "");
   const std::string mine = FailureKey(failure.namespace_(), failure.id());
+  batch.Put(mine, Seal(failure));
+  // Ids are the time in fixed-width hex: their order is age. The oldest
+  // records beyond the namespace's limit go, and beyond the limit over all
+  // namespaces (so that many namespaces cannot hold unbounded bytes).
+  const std::string prefix = FailureKey(failure.namespace_(), "");
+  std::vector<std::string> held;                         // this namespace's keys
+  std::vector<std::pair<std::string, std::string>> all;  // (id, key), every namespace
   std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions()));
-  for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix); it->Next()) {
-    if (it->key().ToString() != mine) held.push_back(it->key().ToString());
+  for (it->Seek("r/"); it->Valid() && it->key().starts_with("r/"); it->Next()) {
+    std::string key = it->key().ToString();
+    if (key == mine) continue;
+    if (absl::StartsWith(key, prefix)) held.push_back(key);
+    all.emplace_back(key.substr(key.rfind('/') + 1), std::move(key));
   }
   RETURN_IF_ERROR(FromRocks(it->status(), "listing failed compiles"));
   held.push_back(mine);
   std::sort(held.begin(), held.end());
-  for (size_t i = 0; i + kMaxFailuresPerNamespace < held.size(); ++i) batch.Delete(held[i]);
+  absl::flat_hash_set<std::string> dropped;
+  for (size_t i = 0; i + kMaxFailuresPerNamespace < held.size(); ++i) dropped.insert(held[i]);
+  all.emplace_back(failure.id(), mine);
+  std::sort(all.begin(), all.end());
+  size_t kept = all.size() - std::count_if(all.begin(), all.end(), [&](const auto& e) {
+                  return dropped.contains(e.second);
+                });
+  for (size_t i = 0; kept > kMaxFailures && i < all.size(); ++i) {
+    if (dropped.insert(all[i].second).second) --kept;
+  }
+  for (const std::string& key : dropped) batch.Delete(key);
   rocksdb::WriteOptions wo;
   wo.sync = options_.sync_writes;
   return FromRocks(db_->Write(wo, &batch), "recording a failed compile");

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_format.h"
 #include "common/hashing.h"
 #include "rocksdb/db.h"
 
@@ -321,6 +322,33 @@ TEST(CacheTest, ADamagedWriteAheadLogIsRefusedUnlessSalvaged) {
   ASSERT_TRUE(salvaged.ok()) << salvaged.status();
   EXPECT_GT((*salvaged)->totals().entries, 0u);
   EXPECT_LT((*salvaged)->totals().entries, 50u);
+}
+
+TEST(CacheTest, FailureRecordsAreBoundedPerNamespaceAndInAll) {
+  TempDir dir;
+  auto cache = *Cache::Open({dir.path()});
+  auto record = [&](const std::string& ns, int64_t t) {
+    v1::FailedCompile f;
+    f.set_namespace_(ns);
+    f.set_id(absl::StrFormat("%016x", t));
+    f.set_unix_micros(t);
+    ASSERT_TRUE(cache->RecordFailure(f).ok());
+  };
+  int64_t t = 1;
+  for (int i = 0; i < 40; ++i) record("one", t++);
+  auto one = cache->ListFailures("one");
+  ASSERT_TRUE(one.ok());
+  ASSERT_EQ(one->size(), static_cast<size_t>(Cache::kMaxFailuresPerNamespace));
+  EXPECT_EQ(one->front().unix_micros(), 40);  // the newest kept, the oldest gone
+  EXPECT_EQ(one->back().unix_micros(), 9);
+  // Many namespaces: the oldest records of all go beyond kMaxFailures.
+  for (int n = 0; n < 300; ++n) record(absl::StrCat("ns", n), t++);
+  auto all = cache->ListFailures("*");
+  ASSERT_TRUE(all.ok());
+  ASSERT_EQ(all->size(), Cache::kMaxFailures);
+  EXPECT_EQ(all->front().unix_micros(), t - 1);
+  EXPECT_EQ(all->back().unix_micros(), t - static_cast<int64_t>(Cache::kMaxFailures));
+  EXPECT_TRUE(cache->ListFailures("one")->empty());
 }
 
 }  // namespace
