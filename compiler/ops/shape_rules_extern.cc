@@ -106,7 +106,15 @@ absl::StatusOr<Metas> FlashAttention(const OpCall& c) {
   ASSIGN_OR_RETURN(const bool debug, c.Bool("return_debug_mask"));
   if (debug) return ArgError(c, "return_debug_mask", "is not supported");
   const SymInt &b = q->sizes[0], &l = q->sizes[1], &h = q->sizes[2];
-  return Metas{CopyOf(*q, q->dtype), NewTensor(v1::FLOAT32, {b, h, l}, *q),
+  // ATen allocates the output like the query. A query that is a contiguous
+  // [B, H, L, E] seen as [B, L, H, E] (the attention rewrite's view) is dense:
+  // its strides are kept, symbolic or not.
+  TensorMeta out = CopyOf(*q, q->dtype);
+  TensorMeta heads_first = *q;
+  std::swap(heads_first.sizes[1], heads_first.sizes[2]);
+  std::swap(heads_first.strides[1], heads_first.strides[2]);
+  if (IsContiguous(heads_first)) out.strides = q->strides;
+  return Metas{out, NewTensor(v1::FLOAT32, {b, h, l}, *q),
                NewTensor(v1::INT64, {SymInt{int64_t{2}}}, *q), NewTensor(v1::INT64, {}, *q),
                NewTensor(q->dtype, {SymInt{int64_t{0}}}, *q)};
 }

@@ -219,7 +219,13 @@ absl::StatusOr<ir::ValueId> EmitFused(ir::GraphBuilder& b, const Match& m,
                               Positional(false)},
                              {scale}));
   }
-  if (m.rank == 3) {
+  auto contiguous = [&](ir::ValueId x) -> absl::StatusOr<ir::ValueId> {
+    if (ops::IsContiguous(b.value(x).meta)) return x;
+    return emit("aten.clone.default", {Positional(x)},
+                {ir::Argument{"memory_format", v1::CONTIGUOUS_FORMAT}});
+  };
+  if (m.rank == 3) {  // drop the head dimension of 1 from a contiguous result
+    ASSIGN_OR_RETURN(o, contiguous(o));
     std::vector<ir::SymInt> sizes(out_meta.sizes.begin(), out_meta.sizes.end());
     return emit("aten.view.default", {Positional(o), Positional(std::move(sizes))});
   }

@@ -180,6 +180,7 @@ TEST(AttentionRewriteTest, ThreeDimensionalAttentionGoesThroughOneHead) {
   EXPECT_EQ(Fused(t), 1);
   EXPECT_EQ(Count(t, "aten.unsqueeze.default"), 3);
   EXPECT_EQ(Count(t, "aten.bmm.default"), 0);
+  EXPECT_EQ(Count(t, "aten.clone.default"), 0);  // contiguous already
   EXPECT_EQ(g.value(g.outputs()[0]).meta.sizes, want.sizes);
   EXPECT_EQ(g.value(g.outputs()[0]).meta.strides, want.strides);
 }
@@ -257,6 +258,8 @@ TEST(AttentionRewriteTest, ASymbolicBatchIsRewrittenToo) {
   EXPECT_EQ(*fused, 1);
   EXPECT_EQ(Count(Targets(g), kFlash), 1);
   EXPECT_EQ(Count(Targets(g), "aten.bmm.default"), 0);
+  // Flash writes q's layout, which is out's: no copy, symbolic strides and all.
+  EXPECT_EQ(Count(Targets(g), "aten.clone.default"), 0);
   EXPECT_EQ(g.value(g.outputs()[0]).meta.sizes, want.sizes);
 }
 
@@ -280,6 +283,8 @@ TEST(AttentionRewriteTest, AGeneralizedFamilyIsRewritten) {
   // Strides are products of the symbols, not lines through the two sample
   // points (the input's first stride is H * L * 64).
   EXPECT_EQ(g->value(g->inputs()[0].value).meta.strides[0].ToString(), "64*s1*s2");
+  EXPECT_EQ(Count(Targets(*g), kFlash), 1);
+  EXPECT_EQ(Count(Targets(*g), "aten.clone.default"), 0);  // flash writes out's layout
 }
 
 // The graph Dynamo captured of softmax(q @ k^T / sqrt(d)) @ v, its tensors

@@ -4,7 +4,6 @@
 #include <utility>
 
 #include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "compiler/codegen/codegen.h"
@@ -131,14 +130,20 @@ absl::Status RunKiln(const ir::Graph& graph, const v1::Target& wanted, const Kil
       // One fused attention kernel for softmax attention spelled as matmuls.
       ir::Graph rewritten = graph;
       AttentionOptions attention;
-      int sm = 0;
+      // "sm_90", "sm_90a": the leading digits.
       const std::string& arch = target->proto().sm_arch();
-      attention.flash =
-          absl::StartsWith(arch, "sm_") && absl::SimpleAtoi(arch.substr(3), &sm) && sm >= 80;
-      ASSIGN_OR_RETURN(const int fused, times->Time("attention", [&] {
-        return RewriteAttention(&rewritten, attention);
-      }));
-      if (fused > 0) {
+      int sm = 0;
+      for (size_t i = 3; absl::StartsWith(arch, "sm_") && i < arch.size() && sm < 10000; ++i) {
+        if (arch[i] < '0' || arch[i] > '9') break;
+        sm = sm * 10 + (arch[i] - '0');
+      }
+      attention.flash = sm >= 80;
+      absl::StatusOr<int> fused =
+          times->Time("attention", [&] { return RewriteAttention(&rewritten, attention); });
+      if (!fused.ok()) {
+        // An optimization only: the graph compiles as it came.
+        (*trace)["attention_error.txt"] = std::string(fused.status().message());
+      } else if (*fused > 0) {
         (*trace)["attention_graph.txt"] = ir::PrintReadable(rewritten);
         ASSIGN_OR_RETURN(*artifact->mutable_compiled(),
                          CompileGraph(rewritten, "", *target, *backend, options, times, trace));

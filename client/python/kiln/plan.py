@@ -397,9 +397,12 @@ class _Extern:
         # Kernels read an extern's result by the strides of its metadata: a
         # result ATen laid out otherwise (an op whose kernel choice depends on
         # the device, such as fused attention's math fallback) is copied.
-        for name, strides in self.layouts:
+        for name, dims in self.layouts:
             t = env[name]
-            if t is not None and _layout_differs(t, strides):
+            if t is None:
+                continue
+            strides = dims.evaluate(state.values, False)
+            if _layout_differs(t, strides):
                 env[name] = torch.empty_strided(t.shape, strides, dtype=t.dtype,
                                                 device=t.device).copy_(t)
         if state.storage_users is not None:
@@ -581,9 +584,12 @@ class _PlanBuilder:
                     s.dtypes.append((out.name, torch_dtype(out.meta.dtype)))
                 except ValueError:
                     pass
-            strides = out.meta.strides
-            if out.name and strides and all(x.WhichOneof("value") == "int_value" for x in strides):
-                s.layouts.append((out.name, tuple(x.int_value for x in strides)))
+            if out.name and len(out.meta.strides) == len(out.meta.sizes) and out.meta.strides:
+                try:
+                    s.layouts.append((out.name, _Dims(out.meta.strides, self.symbols, where,
+                                                      f"output '{out.name}' strides")))
+                except ValueError:
+                    pass  # strides of symbols the plan does not bind: not checked
         return s
 
 
