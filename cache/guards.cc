@@ -326,7 +326,7 @@ absl::Status CheckExprLimits(absl::string_view text, const ExprLimits& limits,
       return absl::InvalidArgumentError(absl::StrCat(what(), ": parentheses nest deeper than ",
                                                      limits.max_depth, " (max_expr_depth)"));
     }
-    if (c == ')') --depth;
+    if (c == ')' && depth > 0) --depth;
   }
   return absl::OkStatus();
 }

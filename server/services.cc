@@ -147,7 +147,10 @@ grpc::ServerUnaryReactor* CompilerService::Lookup(grpc::CallbackServerContext* c
     Log(requests_, *auth_, *ctx, "Lookup", ns, s, start);
     reactor->Finish(s);
   });
-  if (!queued.ok()) reactor->Finish(ToGrpc(queued));
+  if (!queued.ok()) {
+    // Refused before parsing: the namespace is not known.
+    reactor->Finish(Log(requests_, *auth_, *ctx, "Lookup", "", ToGrpc(queued), start));
+  }
   return reactor;
 }
 

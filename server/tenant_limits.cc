@@ -22,9 +22,10 @@ void TenantLimits::Admission::Release() {
 
 absl::StatusOr<TenantLimits::Admission> TenantLimits::Admit(const std::string& tenant,
                                                             int64_t bytes) {
-  auto refuse = [&](absl::string_view what) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "namespace '", tenant.substr(0, 64), "': ", what, "; retry when some have finished"));
+  auto refuse = [&](absl::string_view what, bool retry = true) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("namespace '", tenant.substr(0, 64), "': ", what,
+                     retry ? "; retry when some have finished" : ""));
   };
   {
     absl::MutexLock l(&mu_);
@@ -37,7 +38,15 @@ absl::StatusOr<TenantLimits::Admission> TenantLimits::Admit(const std::string& t
     }
     if (use.bytes + bytes > max_bytes_) {
       const int64_t held = use.bytes;
-      if (use.requests == 0) use_.erase(tenant);
+      const bool alone = use.requests == 0;
+      if (alone) use_.erase(tenant);
+      if (alone) {
+        return refuse(absl::StrCat("this request's ", bytes,
+                                   " bytes are over the limit "
+                                   "(limits.max_queued_bytes_per_tenant) of ",
+                                   max_bytes_),
+                      /*retry=*/false);
+      }
       return refuse(absl::StrCat("this request's ", bytes, " bytes on top of the ", held,
                                  " in flight pass the limit (limits.max_queued_bytes_per_tenant) "
                                  "of ",
