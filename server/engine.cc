@@ -43,12 +43,7 @@ absl::Status Prefix(const absl::Status& s, absl::string_view prefix) {
 // Structure, schemas, and the client's metadata against the op registry's
 // shape rules.
 absl::StatusOr<ir::Graph> BuildVerified(const v1::Graph& proto, const ir::GraphLimits& limits) {
-  // Before anything is built from it.
-  if (proto.nodes_size() > limits.max_nodes) {
-    return absl::InvalidArgumentError(absl::StrCat("graph has ", proto.nodes_size(),
-                                                   " nodes, over the limit of ", limits.max_nodes,
-                                                   " (max_nodes)"));
-  }
+  RETURN_IF_ERROR(ir::CheckNodeCount(proto.nodes_size(), limits));  // before anything is built
   ASSIGN_OR_RETURN(ir::Graph g, ir::Graph::FromProto(proto));
   RETURN_IF_ERROR(ir::Verify(g, limits));
   RETURN_IF_ERROR(ops::CheckMetadata(ops::DefaultRegistry(), g));

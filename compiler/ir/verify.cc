@@ -96,12 +96,14 @@ absl::Status VerifySymbolicArguments(const Node& node, const GraphLimits& limits
 
 }  // namespace
 
+absl::Status CheckNodeCount(int64_t nodes, const GraphLimits& limits) {
+  if (nodes <= limits.max_nodes) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("graph has ", nodes, " nodes, over the limit of ",
+                                                 limits.max_nodes, " (max_nodes)"));
+}
+
 absl::Status Verify(const Graph& g, const GraphLimits& limits) {
-  if (static_cast<int64_t>(g.nodes().size()) > limits.max_nodes) {
-    return absl::InvalidArgumentError(absl::StrCat("graph has ", g.nodes().size(),
-                                                   " nodes, over the limit of ", limits.max_nodes,
-                                                   " (max_nodes)"));
-  }
+  RETURN_IF_ERROR(CheckNodeCount(static_cast<int64_t>(g.nodes().size()), limits));
   if (g.nodes().empty() && g.outputs().empty()) {
     return absl::InvalidArgumentError("graph is empty: it has no nodes and no outputs");
   }

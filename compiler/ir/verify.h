@@ -17,6 +17,10 @@ namespace kiln::ir {
 // node, expression length; a refusal names the limit's configuration field.
 absl::Status Verify(const Graph& graph, const GraphLimits& limits = GraphLimits());
 
+// A graph of `nodes` nodes within limits.max_nodes; Verify's first check,
+// also run on a wire graph before anything is built from it.
+absl::Status CheckNodeCount(int64_t nodes, const GraphLimits& limits);
+
 }  // namespace kiln::ir
 
 #endif  // KILN_COMPILER_IR_VERIFY_H_

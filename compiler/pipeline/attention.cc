@@ -219,25 +219,25 @@ absl::StatusOr<ir::ValueId> EmitFused(ir::GraphBuilder& b, const Match& m,
                               Positional(false)},
                              {scale}));
   }
-  auto contiguous = [&](ir::ValueId x) -> absl::StatusOr<ir::ValueId> {
-    if (ops::IsContiguous(b.value(x).meta)) return x;
+  auto copy = [&](ir::ValueId x) {
     return emit("aten.clone.default", {Positional(x)},
                 {ir::Argument{"memory_format", v1::CONTIGUOUS_FORMAT}});
   };
   if (m.rank == 3) {  // drop the head dimension of 1 from a contiguous result
-    ASSIGN_OR_RETURN(o, contiguous(o));
+    if (!ops::IsContiguous(b.value(o).meta)) {
+      ASSIGN_OR_RETURN(o, copy(o));
+    }
     std::vector<ir::SymInt> sizes(out_meta.sizes.begin(), out_meta.sizes.end());
     return emit("aten.view.default", {Positional(o), Positional(std::move(sizes))});
   }
   if (b.value(o).meta.strides == out_meta.strides) return o;  // laid out as out already
-  return emit("aten.clone.default", {Positional(o)},
-              {ir::Argument{"memory_format", v1::CONTIGUOUS_FORMAT}});
+  return copy(o);
 }
 
 }  // namespace
 
-absl::StatusOr<int> RewriteAttention(ir::Graph* graph, const AttentionOptions& options) {
-  const ir::Graph& g = *graph;
+absl::StatusOr<int> RewriteAttention(const ir::Graph& g, ir::Graph* out,
+                                     const AttentionOptions& options) {
   const Uses uses = CountUses(g);
   std::vector<std::optional<Match>> matches(g.nodes().size());
   int found = 0;
@@ -261,8 +261,8 @@ absl::StatusOr<int> RewriteAttention(ir::Graph* graph, const AttentionOptions& o
                      EmitFused(b, *matches[i], map, g.value(matches[i]->out).meta, options.flash));
   }
   for (ir::ValueId id : g.outputs()) b.AddOutput(map[id]);
-  *graph = std::move(b).Build();
-  ir::EliminateDeadCode(graph);
+  *out = std::move(b).Build();  // the last use of `g`, which may be *out
+  ir::EliminateDeadCode(out);
   return found;
 }
 

@@ -38,8 +38,10 @@ struct AttentionOptions {
   bool flash = true;  // the target runs flash attention (sm_80 and later)
 };
 
-// Rewrites every match in `graph`; returns how many.
-absl::StatusOr<int> RewriteAttention(ir::Graph* graph, const AttentionOptions& options = {});
+// Rewrites every match in `graph`; returns how many. Only when there is one
+// is `*out` (which may be `graph` itself) set to the rewritten graph.
+absl::StatusOr<int> RewriteAttention(const ir::Graph& graph, ir::Graph* out,
+                                     const AttentionOptions& options = {});
 
 }  // namespace kiln::pipeline
 

@@ -127,7 +127,7 @@ TEST(AttentionRewriteTest, HeadsBecomeOneFusedKernelAndACopyWhereLayoutsDiffer) 
         Attention a(sp);
         const ir::TensorMeta want = a.out_meta();
         ir::Graph g = std::move(a).Build();
-        auto fused = RewriteAttention(&g, {flash});
+        auto fused = RewriteAttention(g, &g, {flash});
         ASSERT_TRUE(fused.ok()) << fused.status();
         EXPECT_EQ(*fused, 1);
         const std::vector<std::string> t = Targets(g);
@@ -173,7 +173,7 @@ TEST(AttentionRewriteTest, ThreeDimensionalAttentionGoesThroughOneHead) {
   Attention a(sp);
   const ir::TensorMeta want = a.out_meta();
   ir::Graph g = std::move(a).Build();
-  auto fused = RewriteAttention(&g);
+  auto fused = RewriteAttention(g, &g);
   ASSERT_TRUE(fused.ok()) << fused.status();
   EXPECT_EQ(*fused, 1);
   const std::vector<std::string> t = Targets(g);
@@ -205,7 +205,7 @@ TEST(AttentionRewriteTest, WhatTheKernelCannotComputeIsLeftAlone) {
     SCOPED_TRACE(c.what);
     ir::Graph g = Attention(c.sp).Build();
     const size_t nodes = g.nodes().size();
-    auto fused = RewriteAttention(&g);
+    auto fused = RewriteAttention(g, &g);
     ASSERT_TRUE(fused.ok()) << fused.status();
     EXPECT_EQ(*fused, 0);
     EXPECT_EQ(g.nodes().size(), nodes);
@@ -253,7 +253,7 @@ TEST(AttentionRewriteTest, ASymbolicBatchIsRewrittenToo) {
   b.AddOutput(out);
   const ir::TensorMeta want = b.value(out).meta;
   ir::Graph g = std::move(b).Build();
-  auto fused = RewriteAttention(&g);
+  auto fused = RewriteAttention(g, &g);
   ASSERT_TRUE(fused.ok()) << fused.status();
   EXPECT_EQ(*fused, 1);
   EXPECT_EQ(Count(Targets(g), kFlash), 1);
@@ -277,7 +277,7 @@ TEST(AttentionRewriteTest, AGeneralizedFamilyIsRewritten) {
   ASSERT_TRUE(general.ok()) << general.status();
   auto g = ir::Graph::FromProto(cache::ConstantsAsInts(general->graph));
   ASSERT_TRUE(g.ok()) << g.status();
-  auto fused = RewriteAttention(&*g);
+  auto fused = RewriteAttention(*g, &*g);
   ASSERT_TRUE(fused.ok()) << fused.status();
   EXPECT_EQ(*fused, 1) << ir::PrintReadable(*g);
   // Strides are products of the symbols, not lines through the two sample
@@ -305,7 +305,7 @@ TEST(AttentionRewriteTest, TheCapturedGraphIsRewritten) {
   }
   auto g = ir::Graph::FromProto(file.graph());
   ASSERT_TRUE(g.ok()) << g.status();
-  auto fused = RewriteAttention(&*g);
+  auto fused = RewriteAttention(*g, &*g);
   ASSERT_TRUE(fused.ok()) << fused.status();
   EXPECT_EQ(*fused, 1);
   EXPECT_EQ(Fused(Targets(*g)), 1);

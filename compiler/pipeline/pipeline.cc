@@ -3,8 +3,9 @@
 #include <memory>
 #include <utility>
 
-#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "common/status_macros.h"
 #include "compiler/codegen/codegen.h"
 #include "compiler/ir/canonical.h"
@@ -128,18 +129,15 @@ absl::Status RunKiln(const ir::Graph& graph, const v1::Target& wanted, const Kil
   if (!training) {
     if (target->device_type() == "cuda") {
       // One fused attention kernel for softmax attention spelled as matmuls.
-      ir::Graph rewritten = graph;
-      AttentionOptions attention;
-      // "sm_90", "sm_90a": the leading digits.
-      const std::string& arch = target->proto().sm_arch();
+      // "sm_90" or "sm_90a" (SelectTarget checked the form).
       int sm = 0;
-      for (size_t i = 3; absl::StartsWith(arch, "sm_") && i < arch.size() && sm < 10000; ++i) {
-        if (arch[i] < '0' || arch[i] > '9') break;
-        sm = sm * 10 + (arch[i] - '0');
-      }
-      attention.flash = sm >= 80;
+      AttentionOptions attention;
+      attention.flash =
+          absl::SimpleAtoi(absl::StripSuffix(target->proto().sm_arch().substr(3), "a"), &sm) &&
+          sm >= 80;
+      ir::Graph rewritten;
       absl::StatusOr<int> fused =
-          times->Time("attention", [&] { return RewriteAttention(&rewritten, attention); });
+          times->Time("attention", [&] { return RewriteAttention(graph, &rewritten, attention); });
       if (!fused.ok()) {
         // An optimization only: the graph compiles as it came.
         (*trace)["attention_error.txt"] = std::string(fused.status().message());
