@@ -40,8 +40,10 @@ absl::StatusOr<std::unique_ptr<Interpreter>> Load(const v1::Graph& proto,
 }
 
 absl::StatusOr<std::unique_ptr<PlanExecutor>> LoadPlan(const v1::CompiledGraph& graph,
-                                                       const std::string& field) {
-  absl::StatusOr<std::unique_ptr<PlanExecutor>> plan = PlanExecutor::Create(graph);
+                                                       const std::string& field,
+                                                       const v1::Target& target) {
+  absl::StatusOr<std::unique_ptr<PlanExecutor>> plan =
+      PlanExecutor::Create(graph, target.device_type() == "cuda" ? target.sm_arch() : "");
   if (!plan.ok()) return Annotate(plan.status(), field);
   return plan;
 }
@@ -74,13 +76,21 @@ absl::StatusOr<std::unique_ptr<CompiledFunction>> CompiledFunction::CreateVerifi
   return Create(artifact);
 }
 
+absl::Status CheckArtifactHeader(uint32_t format_version, absl::string_view device_type,
+                                 const std::string& cpu_isa) {
+  if (format_version > kMaxArtifactFormatVersion) {
+    return absl::FailedPreconditionError(absl::StrCat("artifact.format_version ", format_version,
+                                                      " is newer than this runtime reads (",
+                                                      kMaxArtifactFormatVersion, ")"));
+  }
+  if (device_type == "cuda") return absl::OkStatus();
+  return CheckCpuSupports(cpu_isa);
+}
+
 absl::StatusOr<std::unique_ptr<CompiledFunction>> CompiledFunction::Create(
     const v1::Artifact& artifact) {
-  if (artifact.format_version() > kMaxArtifactFormatVersion) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("artifact.format_version ", artifact.format_version(),
-                     " is newer than this runtime reads (", kMaxArtifactFormatVersion, ")"));
-  }
+  RETURN_IF_ERROR(CheckArtifactHeader(artifact.format_version(), artifact.target().device_type(),
+                                      artifact.target().cpu_isa()));
   std::unique_ptr<CompiledFunction> fn(new CompiledFunction());
   fn->backend_ = artifact.backend();
 
@@ -99,14 +109,14 @@ absl::StatusOr<std::unique_ptr<CompiledFunction>> CompiledFunction::Create(
   }
 
   if (artifact.backend() == "kiln") {
-    RETURN_IF_ERROR(CheckCpuSupports(artifact.target().cpu_isa()));
     fn->name_ = artifact.graph().name();
     if (!artifact.has_compiled_forward() && !artifact.has_compiled_backward()) {
       if (!artifact.has_compiled()) {
         return absl::FailedPreconditionError(
             "kiln artifact: neither artifact.compiled nor artifact.compiled_forward is present");
       }
-      ASSIGN_OR_RETURN(fn->forward_.plan, LoadPlan(artifact.compiled(), "artifact.compiled"));
+      ASSIGN_OR_RETURN(fn->forward_.plan,
+                       LoadPlan(artifact.compiled(), "artifact.compiled", artifact.target()));
       fn->num_inputs_ = fn->forward_.plan->num_inputs();
       fn->num_outputs_ = fn->forward_.plan->num_outputs();
       fn->inputs_need_grad_.assign(fn->num_inputs_, false);
@@ -122,10 +132,10 @@ absl::StatusOr<std::unique_ptr<CompiledFunction>> CompiledFunction::Create(
             absl::StrCat("kiln training artifact: ", field, " is missing"));
       }
     }
-    ASSIGN_OR_RETURN(fn->forward_.plan,
-                     LoadPlan(artifact.compiled_forward(), "artifact.compiled_forward"));
-    ASSIGN_OR_RETURN(fn->backward_.plan,
-                     LoadPlan(artifact.compiled_backward(), "artifact.compiled_backward"));
+    ASSIGN_OR_RETURN(fn->forward_.plan, LoadPlan(artifact.compiled_forward(),
+                                                 "artifact.compiled_forward", artifact.target()));
+    ASSIGN_OR_RETURN(fn->backward_.plan, LoadPlan(artifact.compiled_backward(),
+                                                  "artifact.compiled_backward", artifact.target()));
     if (fn->name_.empty()) fn->name_ = artifact.autograd().forward().name();
     fn->num_inputs_ = fn->forward_.plan->num_inputs();
     RETURN_IF_ERROR(fn->InitAutograd(artifact.autograd(), fn->forward_.plan->num_outputs(),

@@ -57,6 +57,14 @@
 
 namespace kiln::runtime {
 
+// Whether this runtime can run an artifact with this header: its
+// format_version is one this runtime reads, and a cpu artifact's code was
+// compiled for an ISA level this CPU has (cpu_features.h). A cuda artifact's
+// arch is checked per device when its kernels load (cuda_module.h).
+// FAILED_PRECONDITION naming the field otherwise.
+absl::Status CheckArtifactHeader(uint32_t format_version, absl::string_view device_type,
+                                 const std::string& cpu_isa);
+
 class CompiledFunction {
  public:
   // What one forward call keeps for its backward: the saved values, and the

@@ -26,11 +26,16 @@
 //     compiler/codegen/codegen.h:
 //       extern "C" void symbol(void* const* buffers, const int64_t* symbols);
 //     buffers[i] = data_ptr() of buffers[i] (storage offset included).
+//     A cuda module's kernel (cuda_module.h) is launched with the Launch's
+//     grid (an expression) and block (a constant) on torch's current stream
+//     of the GPU all its buffers are on; an artifact whose arch that GPU
+//     cannot run is refused naming both.
 //   - View: at::as_strided(base, sizes, strides, storage_offset), never a
 //     copy. Extern: the ATen op called boxed through the dispatcher (BoundOp,
 //     interpreter.h); its outputs define the node's output names, each
 //     converted to the dtype the node gives it when the kernel returned
-//     another.
+//     another, and copied into the strides it gives when ATen laid it out
+//     otherwise (outputs nothing reads are left as they are).
 //   - Free: the value is dead; its tensor is dropped (or kept for an Alloc
 //     that reuses it).
 //   - Outputs are the named values as the steps left them: an Alloc'd output
@@ -55,6 +60,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "client/runtime/module_loader.h"
 #include "kiln/v1/artifact.pb.h"
 
@@ -68,13 +74,17 @@ class PlanExecutor {
   // values, malformed or unbound expressions, a bad module index, a bad
   // reuse); NOT_FOUND naming the symbol when a module lacks a Launch's
   // function, or naming the node when ATen lacks an Extern's operator;
-  // FAILED_PRECONDITION for a module language this runtime cannot load;
+  // FAILED_PRECONDITION for a module language this runtime cannot load (cuda
+  // in a runtime built without CUDA);
   // INTERNAL when a module cannot be loaded.
-  static absl::StatusOr<std::unique_ptr<PlanExecutor>> Create(const v1::CompiledGraph& graph);
+  // `sm_arch` is the artifact's target.sm_arch, which cuda modules need.
+  static absl::StatusOr<std::unique_ptr<PlanExecutor>> Create(const v1::CompiledGraph& graph,
+                                                              absl::string_view sm_arch = "");
   // The same through `loader`, which need only live while Create runs: the
   // executor holds its modules itself.
   static absl::StatusOr<std::unique_ptr<PlanExecutor>> Create(const v1::CompiledGraph& graph,
-                                                              ModuleLoader& loader);
+                                                              ModuleLoader& loader,
+                                                              absl::string_view sm_arch = "");
 
   PlanExecutor(const PlanExecutor&) = delete;
   PlanExecutor& operator=(const PlanExecutor&) = delete;

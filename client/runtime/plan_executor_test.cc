@@ -472,7 +472,7 @@ TEST(PlanExecutorErrorTest, WrongInputsAreInvalidArguments) {
 
   s = RunMain({x.to(at::kDouble), b, w});
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(s.message(), AllOf(HasSubstr("input 0 ('x')"), HasSubstr("Double")));
+  EXPECT_THAT(s.message(), AllOf(HasSubstr("input 0 ('x')"), HasSubstr("torch.float64")));
 
   s = RunMain({x, b.unsqueeze(0), w});
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);

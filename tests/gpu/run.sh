@@ -43,7 +43,9 @@ for _ in $(seq 100); do
   sleep 0.1
 done
 export KILN_SERVER=127.0.0.1:$port
-unset LD_LIBRARY_PATH  # torch's own CUDA libraries for the tests
+# torch's own CUDA libraries for the tests; Protocol Buffers and Abseil for
+# the runtime library (tests/gpu/prepare.sh).
+export LD_LIBRARY_PATH="$PWD/.gpu/extlib"
 status=0
 if [ $tests -eq 1 ]; then
   python3 -m pytest tests/gpu/test_cuda.py -q -p no:cacheprovider -rf "$@" 2>&1 | tee "$out/pytest.log"

@@ -337,10 +337,20 @@ def test_model(name, training):
 
 
 def test_arch_mismatch_is_refused():
-    from kiln.cuda import check_arch
+    """The runtime refuses CUBINs for an arch this GPU cannot run, naming
+    both, when they would load (the first run on the device)."""
+    backend = _backend()
+    x = rand(64, 32)
+    torch.compile(lambda t: (t * 2).relu(), backend=backend)(x)
+    compiled = backend.loaded[-1].artifact.compiled
+    assert compiled.modules and compiled.modules[0].language == "cuda"
     major, minor = torch.cuda.get_device_capability()
-    with pytest.raises(ValueError, match=f"compiled for sm_{major + 1}0.*sm_{major}{minor}"):
-        check_arch(f"sm_{major + 1}0", torch.device("cuda", 0))
+    runner = kiln.PlanRunner(compiled, sm_arch=f"sm_{major + 1}0")
+    with pytest.raises(NotImplementedError,
+                       match=f"compiled for sm_{major + 1}0, but cuda:0 is sm_{major}{minor}"):
+        runner.run([x])
+    with pytest.raises(ValueError, match="not an SM arch"):
+        kiln.PlanRunner(compiled, sm_arch="gfx90a")
 
 
 def test_convnet_bfloat16_training():

@@ -71,6 +71,7 @@ import types
 import torch
 from torch.autograd.function import once_differentiable
 
+from kiln._executor import check_artifact
 from kiln.plan import PlanRunner
 from kiln.runtime import Interpreter
 
@@ -163,39 +164,6 @@ def _entry(fn):
                               call.__closure__)
 
 
-# CPU flags each x86-64 level needs (g++'s -march names), as /proc/cpuinfo
-# spells them.
-_ISA_FLAGS = {
-    "x86-64": [],
-    "x86-64-v2": ["ssse3", "sse4_2", "popcnt"],
-    "x86-64-v3": ["ssse3", "sse4_2", "popcnt", "avx2", "fma", "bmi2"],
-    "x86-64-v4": ["ssse3", "sse4_2", "popcnt", "avx2", "fma", "bmi2", "avx512f", "avx512bw",
-                  "avx512vl", "avx512dq"],
-}
-
-
-def check_cpu_supports(isa, cpu_flags=None):
-    """Raises RuntimeError when generated code for `isa` would not run on this
-    CPU (instead of an illegal instruction). `cpu_flags` defaults to this CPU's
-    /proc/cpuinfo flags; ISA names other than the x86-64 levels are not
-    checked."""
-    needed = _ISA_FLAGS.get(isa)
-    if not needed:
-        return
-    if cpu_flags is None:
-        try:
-            with open("/proc/cpuinfo") as f:
-                line = next((text for text in f if text.startswith("flags")), "")
-        except OSError:
-            return
-        cpu_flags = set(line.split(":", 1)[-1].split())
-    for flag in needed:
-        if flag not in cpu_flags:
-            raise RuntimeError(f"the artifact's code was compiled for {isa}, which needs {flag}; "
-                               "this CPU lacks it: compile with options.target.cpu_isa set to a "
-                               "level it has")
-
-
 class _AutogradGraphs(torch.autograd.Function):
     """The forward and backward graphs of a training artifact as one autograd
     function: apply(fn, *primals) -> forward outputs, `fn` an ArtifactFunction."""
@@ -264,8 +232,8 @@ class ArtifactFunction:
         self.inference_only = False
 
         arch = artifact.target.sm_arch if artifact.target.device_type == "cuda" else ""
-        if (artifact.HasField("compiled") or artifact.HasField("compiled_forward")) and not arch:
-            check_cpu_supports(artifact.target.cpu_isa)
+        if artifact.HasField("compiled") or artifact.HasField("compiled_forward"):
+            check_artifact(artifact)
         if artifact.HasField("compiled_forward") or artifact.HasField("compiled_backward"):
             if not (artifact.HasField("compiled_forward") and artifact.HasField("compiled_backward")
                     and artifact.HasField("autograd")):

@@ -19,9 +19,8 @@ takes the returned tuple or list in order.
 Autograd is left as the caller has it: inputs that require grad give outputs
 with a grad_fn, as eager PyTorch would. This is the runtime of the `eager`
 artifact and the reference the tests compare the other backends with; it is
-the Python counterpart of the C++ client/runtime/interpreter.h. BoundNode, one
-node bound to its op, is shared with the plan runner (kiln.plan), which runs
-a `kiln` artifact's Extern steps through it.
+the Python counterpart of the C++ client/runtime/interpreter.h. BoundNode is
+one node bound to its op.
 
 An Interpreter is immutable after construction and may be run from several
 threads at once. run_graph() builds a fresh one per call.
@@ -276,22 +275,13 @@ def _names_read(value):
     return []
 
 
-def _exprs_used(value):
-    if isinstance(value, _Sym):
-        return [value.expr]
-    if isinstance(value, _SymList):
-        return [i.expr for i in value.items if isinstance(i, _Sym)]
-    return []
-
-
 class BoundNode:
     """One kiln.v1.Node bound to its operator: the overload is resolved and
     the constant arguments converted once, at construction (ValueError
     naming the node for a target torch does not know or an argument it
     cannot convert). call() runs it on an environment of named tensors.
 
-    This is what the reference runner runs for every node and what the plan
-    runner (kiln.plan) runs for an Extern step. Immutable.
+    This is what the reference runner runs for every node. Immutable.
 
     `ops` is an optional cache (target -> overload) shared by the nodes of
     one graph."""
@@ -324,10 +314,6 @@ class BoundNode:
     def reads(self):
         """The names of the values the node reads, in argument order."""
         return [name for v in self.args + list(self.kwargs.values()) for name in _names_read(v)]
-
-    def exprs(self):
-        """The SymExprs of its symbolic arguments."""
-        return [e for v in self.args + list(self.kwargs.values()) for e in _exprs_used(v)]
 
     def call(self, env, symbols):
         """Runs the op on the values named in `env` (name -> tensor) with the
