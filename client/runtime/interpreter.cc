@@ -197,6 +197,10 @@ absl::StatusOr<Slot> Convert(const c10::TypePtr& type, c10::optional<int32_t> n,
         slot.tensor = *v;
         return slot;
       }
+      // None for a (non-optional) Tensor is an undefined tensor, as torch's
+      // Python binding passes it (attention backwards take "Tensor
+      // attn_bias" that may be undefined).
+      if (std::holds_alternative<ir::None>(kind)) return Constant(c10::IValue(at::Tensor()));
       return mismatch;
     case c10::TypeKind::IntType:
     case c10::TypeKind::SymIntType:

@@ -122,6 +122,32 @@ void RegisterMatmulAndConvolution(Registry* r) {
             {Ref(g), Arg(c, "self"), Arg(c, "kernel_size"), Arg(c, "stride"), Arg(c, "padding"),
              Arg(c, "ceil_mode"), Arg(c, "count_include_pad"), Arg(c, "divisor_override")});
       }));
+  // Memory-efficient attention: ATen's backward from the output and the
+  // log-sum-exp the forward computed (the attention rewrite asks for it in
+  // training graphs); the RNG's seed and offset pass through (no dropout).
+  Def(r, "aten._scaled_dot_product_efficient_attention.default", [](Ctx& c) -> absl::Status {
+    if (c.grad_output(0) == kNoValue) return absl::OkStatus();
+    const bool mask[3] = {c.NeedsGrad("query"), c.NeedsGrad("key"), c.NeedsGrad("value")};
+    if (!mask[0] && !mask[1] && !mask[2]) return absl::OkStatus();
+    ASSIGN_OR_RETURN(bool log_sumexp, c.call().Bool("compute_log_sumexp"));
+    if (!log_sumexp) {
+      return absl::UnimplementedError(absl::StrCat(
+          "derivative of ", c.call().Where(), ": needs compute_log_sumexp=True in the forward"));
+    }
+    ASSIGN_OR_RETURN(std::vector<ValueId> gs,
+                     c.OpN("aten._scaled_dot_product_efficient_attention_backward.default",
+                           {Ref(c.grad_output(0)), Arg(c, "query"), Arg(c, "key"), Arg(c, "value"),
+                            Argument{"", ir::None{}}, Ref(c.output(0)), Ref(c.output(1)),
+                            Ref(c.output(2)), Ref(c.output(3)), Arg(c, "dropout_p"),
+                            Argument{"", std::vector<bool>{mask[0], mask[1], mask[2], false}},
+                            Arg(c, "is_causal")},
+                           {Argument{"scale", Arg(c, "scale").kind}}));
+    const char* params[3] = {"query", "key", "value"};
+    for (int i = 0; i < 3; ++i) {
+      if (mask[i]) c.SetGrad(params[i], gs[i]);
+    }
+    return absl::OkStatus();
+  });
   // embedding: the dense backward (sparse gradients are not supported).
   Def(r, "aten.embedding.default",
       [](Ctx& c) -> absl::Status {

@@ -66,7 +66,7 @@ absl::StatusOr<AttentionOperands> AttentionOperandsOf(const OpCall& c) {
 // value [B, H, S, Ev] give the output [B, H, L, Ev], laid out as
 // [B, L, H, Ev]; the log-sum-exp, [B, H, L rounded up to 32] in float32 when
 // asked for and [B, H, 0] otherwise; the dropout RNG's seed and offset, int64
-// scalars.
+// scalars that ATen keeps in host memory.
 absl::StatusOr<Metas> EfficientAttention(const OpCall& c) {
   ASSIGN_OR_RETURN(const AttentionOperands ops, AttentionOperandsOf(c));
   const TensorMeta *q = ops.q, *k = ops.k, *v = ops.v;
@@ -83,8 +83,40 @@ absl::StatusOr<Metas> EfficientAttention(const OpCall& c) {
     if (!l.is_constant()) return ArgError(c, "compute_log_sumexp", "needs a constant query length");
     lse_length = SymInt{(l.constant() + 31) / 32 * 32};
   }
-  return Metas{out, NewTensor(v1::FLOAT32, {b, h, lse_length}, *q), NewTensor(v1::INT64, {}, *q),
-               NewTensor(v1::INT64, {}, *q)};
+  const ir::Device host{"cpu", -1};
+  return Metas{out, NewTensor(v1::FLOAT32, {b, h, lse_length}, *q),
+               NewTensorOn(v1::INT64, {}, host), NewTensorOn(v1::INT64, {}, host)};
+}
+
+// Its backward: the gradients of query, key and value, shaped as they are
+// and laid out as [B, L, H, E] seen as [B, H, L, E] (ATen computes them in
+// that layout; when it picks another, the runtime copies into this one), and
+// an undefined gradient of the bias (kiln passes none).
+absl::StatusOr<Metas> EfficientAttentionBackward(const OpCall& c) {
+  ASSIGN_OR_RETURN(const TensorMeta* q, c.Meta("query"));
+  ASSIGN_OR_RETURN(const TensorMeta* k, c.Meta("key"));
+  ASSIGN_OR_RETURN(const TensorMeta* v, c.Meta("value"));
+  ASSIGN_OR_RETURN(const TensorMeta* g, c.Meta("grad_out_"));
+  ASSIGN_OR_RETURN(const TensorMeta* out, c.Meta("out"));
+  for (const auto& [name, m] :
+       {std::pair{"query", q}, {"key", k}, {"value", v}, {"grad_out_", g}, {"out", out}}) {
+    RETURN_IF_ERROR(ExpectRank(c, name, *m, {4}));
+  }
+  RETURN_IF_ERROR(ExpectSameDType(c, "key", *k, "query", *q));
+  RETURN_IF_ERROR(ExpectSameDType(c, "value", *v, "query", *q));
+  for (int64_t d = 0; d < 4; ++d) {
+    RETURN_IF_ERROR(ExpectSameSize(c, "grad_out_", *g, d, "out", *out, d));
+  }
+  if (!c.IsNone("attn_bias")) return ArgError(c, "attn_bias", "is not supported");
+  ASSIGN_OR_RETURN(const double dropout, c.Double("dropout_p"));
+  if (dropout != 0) return ArgError(c, "dropout_p", "must be 0: kiln runs no random kernels");
+  auto grad = [](const TensorMeta& x) {
+    TensorMeta m = CopyOf(x, x.dtype);
+    const SymInt &l = x.sizes[2], &h = x.sizes[1], &e = x.sizes[3];
+    m.strides = {SymMul(SymMul(l, h), e), e, SymMul(h, e), SymInt{int64_t{1}}};
+    return m;
+  };
+  return Metas{grad(*q), grad(*k), grad(*v), NewTensor(q->dtype, {SymInt{int64_t{0}}}, *q)};
 }
 
 // Flash attention (float16 and bfloat16, sm_80 and later), in its own layout:
@@ -405,6 +437,8 @@ void RegisterExtern(Definer& def) {
   def("aten.mm.default", kExpensive, Mm);
   def("aten.bmm.default", kExpensive, Bmm);
   def("aten._scaled_dot_product_efficient_attention.default", kExpensive, EfficientAttention);
+  def("aten._scaled_dot_product_efficient_attention_backward.default", kExpensive,
+      EfficientAttentionBackward);
   def("aten._flash_attention_forward.default", kExpensive, FlashAttention);
   def("aten.addmm.default", kExpensive, Addmm);
   def("aten.convolution.default", kExpensive, Convolution);

@@ -1,5 +1,6 @@
 #include "compiler/pipeline/attention.h"
 
+#include <algorithm>
 #include <cmath>
 #include <optional>
 #include <utility>
@@ -16,7 +17,11 @@ namespace {
 
 constexpr char kEfficientAttention[] = "aten._scaled_dot_product_efficient_attention.default";
 constexpr char kFlashAttention[] = "aten._flash_attention_forward.default";
-constexpr int64_t kMaxHeadDim = 128;
+constexpr int64_t kMaxHeadDim = 256;
+// In training, memory-efficient attention's backward is slower than the
+// matmuls it replaces beyond this head dim (bfloat16 on an H100, a GPT-2
+// block with heads of 192: 2x slower than unfused).
+constexpr int64_t kMaxTrainingHeadDim = 128;
 
 // Who makes each value, and how many times it is read (graph outputs count).
 struct Uses {
@@ -181,7 +186,8 @@ ir::Argument Positional(ir::Argument::Kind kind) { return ir::Argument{"", std::
 // the copy into out's layout; returns the new out.
 absl::StatusOr<ir::ValueId> EmitFused(ir::GraphBuilder& b, const Match& m,
                                       const std::vector<ir::ValueId>& map,
-                                      const ir::TensorMeta& out_meta, bool flash) {
+                                      const ir::TensorMeta& out_meta,
+                                      const AttentionOptions& options) {
   const ops::Registry& registry = ops::DefaultRegistry();
   auto emit = [&](const char* target, std::vector<ir::Argument> args,
                   std::vector<ir::Argument> kwargs = {}) -> absl::StatusOr<ir::ValueId> {
@@ -199,7 +205,8 @@ absl::StatusOr<ir::ValueId> EmitFused(ir::GraphBuilder& b, const Match& m,
   }
   const ir::Argument scale{"scale", m.scale};
   ir::ValueId o = ir::kNoValue;
-  const bool flash_fits = flash && b.value(q).meta.dtype != v1::FLOAT32 &&
+  const bool flash_fits = options.flash && !options.training &&
+                          b.value(q).meta.dtype != v1::FLOAT32 &&
                           b.value(q).meta.sizes.back() == b.value(v).meta.sizes.back();
   if (flash_fits) {
     // Flash attention reads and writes [B, L, H, D]: views both ways.
@@ -216,7 +223,7 @@ absl::StatusOr<ir::ValueId> EmitFused(ir::GraphBuilder& b, const Match& m,
   } else {
     ASSIGN_OR_RETURN(o, emit(kEfficientAttention,
                              {Positional(q), Positional(k), Positional(v), Positional(ir::None{}),
-                              Positional(false)},
+                              Positional(options.training)},
                              {scale}));
   }
   auto copy = [&](ir::ValueId x) {
@@ -243,6 +250,11 @@ absl::StatusOr<int> RewriteAttention(const ir::Graph& g, ir::Graph* out,
   int found = 0;
   for (size_t i = 0; i < g.nodes().size(); ++i) {
     matches[i] = MatchAt(g, uses, g.nodes()[i]);
+    if (matches[i] && options.training &&
+        std::max(g.value(matches[i]->q).meta.sizes.back().constant(),
+                 g.value(matches[i]->v).meta.sizes.back().constant()) > kMaxTrainingHeadDim) {
+      matches[i].reset();
+    }
     found += matches[i].has_value();
   }
   if (found == 0) return 0;
@@ -258,7 +270,7 @@ absl::StatusOr<int> RewriteAttention(const ir::Graph& g, ir::Graph* out,
       continue;
     }
     ASSIGN_OR_RETURN(map[matches[i]->out],
-                     EmitFused(b, *matches[i], map, g.value(matches[i]->out).meta, options.flash));
+                     EmitFused(b, *matches[i], map, g.value(matches[i]->out).meta, options));
   }
   for (ir::ValueId id : g.outputs()) b.AddOutput(map[id]);
   *out = std::move(b).Build();  // the last use of `g`, which may be *out

@@ -20,10 +20,18 @@
 // Only where the fused kernel computes the same thing: q, k and v of rank 3
 // or 4 (rank 3 goes through a head dimension of 1), float32, float16 or
 // bfloat16 on CUDA, head dims that are constant multiples of 8 and at most
-// 128 (the other sizes may be symbolic), a last stride of 1, a contiguous
+// 256 (the other sizes may be symbolic), a last stride of 1, a contiguous
 // `out`; every value between the sources and `out`
-// used by the chain alone. Anything else is left as it is. Inference graphs
-// only: the rewritten node has no derivative rule.
+// used by the chain alone. Anything else is left as it is.
+//
+// In training graphs (options.training; the rewrite runs before the joint
+// graph is built) it is memory-efficient attention in every dtype, with its
+// log-sum-exp: its derivative rule is ATen's memory-efficient attention
+// backward, which reads the output and the log-sum-exp the forward saved.
+// Head dims over 128 are left unfused there: that backward is slower than
+// the matmuls beyond them.
+// The log-sum-exp needs a constant query length; a graph where it is
+// symbolic is refused (an error the pipeline treats as "no rewrite").
 //
 // Pure function; thread-safe.
 #ifndef KILN_COMPILER_PIPELINE_ATTENTION_H_
@@ -35,7 +43,8 @@
 namespace kiln::pipeline {
 
 struct AttentionOptions {
-  bool flash = true;  // the target runs flash attention (sm_80 and later)
+  bool flash = true;      // the target runs flash attention (sm_80 and later)
+  bool training = false;  // the graph is differentiated after the rewrite
 };
 
 // Rewrites every match in `graph`; returns how many. Only when there is one

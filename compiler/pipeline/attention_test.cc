@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "cache/shape_family.h"
+#include "compiler/autograd/joint_graph.h"
 #include "compiler/ir/builder.h"
 #include "compiler/ir/printer.h"
 #include "compiler/ops/registry.h"
@@ -32,6 +33,7 @@ struct Spelling {
   bool clone = true;        // Dynamo's clone after each expand
   bool scores_out = false;  // the scores are a graph output too
   bool multiply = false;    // mul.Scalar instead of div.Scalar
+  bool requires_grad = false;
 };
 
 class Attention {
@@ -78,6 +80,7 @@ class Attention {
     ir::TensorMeta m = ir::ContiguousMeta(sizes, sp_.dtype);
     m.device_type = sp_.device;
     m.device_index = sp_.device == "cuda" ? 0 : -1;
+    m.requires_grad = sp_.requires_grad;
     return b_.AddInput(m, v1::Placeholder::USER_INPUT, name);
   }
   ValueId Op(const std::string& target, std::vector<Argument> args) {
@@ -195,8 +198,8 @@ TEST(AttentionRewriteTest, WhatTheKernelCannotComputeIsLeftAlone) {
   cases.back().sp.device = "cpu";
   cases.push_back({"a head dim of 12", {}});
   cases.back().sp.d = 12;
-  cases.push_back({"a value head dim over 128", {}});
-  cases.back().sp.dv = 256;
+  cases.push_back({"a value head dim over 256", {}});
+  cases.back().sp.dv = 264;
   cases.push_back({"float64", {}});
   cases.back().sp.dtype = v1::FLOAT64;
   cases.push_back({"the scores read elsewhere", {}});
@@ -210,6 +213,47 @@ TEST(AttentionRewriteTest, WhatTheKernelCannotComputeIsLeftAlone) {
     EXPECT_EQ(*fused, 0);
     EXPECT_EQ(g.nodes().size(), nodes);
     EXPECT_EQ(Fused(Targets(g)), 0);
+  }
+}
+
+// In training, memory-efficient attention in every dtype, with its
+// log-sum-exp; the joint graph differentiates it with ATen's backward of the
+// fused kernel, and the scores are never materialized in either direction.
+TEST(AttentionRewriteTest, TrainingGraphsGetTheFusedKernelAndItsBackward) {
+  for (v1::DType dtype : {v1::FLOAT32, v1::BFLOAT16}) {
+    SCOPED_TRACE(v1::DType_Name(dtype));
+    Spelling sp;
+    sp.dtype = dtype;
+    sp.requires_grad = true;
+    AttentionOptions options;
+    options.training = true;
+    {  // heads over 128 wide stay matmuls in training
+      Spelling wide = sp;
+      wide.d = wide.dv = 192;
+      ir::Graph g = Attention(wide).Build();
+      auto fused = RewriteAttention(g, &g, options);
+      ASSERT_TRUE(fused.ok()) << fused.status();
+      EXPECT_EQ(*fused, 0);
+    }
+    ir::Graph g = Attention(sp).Build();
+    auto fused = RewriteAttention(g, &g, options);
+    ASSERT_TRUE(fused.ok()) << fused.status();
+    EXPECT_EQ(*fused, 1);
+    const std::vector<std::string> targets = Targets(g);
+    EXPECT_EQ(Count(targets, kEfficient), 1);
+    EXPECT_EQ(Count(targets, kFlash), 0);
+    for (const ir::Node& n : g.nodes()) {
+      if (n.target != kEfficient) continue;
+      EXPECT_EQ(std::get<bool>(n.args[4].kind), true) << "compute_log_sumexp";
+    }
+    absl::StatusOr<autograd::JointGraph> joint = autograd::BuildJointGraph(g, {});
+    ASSERT_TRUE(joint.ok()) << joint.status();
+    const std::vector<std::string> all = Targets(joint->graph);
+    EXPECT_EQ(Count(all, "aten._scaled_dot_product_efficient_attention_backward.default"), 1);
+    EXPECT_EQ(Count(all, "aten.bmm.default"), 0);
+    EXPECT_EQ(Count(all, "aten._softmax_backward_data.default"), 0);
+    EXPECT_EQ(joint->grad_output_index.size(), 3u);
+    for (int index : joint->grad_output_index) EXPECT_GE(index, 0);
   }
 }
 

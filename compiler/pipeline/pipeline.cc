@@ -126,33 +126,35 @@ absl::Status RunKiln(const ir::Graph& graph, const v1::Target& wanted, const Kil
   for (const auto& in : graph.inputs()) {
     training = training || graph.value(in.value).meta.requires_grad;
   }
-  if (!training) {
-    if (target->device_type() == "cuda") {
-      // One fused attention kernel for softmax attention spelled as matmuls.
-      // "sm_90" or "sm_90a" (SelectTarget checked the form).
-      int sm = 0;
-      AttentionOptions attention;
-      attention.flash =
-          absl::SimpleAtoi(absl::StripSuffix(target->proto().sm_arch().substr(3), "a"), &sm) &&
-          sm >= 80;
-      ir::Graph rewritten;
-      absl::StatusOr<int> fused =
-          times->Time("attention", [&] { return RewriteAttention(graph, &rewritten, attention); });
-      if (!fused.ok()) {
-        // An optimization only: the graph compiles as it came.
-        (*trace)["attention_error.txt"] = std::string(fused.status().message());
-      } else if (*fused > 0) {
-        (*trace)["attention_graph.txt"] = ir::PrintReadable(rewritten);
-        ASSIGN_OR_RETURN(*artifact->mutable_compiled(),
-                         CompileGraph(rewritten, "", *target, *backend, options, times, trace));
-        return absl::OkStatus();
-      }
+  // On CUDA, one fused attention kernel for softmax attention spelled as
+  // matmuls; in training graphs before the joint graph is built, so that
+  // its backward is the fused kernel's.
+  const ir::Graph* source = &graph;
+  ir::Graph rewritten;
+  if (target->device_type() == "cuda") {
+    // "sm_90" or "sm_90a" (SelectTarget checked the form).
+    int sm = 0;
+    AttentionOptions attention;
+    attention.flash =
+        absl::SimpleAtoi(absl::StripSuffix(target->proto().sm_arch().substr(3), "a"), &sm) &&
+        sm >= 80;
+    attention.training = training;
+    absl::StatusOr<int> fused =
+        times->Time("attention", [&] { return RewriteAttention(graph, &rewritten, attention); });
+    if (!fused.ok()) {
+      // An optimization only: the graph compiles as it came.
+      (*trace)["attention_error.txt"] = std::string(fused.status().message());
+    } else if (*fused > 0) {
+      (*trace)["attention_graph.txt"] = ir::PrintReadable(rewritten);
+      source = &rewritten;
     }
+  }
+  if (!training) {
     ASSIGN_OR_RETURN(*artifact->mutable_compiled(),
-                     CompileGraph(graph, "", *target, *backend, options, times, trace));
+                     CompileGraph(*source, "", *target, *backend, options, times, trace));
     return absl::OkStatus();
   }
-  ASSIGN_OR_RETURN(Split split, JointAndPartition(graph, times));
+  ASSIGN_OR_RETURN(Split split, JointAndPartition(*source, times));
   (*trace)["joint_graph.txt"] = ir::PrintReadable(split.joint.graph);
   (*trace)["forward_graph.txt"] = ir::PrintReadable(split.partition.forward);
   (*trace)["backward_graph.txt"] = ir::PrintReadable(split.partition.backward);

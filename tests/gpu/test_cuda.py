@@ -221,10 +221,19 @@ def test_softmax_attention_is_one_fused_kernel(dtype, shape):
     assert "aten.bmm.default" not in targets, targets
 
 
-def test_softmax_attention_training_keeps_its_matmuls():
-    q, k, v = (rand(2, 4, 64, 32) for _ in range(3))
-    backend = check(_softmax_attention, q, k, v, training=True)
-    assert "aten.bmm.default" in _extern_targets(backend)
+@pytest.mark.parametrize("shape", [(2, 4, 100, 32), (2, 4, 96, 128), (3, 80, 64)],
+                         ids=["heads", "head_dim_128", "batched"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=_dtype_id)
+def test_softmax_attention_training_is_fused_both_ways(dtype, shape):
+    """Training: memory-efficient attention forward and ATen's backward of
+    it; gradients of q, k and v against eager's."""
+    q, k, v = (rand(*shape, dtype=dtype) for _ in range(3))
+    backend = check(_softmax_attention, q, k, v, training=True, min_kernels=0)
+    targets = _extern_targets(backend)
+    assert targets.count("aten._scaled_dot_product_efficient_attention.default") == 1, targets
+    assert targets.count(
+        "aten._scaled_dot_product_efficient_attention_backward.default") == 1, targets
+    assert "aten.bmm.default" not in targets, targets
 
 
 class MLP(torch.nn.Module):
