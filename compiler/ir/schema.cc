@@ -192,6 +192,9 @@ constexpr const char* kSchemas[] = {
     "Tensor? attn_bias, bool compute_log_sumexp, float dropout_p=0.0, bool is_causal=False, *, "
     "float? scale=None) -> (Tensor output, Tensor log_sumexp, Tensor philox_seed, "
     "Tensor philox_offset)",
+    "scaled_dot_product_attention(Tensor query, Tensor key, Tensor value, "
+    "Tensor? attn_mask=None, float dropout_p=0.0, bool is_causal=False, *, float? scale=None, "
+    "bool enable_gqa=False) -> Tensor",
     "_scaled_dot_product_efficient_attention_backward(Tensor grad_out_, Tensor query, "
     "Tensor key, Tensor value, Tensor attn_bias, Tensor out, Tensor logsumexp, "
     "Tensor philox_seed, Tensor philox_offset, float dropout_p, bool[4] grad_input_mask, "

@@ -1,6 +1,7 @@
 // Shape rules of the expensive ops kiln runs through ATen: matmul (mm, bmm,
 // addmm), fused attention, convolution, pooling, embedding and indexing (index, gather);
 // their registration.
+#include <algorithm>
 #include <string>
 #include <utility>
 #include <vector>
@@ -86,6 +87,41 @@ absl::StatusOr<Metas> EfficientAttention(const OpCall& c) {
   const ir::Device host{"cpu", -1};
   return Metas{out, NewTensor(v1::FLOAT32, {b, h, lse_length}, *q),
                NewTensorOn(v1::INT64, {}, host), NewTensorOn(v1::INT64, {}, host)};
+}
+
+// Scaled dot-product attention, the composite op: ATen picks the kernel
+// when it runs (cuDNN's on Hopper for 16-bit dtypes, flash or
+// memory-efficient attention elsewhere). Query [B, H, L, E], key
+// [B, H, S, E], value [B, H, S, Ev] give [B, H, L, Ev], laid out in the
+// order of the query's strides as cuDNN allocates it (when they are
+// constant; contiguous otherwise). A kernel that lays it out otherwise is
+// copied into this layout by the runtime.
+absl::StatusOr<Metas> ScaledDotProductAttention(const OpCall& c) {
+  ASSIGN_OR_RETURN(const AttentionOperands ops, AttentionOperandsOf(c));
+  const TensorMeta *q = ops.q, *k = ops.k, *v = ops.v;
+  for (int64_t d : {0, 1, 3}) RETURN_IF_ERROR(ExpectSameSize(c, "key", *k, d, "query", *q, d));
+  for (int64_t d : {0, 1}) RETURN_IF_ERROR(ExpectSameSize(c, "value", *v, d, "query", *q, d));
+  RETURN_IF_ERROR(ExpectSameSize(c, "value", *v, 2, "key", *k, 2));
+  if (!c.IsNone("attn_mask")) return ArgError(c, "attn_mask", "is not supported");
+  ASSIGN_OR_RETURN(const bool gqa, c.Bool("enable_gqa"));
+  if (gqa) return ArgError(c, "enable_gqa", "is not supported");
+  TensorMeta out = NewTensor(q->dtype, {q->sizes[0], q->sizes[1], q->sizes[2], v->sizes[3]}, *q);
+  bool constant = q->strides.size() == 4;
+  for (const SymInt& st : q->strides) constant = constant && st.is_constant();
+  for (const SymInt& sz : out.sizes) constant = constant && sz.is_constant();
+  if (constant) {
+    // Dims from the query's largest stride to its smallest (stable), dense.
+    std::vector<int> order = {0, 1, 2, 3};
+    std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
+      return q->strides[a].constant() > q->strides[b].constant();
+    });
+    int64_t stride = 1;
+    for (auto it = order.rbegin(); it != order.rend(); ++it) {
+      out.strides[*it] = SymInt{stride};
+      stride *= out.sizes[*it].constant();
+    }
+  }
+  return Metas{out};
 }
 
 // Its backward: the gradients of query, key and value, shaped as they are
@@ -437,6 +473,7 @@ void RegisterExtern(Definer& def) {
   def("aten.mm.default", kExpensive, Mm);
   def("aten.bmm.default", kExpensive, Bmm);
   def("aten._scaled_dot_product_efficient_attention.default", kExpensive, EfficientAttention);
+  def("aten.scaled_dot_product_attention.default", kExpensive, ScaledDotProductAttention);
   def("aten._scaled_dot_product_efficient_attention_backward.default", kExpensive,
       EfficientAttentionBackward);
   def("aten._flash_attention_forward.default", kExpensive, FlashAttention);

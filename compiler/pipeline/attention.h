@@ -6,16 +6,18 @@
 //   bmm(that, view(expand(v)))  -> view  (= out)
 //
 // (each expand to its operand's own sizes, a clone allowed after it) becomes
-// one fused attention kernel through ATen with scale c (or 1/c): flash
-// attention (aten._flash_attention_forward, through views to its
-// [B, L, H, D] layout) for float16 and bfloat16 where the target has it and
-// the value's head dim is the query's,
-// memory-efficient attention (aten._scaled_dot_product_efficient_attention)
-// otherwise; then, where the kernel's layout is not `out`'s, a copy into it
-// (memory-efficient attention writes [B, L, H, D]; flash attention writes the
-// layout of its query, which is [B, H, L, D] when q is contiguous). The scores are never written to
-// memory: for [8, 12, 1024, 64] that is 200 MB less traffic per call. The kernels are named, not
-// left to ATen's choice, so that their layout and cost are known.
+// one fused attention kernel through ATen with scale c (or 1/c): for
+// float16 and bfloat16 in inference, where the target has fused 16-bit
+// kernels (sm_80 and later) and the value's head dim is the query's, the
+// composite aten.scaled_dot_product_attention, whose kernel ATen picks when
+// it runs (cuDNN's on an H100: 1.5x faster there than flash attention, which
+// an earlier version named); memory-efficient attention
+// (aten._scaled_dot_product_efficient_attention) otherwise, whose layout and
+// cost are known. Then, where the kernel's layout is not `out`'s, a copy
+// into it (memory-efficient attention writes [B, L, H, D]; the composite's
+// cuDNN kernel the layout of its query, which is [B, H, L, D] when q is
+// contiguous). The scores are never written to memory: for
+// [8, 12, 1024, 64] that is 200 MB less traffic per call.
 //
 // Only where the fused kernel computes the same thing: q, k and v of rank 3
 // or 4 (rank 3 goes through a head dimension of 1), float32, float16 or
@@ -43,7 +45,7 @@
 namespace kiln::pipeline {
 
 struct AttentionOptions {
-  bool flash = true;      // the target runs flash attention (sm_80 and later)
+  bool flash = true;      // the target has fused 16-bit kernels (sm_80 and later)
   bool training = false;  // the graph is differentiated after the rewrite
 };
 

@@ -112,10 +112,10 @@ int Count(const std::vector<std::string>& targets, const std::string& t) {
 }
 
 constexpr char kEfficient[] = "aten._scaled_dot_product_efficient_attention.default";
-constexpr char kFlash[] = "aten._flash_attention_forward.default";
+constexpr char kSdpa[] = "aten.scaled_dot_product_attention.default";
 
 int Fused(const std::vector<std::string>& targets) {
-  return Count(targets, kEfficient) + Count(targets, kFlash);
+  return Count(targets, kEfficient) + Count(targets, kSdpa);
 }
 
 TEST(AttentionRewriteTest, HeadsBecomeOneFusedKernelAndACopyWhereLayoutsDiffer) {
@@ -134,30 +134,29 @@ TEST(AttentionRewriteTest, HeadsBecomeOneFusedKernelAndACopyWhereLayoutsDiffer) 
         ASSERT_TRUE(fused.ok()) << fused.status();
         EXPECT_EQ(*fused, 1);
         const std::vector<std::string> t = Targets(g);
-        const bool want_flash = flash && dtype != v1::FLOAT32;
-        EXPECT_EQ(Count(t, kFlash), want_flash ? 1 : 0);
-        EXPECT_EQ(Count(t, kEfficient), want_flash ? 0 : 1);
+        const bool want_sdpa = flash && dtype != v1::FLOAT32;
+        EXPECT_EQ(Count(t, kSdpa), want_sdpa ? 1 : 0);
+        EXPECT_EQ(Count(t, kEfficient), want_sdpa ? 0 : 1);
         EXPECT_EQ(Count(t, "aten.bmm.default"), 0);
         EXPECT_EQ(Count(t, "aten._softmax.default"), 0);
-        // Flash attention writes q's layout, which is out's here.
-        EXPECT_EQ(Count(t, "aten.clone.default"), want_flash ? 0 : 1);
+        // The composite writes q's layout, which is out's here.
+        EXPECT_EQ(Count(t, "aten.clone.default"), want_sdpa ? 0 : 1);
         ASSERT_EQ(g.outputs().size(), 1u);
         const ir::TensorMeta& got = g.value(g.outputs()[0]).meta;
         EXPECT_EQ(got.sizes, want.sizes);
         EXPECT_EQ(got.strides, want.strides);
         EXPECT_EQ(got.dtype, want.dtype);
         for (const ir::Node& n : g.nodes()) {
-          if (n.target != kFlash && n.target != kEfficient) continue;
+          if (n.target != kSdpa && n.target != kEfficient) continue;
           ASSERT_EQ(n.kwargs.size(), 1u);
           EXPECT_EQ(n.kwargs[0].name, "scale");
           EXPECT_DOUBLE_EQ(std::get<double>(n.kwargs[0].kind), 0.125);
-          // Flash: [B, L, H, Dv] laid out as q [B, H, L, Dv] is; the other:
-          // [B, H, L, Dv] laid out as [B, L, H, Dv].
+          // The composite: [B, H, L, Dv] laid out as q is (contiguous); the
+          // other: [B, H, L, Dv] laid out as [B, L, H, Dv].
           const ir::TensorMeta& m = g.value(n.outputs[0]).meta;
-          const std::vector<int64_t> sizes =
-              want_flash ? std::vector<int64_t>{2, 16, 4, 64} : std::vector<int64_t>{2, 4, 16, 64};
-          const std::vector<int64_t> strides = want_flash ? std::vector<int64_t>{4096, 64, 1024, 1}
-                                                          : std::vector<int64_t>{4096, 64, 256, 1};
+          const std::vector<int64_t> sizes = {2, 4, 16, 64};
+          const std::vector<int64_t> strides = want_sdpa ? std::vector<int64_t>{4096, 1024, 64, 1}
+                                                         : std::vector<int64_t>{4096, 64, 256, 1};
           for (int d = 0; d < 4; ++d) {
             EXPECT_EQ(m.sizes[d].constant(), sizes[d]) << d;
             EXPECT_EQ(m.strides[d].constant(), strides[d]) << d;
@@ -241,7 +240,7 @@ TEST(AttentionRewriteTest, TrainingGraphsGetTheFusedKernelAndItsBackward) {
     EXPECT_EQ(*fused, 1);
     const std::vector<std::string> targets = Targets(g);
     EXPECT_EQ(Count(targets, kEfficient), 1);
-    EXPECT_EQ(Count(targets, kFlash), 0);
+    EXPECT_EQ(Count(targets, kSdpa), 0);
     for (const ir::Node& n : g.nodes()) {
       if (n.target != kEfficient) continue;
       EXPECT_EQ(std::get<bool>(n.args[4].kind), true) << "compute_log_sumexp";
@@ -300,9 +299,10 @@ TEST(AttentionRewriteTest, ASymbolicBatchIsRewrittenToo) {
   auto fused = RewriteAttention(g, &g);
   ASSERT_TRUE(fused.ok()) << fused.status();
   EXPECT_EQ(*fused, 1);
-  EXPECT_EQ(Count(Targets(g), kFlash), 1);
+  EXPECT_EQ(Count(Targets(g), kSdpa), 1);
   EXPECT_EQ(Count(Targets(g), "aten.bmm.default"), 0);
-  // Flash writes q's layout, which is out's: no copy, symbolic strides and all.
+  // The composite writes q's layout, which is out's: no copy, symbolic
+  // strides and all.
   EXPECT_EQ(Count(Targets(g), "aten.clone.default"), 0);
   EXPECT_EQ(g.value(g.outputs()[0]).meta.sizes, want.sizes);
 }
@@ -327,8 +327,8 @@ TEST(AttentionRewriteTest, AGeneralizedFamilyIsRewritten) {
   // Strides are products of the symbols, not lines through the two sample
   // points (the input's first stride is H * L * 64).
   EXPECT_EQ(g->value(g->inputs()[0].value).meta.strides[0].ToString(), "64*s1*s2");
-  EXPECT_EQ(Count(Targets(*g), kFlash), 1);
-  EXPECT_EQ(Count(Targets(*g), "aten.clone.default"), 0);  // flash writes out's layout
+  EXPECT_EQ(Count(Targets(*g), kSdpa), 1);
+  EXPECT_EQ(Count(Targets(*g), "aten.clone.default"), 0);  // the composite writes out's layout
 }
 
 // The graph Dynamo captured of softmax(q @ k^T / sqrt(d)) @ v, its tensors

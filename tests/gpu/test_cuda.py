@@ -216,7 +216,7 @@ def test_softmax_attention_is_one_fused_kernel(dtype, shape):
     backend = check(_softmax_attention, q, k, v, min_kernels=0)
     targets = _extern_targets(backend)
     fused = ("aten._scaled_dot_product_efficient_attention.default" if dtype == torch.float32
-             else "aten._flash_attention_forward.default")
+             else "aten.scaled_dot_product_attention.default")
     assert targets.count(fused) == 1, targets
     assert "aten.bmm.default" not in targets, targets
 
