@@ -9,7 +9,9 @@
 #include <vector>
 
 #include "compiler/autograd/grad_check_test_util.h"
+#include "compiler/ir/builder.h"
 #include "compiler/ir/graph.h"
+#include "compiler/ops/registry.h"
 #include "gtest/gtest.h"
 
 namespace kiln::autograd::grad_check_test {
@@ -88,6 +90,43 @@ void AddMatmulCases(std::map<std::string, Case>& c) {
     Check("aten.embedding.default", {G(Randn({v, d})), N(Indices({9}, v))},
           {Ref(0), Ref(1), Int(1), Bool(true)});
     return ok;
+  };
+  // Memory-efficient attention runs on CUDA only: here the joint graph's
+  // shape (ATen's backward of it, one gradient per operand, shaped as the
+  // operand); tests/gpu compares its numbers with eager's.
+  c["aten._scaled_dot_product_efficient_attention.default"] = [] {
+    ir::GraphBuilder b("attention");
+    std::vector<ir::ValueId> qkv;
+    for (const char* name : {"q", "k", "v"}) {
+      ir::TensorMeta m = ir::ContiguousMeta({2, 3, 32, 16}, v1::FLOAT32);
+      m.device_type = "cuda";
+      m.device_index = 0;
+      m.requires_grad = true;
+      qkv.push_back(b.AddInput(m, v1::Placeholder::USER_INPUT, name));
+    }
+    auto out =
+        ops::Emit(b, ops::DefaultRegistry(), "aten._scaled_dot_product_efficient_attention.default",
+                  {Ref(qkv[0]), Ref(qkv[1]), Ref(qkv[2]), NoneArg(), Bool(true)});
+    EXPECT_TRUE(out.ok()) << out.status();
+    if (!out.ok()) return false;
+    b.AddOutput((*out)[0]);
+    auto jg = BuildJointGraph(std::move(b).Build(), {});
+    EXPECT_TRUE(jg.ok()) << jg.status();
+    if (!jg.ok()) return false;
+    int backwards = 0;
+    for (const ir::Node& n : jg->graph.nodes()) {
+      backwards += n.target == "aten._scaled_dot_product_efficient_attention_backward.default";
+    }
+    EXPECT_EQ(backwards, 1);
+    for (int i = 0; i < 3; ++i) {
+      const int at = jg->grad_output_index[i];
+      EXPECT_GE(at, 0);
+      if (at >= 0) {
+        EXPECT_EQ(jg->graph.value(jg->graph.outputs()[at]).meta.sizes,
+                  jg->graph.value(jg->graph.inputs()[i].value).meta.sizes);
+      }
+    }
+    return false;  // numbers: tests/gpu
   };
 }
 
