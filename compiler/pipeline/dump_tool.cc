@@ -33,6 +33,9 @@ ABSL_FLAG(std::string, target, "cpu", "device type: cpu or cuda");
 ABSL_FLAG(std::string, sm_arch, "", "for cuda: the SM arch (default sm_90)");
 ABSL_FLAG(bool, compile, false, "also compile the generated code");
 ABSL_FLAG(std::string, out, "", "directory for the generated sources");
+ABSL_FLAG(bool, trace, false,
+          "also write the rest of the debug trace (graphs, fusion decisions, IR) as "
+          "STEM.NAME");
 
 namespace {
 
@@ -88,7 +91,14 @@ absl::Status DumpOne(const std::string& path, const std::string& out_dir) {
   int written = 0;
   for (const auto& [name, contents] : trace) {
     const size_t at = name.find("generated_code");
-    if (at == std::string::npos) continue;
+    if (at == std::string::npos) {
+      if (!absl::GetFlag(FLAGS_trace)) continue;
+      std::ofstream o(std::filesystem::path(out_dir) / absl::StrCat(stem, ".", name),
+                      std::ios::trunc);
+      o << contents;
+      if (!o) return absl::InternalError(absl::StrCat("cannot write into ", out_dir));
+      continue;
+    }
     std::string out = stem;
     if (at > 0) absl::StrAppend(&out, ".", name.substr(0, at - 1));  // "forward_" -> ".forward"
     absl::StrAppend(&out, name.substr(name.rfind('.')));
