@@ -23,7 +23,15 @@
 //   - horizontal: siblings over the same iteration space land in the same
 //     kernel (they read the same inputs once per point);
 //   - profitability: always fuse when legal (every fusion removes a store
-//     and a load of a whole tensor).
+//     and a load of a whole tensor);
+//   - recomputation: a kernel reading a pointwise value another kernel
+//     computes computes it again from what that value reads (a few nodes,
+//     at most two whole-space tensors it does not read yet) instead of
+//     reading it from memory, so the other kernel need not store it and the
+//     reader can fuse what follows (a norm's backward: the products feeding
+//     both the weight's gradient over the rows and the input's within each
+//     row); and a broadcast of a per-row value is that value inside its
+//     kernel.
 // Every decision and refusal is recorded with its reason for the debug trace.
 //
 // Memory planning: a buffer is allocated for each value a kernel stores

@@ -191,6 +191,21 @@ absl::StatusOr<int> Lowerer::Operand(Group& grp, ValueId v, Level level, const S
     auto base = grp.value_of.find(r->second);
     if (base != grp.value_of.end() && grp.level_of[r->second] == Level::kFull) return base->second;
   }
+  // A broadcast (expand) over the whole space of a value this kernel
+  // computes per row (the reduced dims kept as 1): the value itself, which
+  // broadcasts over its row.
+  if (level == Level::kFull && SameSizes(m.sizes, grp.full)) {
+    const int p = g_.value(v).producer;
+    if (p >= 0 && g_.nodes()[p].target == "aten.expand.default") {
+      const ValueId base = ir::Graph::Operands(g_.nodes()[p])[0];
+      auto b = grp.value_of.find(base);
+      if (b != grp.value_of.end() && grp.level_of[base] != Level::kRowFlat) return b->second;
+    }
+  }
+  // A cheap pointwise value another kernel computes: computed again here
+  // from what it reads, so that the other kernel need not store it.
+  ASSIGN_OR_RETURN(std::optional<int> again, Recompute(grp, v, level));
+  if (again) return *again;
   // Read from memory: produced before this kernel, and not written by it.
   ValueId root = v;
   SymInt offset{int64_t{0}};
@@ -239,6 +254,93 @@ absl::StatusOr<int> Lowerer::Operand(Group& grp, ValueId v, Level level, const S
   load.offset = offset;
   load.buffer = BufferOf(grp, root, false);
   return Add(grp, std::move(load));
+}
+
+// What computing `v` again in `grp` takes: the nodes, and the whole-space
+// tensors it reads that `grp` does not read yet. False when `v` is not
+// recomputable there: made by something other than a single-output
+// pointwise node of another kernel, at a level the kernel cannot hold, or
+// deeper than kMaxRecomputeDepth.
+bool Lowerer::RecomputeCost(const Group& grp, ValueId v, Level level, int depth,
+                            RecomputeCount* count) const {
+  if (depth > kMaxRecomputeDepth) return false;
+  if (auto in = grp.value_of.find(v); in != grp.value_of.end()) return true;
+  const ir::TensorMeta& m = g_.value(v).meta;
+  auto loaded = [&] {
+    if (!SameSizes(m.sizes, grp.full)) return true;  // a broadcast operand: small
+    ValueId root = v;
+    if (auto a = alias_.find(v); a != alias_.end()) root = a->second.root;
+    if (!grp.buffer_index.count(g_.value(root).name) &&
+        std::find(count->loads.begin(), count->loads.end(), root) == count->loads.end()) {
+      count->loads.push_back(root);
+    }
+    return true;
+  };
+  auto made = group_of_.find(v);
+  if (made == group_of_.end() || &groups_[made->second] == &grp) return loaded();
+  const int p = g_.value(v).producer;
+  if (p < 0 || g_.nodes()[p].outputs.size() != 1 || !PointwiseRules().count(g_.nodes()[p].target)) {
+    return loaded();
+  }
+  absl::StatusOr<Level> have = Classify(grp, m.sizes);
+  if (!have.ok() || !(*have == level || (level == Level::kFull && *have == Level::kRowKeep))) {
+    return false;
+  }
+  ++count->nodes;
+  for (ValueId u : ir::Graph::Operands(g_.nodes()[p])) {
+    if (u != ir::kNoValue && !RecomputeCost(grp, u, *have, depth + 1, count)) return false;
+  }
+  return true;
+}
+
+absl::StatusOr<std::optional<int>> Lowerer::Recompute(Group& grp, ValueId v, Level level) {
+  auto made = group_of_.find(v);
+  if (made == group_of_.end() || &groups_[made->second] == &grp) return std::nullopt;
+  const int p = g_.value(v).producer;
+  if (p < 0) return std::nullopt;
+  const ir::Node& node = g_.nodes()[p];
+  auto rule = PointwiseRules().find(node.target);
+  if (rule == PointwiseRules().end() || node.outputs.size() != 1) return std::nullopt;
+  RecomputeCount count;
+  if (!RecomputeCost(grp, v, level, 0, &count) || count.nodes > kMaxRecomputeNodes ||
+      static_cast<int>(count.loads.size()) > kMaxRecomputeLoads) {
+    return std::nullopt;
+  }
+  const ir::TensorMeta& m = g_.value(v).meta;
+  ASSIGN_OR_RETURN(Level have, Classify(grp, m.sizes));
+  auto meta_of = [this](ValueId u) -> const ir::TensorMeta& { return g_.value(u).meta; };
+  ASSIGN_OR_RETURN(ops::OpCall call,
+                   ops::OpCall::Bind(node.target, node.args, node.kwargs, meta_of));
+  call.set_node_name(node.name);
+  const size_t mark = grp.vals.size(), bmark = grp.buffers.size(), rmark = recomputed_.size();
+  Builder b(
+      this, grp, have, m.sizes, [&](ValueId u) { return Operand(grp, u, have, m.sizes); }, call);
+  absl::StatusOr<int> result = rule->second(b, call, m.dtype);
+  if (!result.ok()) {
+    grp.vals.resize(mark);
+    for (size_t k = bmark; k < grp.buffers.size(); ++k)
+      grp.buffer_index.erase(grp.buffers[k].value);
+    grp.buffers.resize(bmark);
+    ForgetRecomputed(rmark);
+    if (!absl::IsFailedPrecondition(result.status())) return result.status();
+    return std::nullopt;
+  }
+  grp.value_of[v] = *result;
+  grp.level_of[v] = have;
+  recomputed_.emplace_back(&grp - groups_.data(), v);
+  decisions_.push_back(absl::StrCat("recompute: ", node.name, " (", node.target, ") in kernel_",
+                                    &grp - groups_.data(), " rather than read from kernel_",
+                                    made->second));
+  return *result;
+}
+
+void Lowerer::ForgetRecomputed(size_t mark) {
+  for (size_t k = mark; k < recomputed_.size(); ++k) {
+    Group& grp = groups_[recomputed_[k].first];
+    grp.value_of.erase(recomputed_[k].second);
+    grp.level_of.erase(recomputed_[k].second);
+  }
+  recomputed_.resize(std::min(mark, recomputed_.size()));
 }
 
 std::optional<Lowerer::ReshapeUndo> Lowerer::ReshapeFor(Group& grp, int node_index,
@@ -310,6 +412,7 @@ absl::StatusOr<bool> Lowerer::TryPointwise(int node_index) {
     }
     const size_t mark = grp.vals.size();
     const size_t buffers_mark = grp.buffers.size();
+    const size_t recomputed_mark = recomputed_.size();
     Builder b(
         this, grp, *level, out.sizes, [&](ValueId v) { return Operand(grp, v, *level, out.sizes); },
         call);
@@ -321,6 +424,7 @@ absl::StatusOr<bool> Lowerer::TryPointwise(int node_index) {
         grp.buffer_index.erase(grp.buffers[k].value);
       }
       grp.buffers.resize(buffers_mark);
+      ForgetRecomputed(recomputed_mark);
       if (reshaped) Undo(grp, *std::move(reshaped));
       if (!absl::IsFailedPrecondition(result.status())) return result.status();
       continue;
@@ -457,8 +561,9 @@ absl::StatusOr<bool> Lowerer::TryReduction(int node_index) {
     // The input must be readable here.
     const std::vector<int> saved_reduced = grp.reduced;
     grp.reduced = spec.dims;  // pointwise kernels take the reduction's loop order
-    const size_t mark = grp.vals.size(), bmark = grp.buffers.size();
+    const size_t mark = grp.vals.size(), bmark = grp.buffers.size(), rmark = recomputed_.size();
     auto probe = Operand(grp, input, Level::kFull, in.sizes);
+    ForgetRecomputed(rmark);
     grp.vals.resize(mark);
     for (size_t j = bmark; j < grp.buffers.size(); ++j)
       grp.buffer_index.erase(grp.buffers[j].value);

@@ -170,6 +170,25 @@ class Lowerer {
     return static_cast<int>(grp.vals.size()) - 1;
   }
   int BufferOf(Group& grp, ValueId root, bool written);
+  // Recomputation: a pointwise value another kernel computes is computed
+  // again in the kernel reading it, rather than stored there and read here,
+  // when that takes at most kMaxRecomputeNodes nodes and reads at most
+  // kMaxRecomputeLoads whole-space tensors the kernel does not read yet
+  // (reading two where the stored value would be one: the producer then
+  // need not write it, and the reader can fuse what follows it). The
+  // decision is recorded; recomputed values of an attempt that fails are
+  // forgotten (ForgetRecomputed).
+  static constexpr int kMaxRecomputeNodes = 8;
+  static constexpr int kMaxRecomputeLoads = 2;
+  static constexpr int kMaxRecomputeDepth = 8;
+  struct RecomputeCount {
+    int nodes = 0;
+    std::vector<ValueId> loads;
+  };
+  bool RecomputeCost(const Group& grp, ValueId v, Level level, int depth,
+                     RecomputeCount* count) const;
+  absl::StatusOr<std::optional<int>> Recompute(Group& grp, ValueId v, Level level);
+  void ForgetRecomputed(size_t mark);
   void MarkStored(ValueId v);
   int ProducerItem(ValueId v) const {
     auto it = producer_item_.find(v);
@@ -189,6 +208,7 @@ class Lowerer {
   std::map<ValueId, Alias> alias_;         // views of materialized values
   std::map<ValueId, ValueId> reshape_of_;  // order-preserving view -> the value it views
   std::vector<std::string> decisions_;
+  std::vector<std::pair<int, ValueId>> recomputed_;  // (group, value), in order
 };
 
 // ---------------------------------------------------------------------------

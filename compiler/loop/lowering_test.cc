@@ -193,6 +193,47 @@ TEST(LoweringTest, AReshapeDoesNotStopFusion) {
       << all;
 }
 
+// An RMS norm's backward: the weight's gradient reduces over the rows, the
+// input's over each row, both from the same products of the upstream
+// gradient. The products are computed again in the row kernel rather than
+// stored by the column kernel, and what follows the row sum (the input's
+// gradient, through a broadcast of it) stays in the row kernel: two kernels
+// over the whole space, and no whole-space intermediate in memory.
+TEST(LoweringTest, PointwiseValuesAreRecomputedWhereStoringThemWouldSplitKernels) {
+  ir::GraphBuilder b("rms_backward");
+  ir::ValueId x = b.AddInput(Meta({16, 64}), v1::Placeholder::USER_INPUT, "x");
+  ir::ValueId w = b.AddInput(Meta({64}), v1::Placeholder::PARAMETER, "w");
+  ir::ValueId r = b.AddInput(Meta({16, 1}), v1::Placeholder::USER_INPUT, "rstd");
+  ir::ValueId g = b.AddInput(Meta({16, 64}), v1::Placeholder::USER_INPUT, "grad");
+  ir::ValueId gw = Op(b, "aten.mul.Tensor", {Ref(g), Ref(w)});
+  ir::ValueId xr = Op(b, "aten.mul.Tensor", {Ref(x), Ref(r)});
+  ir::ValueId dw =
+      Op(b, "aten.sum.dim_IntList",
+         {Ref(Op(b, "aten.mul.Tensor", {Ref(g), Ref(xr)})), ir::Ints({0}), ir::Bool(false)});
+  ir::ValueId gwx = Op(b, "aten.mul.Tensor", {Ref(gw), Ref(x)});
+  ir::ValueId row = Op(b, "aten.sum.dim_IntList", {Ref(gwx), ir::Ints({1}), ir::Bool(true)});
+  ir::ValueId wide = Op(b, "aten.expand.default", {Ref(row), ir::Ints({16, 64})});
+  ir::ValueId dx = Op(b, "aten.add.Tensor",
+                      {Ref(Op(b, "aten.mul.Tensor", {Ref(gw), Ref(r)})),
+                       Ref(Op(b, "aten.mul.Tensor", {Ref(wide), Ref(x)}))});
+  b.AddOutput(dw);
+  b.AddOutput(dx);
+  LoweredGraph l = Lower(std::move(b).Build());
+  ASSERT_EQ(l.kernels.size(), 2u) << PrintLowered(l);
+  const std::string all = absl::StrJoin(l.decisions, "\n");
+  EXPECT_NE(all.find("recompute: "), std::string::npos) << all;
+  // Allocations: the two gradients and the row sums (the broadcast's base).
+  for (const auto& step : l.plan.steps()) {
+    if (step.kind_case() != v1::PlanStep::kAlloc) continue;
+    int64_t n = 1;
+    for (const auto& s : step.alloc().sizes()) n *= s.int_value();
+    EXPECT_TRUE(step.alloc().value() == l.plan.outputs(0) ||
+                step.alloc().value() == l.plan.outputs(1) || n == 16)
+        << step.alloc().value() << " is a whole-space intermediate\n"
+        << PrintLowered(l);
+  }
+}
+
 TEST(LoweringTest, EveryDecisionIsRecorded) {
   ir::GraphBuilder b("mixed");
   ir::ValueId x = b.AddInput(Meta({4, 8}), v1::Placeholder::USER_INPUT, "x");
