@@ -328,7 +328,9 @@ TEST_P(GraphFileTest, ForwardAndBackwardMatchLibtorchAutograd) {
   ASSERT_EQ(fn->num_inputs(), n);
   // A kiln compile with no input needing a gradient is an inference artifact.
   const bool inference_only = GetParam().backend == "kiln" && num_requiring == 0;
-  if (!inference_only) EXPECT_EQ(fn->inputs_need_grad(), requires_grad);
+  if (!inference_only) {
+    EXPECT_EQ(fn->inputs_need_grad(), requires_grad);
+  }
 
   const uint64_t seed = FreshSeed();
   SCOPED_TRACE(absl::StrCat("seed ", seed));

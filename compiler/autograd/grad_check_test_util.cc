@@ -217,7 +217,9 @@ bool Check(const std::string& target, const std::vector<In>& inputs, std::vector
     }
     ExpectNoDeadNodes(jg->graph);
     for (size_t i = 0; i < inputs.size(); ++i) {
-      if (!inputs[i].grad) EXPECT_EQ(jg->grad_output_index[i], -1) << "input " << i;
+      if (!inputs[i].grad) {
+        EXPECT_EQ(jg->grad_output_index[i], -1) << "input " << i;
+      }
       if (jg->grad_output_index[i] < 0) continue;
       const ir::TensorMeta& g = jg->graph.value(jg->graph.outputs()[jg->grad_output_index[i]]).meta;
       const ir::TensorMeta want = MetaOf(inputs[i].value, true);

@@ -59,7 +59,7 @@ class CodegenBackend {
 
   // For GPU backends: how `kernel` (as Generate emits it) is launched.
   // CPU backends have no launch sizes: UNIMPLEMENTED.
-  virtual absl::StatusOr<LaunchSize> Launch(const loop::Kernel& kernel) const {
+  virtual absl::StatusOr<LaunchSize> Launch(const loop::Kernel& /*kernel*/) const {
     return absl::UnimplementedError(language() + " kernels have no launch size");
   }
 };

@@ -459,7 +459,7 @@ TEST(CppCodegen, SymbolicSizesAtThreeSizes) {
       << source;
   EXPECT_TRUE(absl::StrContains(source, "std::max<int64_t>(s0, INT64_C(2))")) << source;
 
-  for (const auto [s0, s1] : {std::pair<int64_t, int64_t>{1, 1}, {37, 64}, {300, 129}}) {
+  for (const auto& [s0, s1] : {std::pair<int64_t, int64_t>{1, 1}, {37, 64}, {300, 129}}) {
     SCOPED_TRACE(absl::StrCat("s0=", s0, " s1=", s1));
     std::vector<float> x = Random(s0 * s1, 15), out(s0 * s1);
     Call(module->Fn("relu2"), {x.data(), out.data()}, {s0, s1});
