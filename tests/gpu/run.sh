@@ -6,18 +6,22 @@
 #     and training, against eager CUDA;
 #   - with --bench, tests/bench/cuda_bench.py against Inductor (--bench="ARGS"
 #     passes ARGS to it, e.g. --bench="--dtypes float32");
-#   - the float32 op-family tests under compute-sanitizer's memcheck.
+#   - the float32 op-family tests under compute-sanitizer's memcheck;
+#   - with --run="COMMAND", COMMAND (e.g. python3 tests/gpu/dynamic_rows.py)
+#     against the same kilnd, its output in OUT/run.log.
 # Logs and results go to OUT (default /tmp/kiln-gpu).
 #
-#   tests/gpu/run.sh [--bench[=ARGS]] [--no-tests] [--no-sanitizer] [OUT] [-- PYTEST ARGS]
+#   tests/gpu/run.sh [--bench[=ARGS]] [--run=COMMAND] [--no-tests] [--no-sanitizer] [OUT]
+#                    [-- PYTEST ARGS]
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-bench=0 sanitizer=1 out=/tmp/kiln-gpu bench_args="" tests=1
+bench=0 sanitizer=1 out=/tmp/kiln-gpu bench_args="" tests=1 run=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --bench) bench=1 ;;
     --bench=*) bench=1; bench_args="${1#--bench=}" ;;
     --no-tests) tests=0 ;;
+    --run=*) run="${1#--run=}" ;;
     --no-sanitizer) sanitizer=0 ;;
     --) shift; break ;;
     *) out="$1" ;;
@@ -53,6 +57,10 @@ if [ $tests -eq 1 ]; then
 fi
 if [ $bench -eq 1 ]; then
   python3 tests/bench/cuda_bench.py $bench_args --out "$out/bench.md" 2>&1 | tee "$out/bench.log"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+fi
+if [ -n "$run" ]; then
+  bash -c "$run" 2>&1 | tee "$out/run.log"
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
 if [ $sanitizer -eq 1 ]; then
