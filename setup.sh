@@ -58,7 +58,7 @@ if [ "$mode" = serve ]; then
   cmake --build build -j "$jobs" --target kilnd kilnctl kiln_nvrtc
 else
   cmake --build build -j "$jobs"
-  "$venv/bin/pip" install --quiet --disable-pip-version-check --no-build-isolation \
+  KILN_REQUIRE_EXECUTOR=1 "$venv/bin/pip" install --quiet --disable-pip-version-check --no-build-isolation \
     --no-deps --force-reinstall ./client/python
 fi
 

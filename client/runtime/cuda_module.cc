@@ -1,6 +1,7 @@
 // CudaModule and CudaKernel (cuda_module.h).
 #include "client/runtime/cuda_module.h"
 
+#include <atomic>
 #include <map>
 #include <utility>
 
@@ -52,17 +53,20 @@ namespace {
 // the symbol looked up is the one the name expands to.
 #define KILN_CU_STR2(x) #x
 #define KILN_CU_STR(x) KILN_CU_STR2(x)
-#define KILN_CU_FUNCTIONS(X)                                                                \
-  X(cuInit)                                                                                 \
-  X(cuGetErrorString) X(cuDeviceGet) X(cuDeviceGetAttribute) X(cuDeviceGetName)             \
-      X(cuDevicePrimaryCtxRetain) X(cuCtxGetCurrent) X(cuCtxPushCurrent) X(cuCtxPopCurrent) \
-          X(cuModuleLoadData) X(cuModuleGetFunction) X(cuLaunchKernel)
+#define KILN_CU_FUNCTIONS(X)                                                            \
+  X(cuInit)                                                                             \
+  X(cuGetErrorString)                                                                   \
+  X(cuDeviceGet) X(cuDeviceGetAttribute) X(cuDeviceGetName) X(cuDevicePrimaryCtxRetain) \
+      X(cuCtxGetCurrent) X(cuCtxPushCurrent) X(cuCtxPopCurrent) X(cuModuleLoadData)     \
+          X(cuModuleGetFunction) X(cuLaunchKernel)
 
 struct Driver {
 #define KILN_CU_MEMBER(name) decltype(&::name) name = nullptr;
   KILN_CU_FUNCTIONS(KILN_CU_MEMBER)
 #undef KILN_CU_MEMBER
-  std::map<int, CUcontext> primary;  // device -> its primary context (under PrimaryMutex)
+  // Device -> its primary context, retained once (kMaxDevices entries; set
+  // under PrimaryMutex, then read without it).
+  std::atomic<CUcontext> primary[64] = {};
 
   absl::Status Check(CUresult rc, absl::string_view what) const {
     if (rc == CUDA_SUCCESS) return absl::OkStatus();
@@ -105,9 +109,12 @@ absl::Mutex& PrimaryMutex() {
 
 // The primary context of `device` (torch's), retained once for the process.
 absl::StatusOr<CUcontext> PrimaryContext(Driver& d, int device) {
+  if (device < 0 || device >= 64) {
+    return absl::InvalidArgumentError(absl::StrCat("device ", device, " is out of range"));
+  }
+  if (CUcontext ctx = d.primary[device].load(std::memory_order_acquire)) return ctx;
   absl::MutexLock lock(&PrimaryMutex());
-  auto it = d.primary.find(device);
-  if (it != d.primary.end()) return it->second;
+  if (CUcontext ctx = d.primary[device].load(std::memory_order_acquire)) return ctx;
   CUdevice dev;
   if (absl::Status s = d.Check(d.cuDeviceGet(&dev, device), "cuDeviceGet"); !s.ok()) return s;
   CUcontext ctx;
@@ -115,7 +122,7 @@ absl::StatusOr<CUcontext> PrimaryContext(Driver& d, int device) {
       !s.ok()) {
     return s;
   }
-  d.primary.emplace(device, ctx);
+  d.primary[device].store(ctx, std::memory_order_release);
   return ctx;
 }
 
@@ -180,7 +187,10 @@ absl::StatusOr<void*> CudaModule::Function(absl::string_view name, int device) {
   auto it = modules_.find(device);
   if (it == modules_.end()) {
     if (absl::Status s = CheckCudaArch(sm_arch_, device); !s.ok()) return s;
-    ScopedContext scoped(d, *ctx);
+  }
+  // Module calls act on the current context: the device's, for their span.
+  ScopedContext scoped(d, *ctx);
+  if (it == modules_.end()) {
     CUmodule module;
     if (absl::Status s = d.Check(d.cuModuleLoadData(&module, binary_.data()), "cuModuleLoadData");
         !s.ok()) {
@@ -189,9 +199,13 @@ absl::StatusOr<void*> CudaModule::Function(absl::string_view name, int device) {
     it = modules_.emplace(device, module).first;
   }
   CUfunction fn;
-  if (d.cuModuleGetFunction(&fn, static_cast<CUmodule>(it->second), std::string(name).c_str()) !=
-      CUDA_SUCCESS) {
+  const CUresult rc =
+      d.cuModuleGetFunction(&fn, static_cast<CUmodule>(it->second), std::string(name).c_str());
+  if (rc == CUDA_ERROR_NOT_FOUND) {
     return absl::NotFoundError(absl::StrCat("the CUDA module defines no kernel '", name, "'"));
+  }
+  if (absl::Status s = d.Check(rc, absl::StrCat("cuModuleGetFunction(", name, ")")); !s.ok()) {
+    return s;
   }
   return static_cast<void*>(fn);
 }
@@ -231,8 +245,8 @@ absl::Status CudaKernel::Launch(int device, int64_t grid, int block, const uint6
 namespace {
 absl::Status NoCuda() {
   return absl::FailedPreconditionError(
-      "this runtime was built without CUDA (torch's c10_cuda was not found): it cannot run "
-      "cuda modules");
+      "this runtime was built without CUDA (torch's c10_cuda or the CUDA toolkit's cuda.h was "
+      "not found when it was built): it cannot run cuda modules");
 }
 }  // namespace
 

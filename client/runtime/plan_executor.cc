@@ -391,6 +391,9 @@ absl::StatusOr<std::vector<at::Tensor>> PlanExecutor::Run(
     absl::Status status;
     try {
       status = impl.RunStep(step, values, env, dead);
+    } catch (const c10::OutOfMemoryError& e) {
+      const absl::string_view what = e.what_without_backtrace();
+      status = absl::ResourceExhaustedError(what.substr(0, what.find('\n')));
     } catch (const c10::Error& e) {
       const absl::string_view what = e.what_without_backtrace();
       status = absl::InternalError(what.substr(0, what.find('\n')));

@@ -95,7 +95,8 @@ class PlanExecutor {
   // dtype, rank, device, size or stride, or when the bindings of a symbol
   // disagree; INVALID_ARGUMENT naming the step when an expression cannot be
   // evaluated (division by zero, a negative size); an ATen error becomes
-  // INTERNAL naming the step.
+  // INTERNAL naming the step (RESOURCE_EXHAUSTED when the device is out of
+  // memory).
   absl::StatusOr<std::vector<at::Tensor>> Run(const std::vector<at::Tensor>& inputs) const;
 
   int num_inputs() const;

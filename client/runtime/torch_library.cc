@@ -15,7 +15,8 @@
 // Errors are raised as Python exceptions carrying the executor's message:
 // ValueError for INVALID_ARGUMENT (a plan or an input that breaks the
 // contract), NotImplementedError for FAILED_PRECONDITION (a module this
-// runtime or device cannot run), RuntimeError for the rest.
+// runtime or device cannot run), torch.OutOfMemoryError when the device is
+// out of memory, RuntimeError for the rest.
 //
 // Nothing here uses Python's C API, so the library is independent of the
 // Python version: it depends only on libtorch.
@@ -46,6 +47,8 @@ namespace {
       TORCH_CHECK_VALUE(false, message);
     case absl::StatusCode::kFailedPrecondition:
       TORCH_CHECK_NOT_IMPLEMENTED(false, message);
+    case absl::StatusCode::kResourceExhausted:
+      TORCH_CHECK_WITH(OutOfMemoryError, false, message);
     default:
       TORCH_CHECK(false, message);
   }
@@ -59,6 +62,8 @@ class TorchPlanExecutor : public torch::CustomClassHolder {
                           graph.dim() == 1 && graph.is_contiguous(),
                       "PlanExecutor takes the serialized CompiledGraph as a contiguous 1-d "
                       "uint8 CPU tensor");
+    TORCH_CHECK_VALUE(graph.numel() <= INT32_MAX, "the serialized CompiledGraph is ", graph.numel(),
+                      " bytes, over protobuf's limit of 2 GiB");
     v1::CompiledGraph proto;
     TORCH_CHECK_VALUE(proto.ParseFromArray(graph.data_ptr(), static_cast<int>(graph.numel())),
                       "the bytes are not a serialized kiln.v1.CompiledGraph");

@@ -13,11 +13,13 @@ the sizes and executes the steps in C++, launching CUDA kernels on torch's
 current stream.
 
 Errors: ValueError when the plan breaks the contract (naming the step and
-value), when a module lacks a Launch's function or torch an Extern's
-operator, or when an input does not fit the plan (naming the input and dim);
-NotImplementedError for a module this runtime or GPU cannot run (an arch the
-device lacks, naming both); RuntimeError naming the step for an error inside
-ATen or the CUDA driver.
+value), when a module lacks a Launch's function (a c++ module at
+construction, a cuda module at the first run on a device, when its CUBIN
+loads) or torch an Extern's operator, or when an input does not fit the plan
+(naming the input and dim); NotImplementedError for a module this runtime or
+GPU cannot run (an arch the device lacks, naming both); torch.OutOfMemoryError
+when the device is out of memory; RuntimeError naming the step for an error
+inside ATen or the CUDA driver.
 
 A PlanRunner is immutable after construction; run() may be called from
 several threads at once.
