@@ -53,12 +53,13 @@ namespace {
 // the symbol looked up is the one the name expands to.
 #define KILN_CU_STR2(x) #x
 #define KILN_CU_STR(x) KILN_CU_STR2(x)
-#define KILN_CU_FUNCTIONS(X)                                                            \
-  X(cuInit)                                                                             \
-  X(cuGetErrorString)                                                                   \
-  X(cuDeviceGet) X(cuDeviceGetAttribute) X(cuDeviceGetName) X(cuDevicePrimaryCtxRetain) \
-      X(cuCtxGetCurrent) X(cuCtxPushCurrent) X(cuCtxPopCurrent) X(cuModuleLoadData)     \
-          X(cuModuleGetFunction) X(cuLaunchKernel)
+// clang-format off
+#define KILN_CU_FUNCTIONS(X)                                                   \
+  X(cuInit) X(cuGetErrorString) X(cuDeviceGet) X(cuDeviceGetAttribute)         \
+  X(cuDeviceGetName) X(cuDevicePrimaryCtxRetain) X(cuCtxGetCurrent)            \
+  X(cuCtxPushCurrent) X(cuCtxPopCurrent) X(cuModuleLoadData)                   \
+  X(cuModuleGetFunction) X(cuLaunchKernel)
+// clang-format on
 
 struct Driver {
 #define KILN_CU_MEMBER(name) decltype(&::name) name = nullptr;
