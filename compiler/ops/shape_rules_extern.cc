@@ -124,10 +124,12 @@ absl::StatusOr<Metas> ScaledDotProductAttention(const OpCall& c) {
   return Metas{out};
 }
 
-// Its backward: the gradients of query, key and value, shaped as they are
-// and laid out as [B, L, H, E] seen as [B, H, L, E] (ATen computes them in
-// that layout; when it picks another, the runtime copies into this one), and
-// an undefined gradient of the bias (kiln passes none).
+// Its backward: the gradients of query, key and value, shaped and strided as
+// they are (ATen allocates each with its operand's strides, or, when the
+// three share a storage as the chunks of one projection do, as one
+// [B, L, 3, H, E] block, which gives each chunk's strides again; where it
+// picks another layout, the runtime copies into this one), and an undefined
+// gradient of the bias (kiln passes none).
 absl::StatusOr<Metas> EfficientAttentionBackward(const OpCall& c) {
   ASSIGN_OR_RETURN(const TensorMeta* q, c.Meta("query"));
   ASSIGN_OR_RETURN(const TensorMeta* k, c.Meta("key"));
@@ -148,8 +150,7 @@ absl::StatusOr<Metas> EfficientAttentionBackward(const OpCall& c) {
   if (dropout != 0) return ArgError(c, "dropout_p", "must be 0: kiln runs no random kernels");
   auto grad = [](const TensorMeta& x) {
     TensorMeta m = CopyOf(x, x.dtype);
-    const SymInt &l = x.sizes[2], &h = x.sizes[1], &e = x.sizes[3];
-    m.strides = {SymMul(SymMul(l, h), e), e, SymMul(h, e), SymInt{int64_t{1}}};
+    m.strides = x.strides;
     return m;
   };
   return Metas{grad(*q), grad(*k), grad(*v), NewTensor(q->dtype, {SymInt{int64_t{0}}}, *q)};
