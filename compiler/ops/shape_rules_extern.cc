@@ -63,6 +63,14 @@ absl::StatusOr<AttentionOperands> AttentionOperandsOf(const OpCall& c) {
   return o;
 }
 
+// Operands in the heads-first layout: query [B, H, L, E], key [B, H, S, E],
+// value [B, H, S, Ev].
+absl::Status ExpectHeadsFirst(const OpCall& c, const AttentionOperands& o) {
+  for (int64_t d : {0, 1, 3}) RETURN_IF_ERROR(ExpectSameSize(c, "key", *o.k, d, "query", *o.q, d));
+  for (int64_t d : {0, 1}) RETURN_IF_ERROR(ExpectSameSize(c, "value", *o.v, d, "query", *o.q, d));
+  return ExpectSameSize(c, "value", *o.v, 2, "key", *o.k, 2);
+}
+
 // Memory-efficient attention: query [B, H, L, E], key [B, H, S, E] and
 // value [B, H, S, Ev] give the output [B, H, L, Ev], laid out as
 // [B, L, H, Ev]; the log-sum-exp, [B, H, L rounded up to 32] in float32 when
@@ -70,10 +78,8 @@ absl::StatusOr<AttentionOperands> AttentionOperandsOf(const OpCall& c) {
 // scalars that ATen keeps in host memory.
 absl::StatusOr<Metas> EfficientAttention(const OpCall& c) {
   ASSIGN_OR_RETURN(const AttentionOperands ops, AttentionOperandsOf(c));
-  const TensorMeta *q = ops.q, *k = ops.k, *v = ops.v;
-  for (int64_t d : {0, 1, 3}) RETURN_IF_ERROR(ExpectSameSize(c, "key", *k, d, "query", *q, d));
-  for (int64_t d : {0, 1}) RETURN_IF_ERROR(ExpectSameSize(c, "value", *v, d, "query", *q, d));
-  RETURN_IF_ERROR(ExpectSameSize(c, "value", *v, 2, "key", *k, 2));
+  RETURN_IF_ERROR(ExpectHeadsFirst(c, ops));
+  const TensorMeta *q = ops.q, *v = ops.v;
   if (!c.IsNone("attn_bias")) return ArgError(c, "attn_bias", "is not supported");
   ASSIGN_OR_RETURN(const bool log_sumexp, c.Bool("compute_log_sumexp"));
   const SymInt &b = q->sizes[0], &h = q->sizes[1], &l = q->sizes[2], &ev = v->sizes[3];
@@ -98,10 +104,8 @@ absl::StatusOr<Metas> EfficientAttention(const OpCall& c) {
 // copied into this layout by the runtime.
 absl::StatusOr<Metas> ScaledDotProductAttention(const OpCall& c) {
   ASSIGN_OR_RETURN(const AttentionOperands ops, AttentionOperandsOf(c));
-  const TensorMeta *q = ops.q, *k = ops.k, *v = ops.v;
-  for (int64_t d : {0, 1, 3}) RETURN_IF_ERROR(ExpectSameSize(c, "key", *k, d, "query", *q, d));
-  for (int64_t d : {0, 1}) RETURN_IF_ERROR(ExpectSameSize(c, "value", *v, d, "query", *q, d));
-  RETURN_IF_ERROR(ExpectSameSize(c, "value", *v, 2, "key", *k, 2));
+  RETURN_IF_ERROR(ExpectHeadsFirst(c, ops));
+  const TensorMeta *q = ops.q, *v = ops.v;
   if (!c.IsNone("attn_mask")) return ArgError(c, "attn_mask", "is not supported");
   ASSIGN_OR_RETURN(const bool gqa, c.Bool("enable_gqa"));
   if (gqa) return ArgError(c, "enable_gqa", "is not supported");
