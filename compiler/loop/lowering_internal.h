@@ -21,6 +21,7 @@
 #include "compiler/loop/kernel.h"
 #include "compiler/loop/lowering.h"
 #include "compiler/ops/registry.h"
+#include "compiler/ops/shape_util.h"
 
 namespace kiln::loop::lowering_internal {
 
@@ -83,32 +84,6 @@ struct Group {
 
 inline v1::DType Compute(v1::DType t) {
   return (t == v1::FLOAT16 || t == v1::BFLOAT16) ? v1::FLOAT32 : t;
-}
-
-// The rank of each element type for promotion among operands of one op.
-inline int Rank(v1::DType t) {
-  switch (t) {
-    case v1::BOOL:
-      return 0;
-    case v1::UINT8:
-    case v1::INT8:
-      return 1;
-    case v1::INT16:
-      return 2;
-    case v1::INT32:
-      return 3;
-    case v1::INT64:
-      return 4;
-    case v1::FLOAT16:
-    case v1::BFLOAT16:
-      return 5;
-    case v1::FLOAT32:
-      return 6;
-    case v1::FLOAT64:
-      return 7;
-    default:
-      return 8;
-  }
 }
 
 class Lowerer {
@@ -256,7 +231,7 @@ class Builder {
     return Op(op, std::move(args), Compute(t));
   }
   int Compare(const std::string& op, int a, int b) {
-    v1::DType t = Rank(D(a)) >= Rank(D(b)) ? D(a) : D(b);
+    const v1::DType t = ops::PromoteTypes(D(a), D(b));
     return Op(op, {Cast(a, Compute(t)), Cast(b, Compute(t))}, v1::BOOL);
   }
 
