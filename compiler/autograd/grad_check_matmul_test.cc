@@ -91,22 +91,22 @@ void AddMatmulCases(std::map<std::string, Case>& c) {
           {Ref(0), Ref(1), Int(1), Bool(true)});
     return ok;
   };
-  // Memory-efficient attention runs on CUDA only: here the joint graph's
-  // shape (ATen's backward of it, one gradient per operand, shaped as the
-  // operand); tests/gpu compares its numbers with eager's.
-  c["aten._scaled_dot_product_efficient_attention.default"] = [] {
+  // Memory-efficient and flash attention run on CUDA only: here the joint
+  // graph's shape (ATen's backward of the kernel, one gradient per operand,
+  // shaped as the operand); tests/gpu compares their numbers with eager's.
+  auto fused_attention = [](const std::string& target, const std::string& backward, v1::DType dtype,
+                            std::vector<Argument> rest, std::vector<Argument> kwargs) {
     ir::GraphBuilder b("attention");
-    std::vector<ir::ValueId> qkv;
+    std::vector<Argument> args;
     for (const char* name : {"q", "k", "v"}) {
-      ir::TensorMeta m = ir::ContiguousMeta({2, 3, 32, 16}, v1::FLOAT32);
+      ir::TensorMeta m = ir::ContiguousMeta({2, 3, 32, 16}, dtype);
       m.device_type = "cuda";
       m.device_index = 0;
       m.requires_grad = true;
-      qkv.push_back(b.AddInput(m, v1::Placeholder::USER_INPUT, name));
+      args.push_back(Ref(b.AddInput(m, v1::Placeholder::USER_INPUT, name)));
     }
-    auto out =
-        ops::Emit(b, ops::DefaultRegistry(), "aten._scaled_dot_product_efficient_attention.default",
-                  {Ref(qkv[0]), Ref(qkv[1]), Ref(qkv[2]), NoneArg(), Bool(true)});
+    args.insert(args.end(), rest.begin(), rest.end());
+    auto out = ops::Emit(b, ops::DefaultRegistry(), target, std::move(args), std::move(kwargs));
     EXPECT_TRUE(out.ok()) << out.status();
     if (!out.ok()) return false;
     b.AddOutput((*out)[0]);
@@ -114,10 +114,8 @@ void AddMatmulCases(std::map<std::string, Case>& c) {
     EXPECT_TRUE(jg.ok()) << jg.status();
     if (!jg.ok()) return false;
     int backwards = 0;
-    for (const ir::Node& n : jg->graph.nodes()) {
-      backwards += n.target == "aten._scaled_dot_product_efficient_attention_backward.default";
-    }
-    EXPECT_EQ(backwards, 1);
+    for (const ir::Node& n : jg->graph.nodes()) backwards += n.target == backward;
+    EXPECT_EQ(backwards, 1) << target;
     for (int i = 0; i < 3; ++i) {
       const int at = jg->grad_output_index[i];
       EXPECT_GE(at, 0);
@@ -127,6 +125,18 @@ void AddMatmulCases(std::map<std::string, Case>& c) {
       }
     }
     return false;  // numbers: tests/gpu
+  };
+  c["aten._scaled_dot_product_efficient_attention.default"] = [fused_attention] {
+    return fused_attention("aten._scaled_dot_product_efficient_attention.default",
+                           "aten._scaled_dot_product_efficient_attention_backward.default",
+                           v1::FLOAT32, {NoneArg(), Bool(true)}, {});
+  };
+  c["aten._flash_attention_forward.default"] = [fused_attention] {
+    // [B, L, H, E] = [2, 3, 32, 16]: lengths 3.
+    return fused_attention(
+        "aten._flash_attention_forward.default", "aten._flash_attention_backward.default",
+        v1::BFLOAT16, {NoneArg(), NoneArg(), Int(3), Int(3), Float(0.0), Bool(false), Bool(false)},
+        {Kwarg("scale", Float(0.25))});
   };
 }
 

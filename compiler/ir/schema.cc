@@ -199,6 +199,11 @@ constexpr const char* kSchemas[] = {
     "Tensor key, Tensor value, Tensor attn_bias, Tensor out, Tensor logsumexp, "
     "Tensor philox_seed, Tensor philox_offset, float dropout_p, bool[4] grad_input_mask, "
     "bool is_causal=False, *, float? scale=None) -> (Tensor, Tensor, Tensor, Tensor)",
+    "_flash_attention_backward(Tensor grad_out, Tensor query, Tensor key, Tensor value, "
+    "Tensor out, Tensor logsumexp, Tensor cum_seq_q, Tensor cum_seq_k, SymInt max_q, "
+    "SymInt max_k, float dropout_p, bool is_causal, Tensor rng_state, Tensor unused, *, "
+    "float? scale=None, SymInt? window_size_left=None, SymInt? window_size_right=None) -> "
+    "(Tensor, Tensor, Tensor)",
     "_flash_attention_forward(Tensor query, Tensor key, Tensor value, Tensor? cum_seq_q, "
     "Tensor? cum_seq_k, SymInt max_q, SymInt max_k, float dropout_p, bool is_causal, "
     "bool return_debug_mask, *, float? scale=None, SymInt? window_size_left=None, "

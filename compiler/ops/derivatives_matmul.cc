@@ -148,6 +148,27 @@ void RegisterMatmulAndConvolution(Registry* r) {
     }
     return absl::OkStatus();
   });
+  // Flash attention: ATen's backward from the output, the log-sum-exp and
+  // the RNG state the forward returned (no dropout: it draws nothing).
+  Def(r, "aten._flash_attention_forward.default", [](Ctx& c) -> absl::Status {
+    if (c.grad_output(0) == kNoValue) return absl::OkStatus();
+    if (!c.NeedsGrad("query") && !c.NeedsGrad("key") && !c.NeedsGrad("value")) {
+      return absl::OkStatus();
+    }
+    ASSIGN_OR_RETURN(
+        std::vector<ValueId> gs,
+        c.OpN("aten._flash_attention_backward.default",
+              {Ref(c.grad_output(0)), Arg(c, "query"), Arg(c, "key"), Arg(c, "value"),
+               Ref(c.output(0)), Ref(c.output(1)), Argument{"", ir::None{}},
+               Argument{"", ir::None{}}, Arg(c, "max_q"), Arg(c, "max_k"), Arg(c, "dropout_p"),
+               Arg(c, "is_causal"), Ref(c.output(2)), Ref(c.output(3))},
+              {Argument{"scale", Arg(c, "scale").kind}}));
+    const char* params[3] = {"query", "key", "value"};
+    for (int i = 0; i < 3; ++i) {
+      if (c.NeedsGrad(params[i])) c.SetGrad(params[i], gs[i]);
+    }
+    return absl::OkStatus();
+  });
   // embedding: the dense backward (sparse gradients are not supported).
   Def(r, "aten.embedding.default",
       [](Ctx& c) -> absl::Status {

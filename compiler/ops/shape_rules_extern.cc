@@ -192,6 +192,27 @@ absl::StatusOr<Metas> FlashAttention(const OpCall& c) {
                NewTensor(q->dtype, {SymInt{int64_t{0}}}, *q)};
 }
 
+// Its backward: the gradients of query, key and value in flash's layout,
+// shaped and strided as they are (ATen allocates each like its operand).
+absl::StatusOr<Metas> FlashAttentionBackward(const OpCall& c) {
+  ASSIGN_OR_RETURN(const AttentionOperands ops, AttentionOperandsOf(c));
+  ASSIGN_OR_RETURN(const TensorMeta* g, c.Meta("grad_out"));
+  ASSIGN_OR_RETURN(const TensorMeta* out, c.Meta("out"));
+  for (int64_t d = 0; d < 4; ++d) {
+    RETURN_IF_ERROR(ExpectSameSize(c, "grad_out", *g, d, "out", *out, d));
+  }
+  for (const char* unsupported :
+       {"cum_seq_q", "cum_seq_k", "window_size_left", "window_size_right"}) {
+    if (!c.IsNone(unsupported)) return ArgError(c, unsupported, "is not supported");
+  }
+  auto grad = [](const TensorMeta& x) {
+    TensorMeta m = CopyOf(x, x.dtype);
+    m.strides = x.strides;
+    return m;
+  };
+  return Metas{grad(*ops.q), grad(*ops.k), grad(*ops.v)};
+}
+
 absl::StatusOr<Metas> Addmm(const OpCall& c) {
   ASSIGN_OR_RETURN(const TensorMeta* self, c.Meta("self"));
   ASSIGN_OR_RETURN(const TensorMeta* mat1, c.Meta("mat1"));
@@ -482,6 +503,7 @@ void RegisterExtern(Definer& def) {
   def("aten._scaled_dot_product_efficient_attention_backward.default", kExpensive,
       EfficientAttentionBackward);
   def("aten._flash_attention_forward.default", kExpensive, FlashAttention);
+  def("aten._flash_attention_backward.default", kExpensive, FlashAttentionBackward);
   def("aten.addmm.default", kExpensive, Addmm);
   def("aten.convolution.default", kExpensive, Convolution);
   def("aten.max_pool2d_with_indices.default", kExpensive, MaxPool2d);

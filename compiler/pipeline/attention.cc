@@ -17,6 +17,7 @@ namespace {
 
 constexpr char kEfficientAttention[] = "aten._scaled_dot_product_efficient_attention.default";
 constexpr char kScaledDotProductAttention[] = "aten.scaled_dot_product_attention.default";
+constexpr char kFlashAttention[] = "aten._flash_attention_forward.default";
 constexpr int64_t kMaxHeadDim = 256;
 // In training, memory-efficient attention's backward is slower than the
 // matmuls it replaces beyond this head dim (bfloat16 on an H100, a GPT-2
@@ -204,10 +205,23 @@ absl::StatusOr<ir::ValueId> EmitFused(ir::GraphBuilder& b, const Match& m,
   }
   const ir::Argument scale{"scale", m.scale};
   ir::ValueId o = ir::kNoValue;
-  const bool sdpa_fits = options.flash && !options.training &&
-                         b.value(q).meta.dtype != v1::FLOAT32 &&
-                         b.value(q).meta.sizes.back() == b.value(v).meta.sizes.back();
-  if (sdpa_fits) {
+  const bool fused_16bit = options.flash && b.value(q).meta.dtype != v1::FLOAT32 &&
+                           b.value(q).meta.sizes.back() == b.value(v).meta.sizes.back();
+  if (fused_16bit && options.training) {
+    // Flash attention, whose backward the registry has; it reads and writes
+    // [B, L, H, D]: views both ways.
+    const std::vector<int64_t> swap_heads = {0, 2, 1, 3};
+    for (ir::ValueId* x : {&q, &k, &v}) {
+      ASSIGN_OR_RETURN(*x, emit("aten.permute.default", {Positional(*x), Positional(swap_heads)}));
+    }
+    const ir::SymInt max_q = b.value(q).meta.sizes[1], max_k = b.value(k).meta.sizes[1];
+    ASSIGN_OR_RETURN(o, emit(kFlashAttention,
+                             {Positional(q), Positional(k), Positional(v), Positional(ir::None{}),
+                              Positional(ir::None{}), Positional(max_q), Positional(max_k),
+                              Positional(0.0), Positional(false), Positional(false)},
+                             {scale}));
+    ASSIGN_OR_RETURN(o, emit("aten.permute.default", {Positional(o), Positional(swap_heads)}));
+  } else if (fused_16bit) {
     ASSIGN_OR_RETURN(o, emit(kScaledDotProductAttention,
                              {Positional(q), Positional(k), Positional(v)}, {scale}));
   } else {

@@ -27,9 +27,12 @@
 // used by the chain alone. Anything else is left as it is.
 //
 // In training graphs (options.training; the rewrite runs before the joint
-// graph is built) it is memory-efficient attention in every dtype, with its
-// log-sum-exp: its derivative rule is ATen's memory-efficient attention
-// backward, which reads the output and the log-sum-exp the forward saved.
+// graph is built) it is flash attention in 16-bit where the target has it
+// and the head dims agree, memory-efficient attention (with its
+// log-sum-exp) otherwise: their derivative rules are ATen's backwards of
+// them, which read the output and the log-sum-exp the forward saved
+// (flash's backward was 3x faster than memory-efficient attention's in
+// bfloat16 on an H100).
 // Head dims over 128 are left unfused there: that backward is slower than
 // the matmuls beyond them.
 // The log-sum-exp needs a constant query length; a graph where it is

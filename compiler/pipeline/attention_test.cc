@@ -113,6 +113,7 @@ int Count(const std::vector<std::string>& targets, const std::string& t) {
 
 constexpr char kEfficient[] = "aten._scaled_dot_product_efficient_attention.default";
 constexpr char kSdpa[] = "aten.scaled_dot_product_attention.default";
+constexpr char kFlash[] = "aten._flash_attention_forward.default";
 
 int Fused(const std::vector<std::string>& targets) {
   return Count(targets, kEfficient) + Count(targets, kSdpa);
@@ -238,8 +239,12 @@ TEST(AttentionRewriteTest, TrainingGraphsGetTheFusedKernelAndItsBackward) {
     auto fused = RewriteAttention(g, &g, options);
     ASSERT_TRUE(fused.ok()) << fused.status();
     EXPECT_EQ(*fused, 1);
+    // 16-bit: flash attention and its backward; float32: memory-efficient
+    // attention with its log-sum-exp, and its backward.
+    const bool flash = dtype != v1::FLOAT32;
     const std::vector<std::string> targets = Targets(g);
-    EXPECT_EQ(Count(targets, kEfficient), 1);
+    EXPECT_EQ(Count(targets, kEfficient), flash ? 0 : 1);
+    EXPECT_EQ(Count(targets, kFlash), flash ? 1 : 0);
     EXPECT_EQ(Count(targets, kSdpa), 0);
     for (const ir::Node& n : g.nodes()) {
       if (n.target != kEfficient) continue;
@@ -248,7 +253,9 @@ TEST(AttentionRewriteTest, TrainingGraphsGetTheFusedKernelAndItsBackward) {
     absl::StatusOr<autograd::JointGraph> joint = autograd::BuildJointGraph(g, {});
     ASSERT_TRUE(joint.ok()) << joint.status();
     const std::vector<std::string> all = Targets(joint->graph);
-    EXPECT_EQ(Count(all, "aten._scaled_dot_product_efficient_attention_backward.default"), 1);
+    EXPECT_EQ(Count(all, flash ? "aten._flash_attention_backward.default"
+                               : "aten._scaled_dot_product_efficient_attention_backward.default"),
+              1);
     EXPECT_EQ(Count(all, "aten.bmm.default"), 0);
     EXPECT_EQ(Count(all, "aten._softmax_backward_data.default"), 0);
     EXPECT_EQ(joint->grad_output_index.size(), 3u);

@@ -225,14 +225,17 @@ def test_softmax_attention_is_one_fused_kernel(dtype, shape):
                          ids=["heads", "head_dim_128", "batched"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=_dtype_id)
 def test_softmax_attention_training_is_fused_both_ways(dtype, shape):
-    """Training: memory-efficient attention forward and ATen's backward of
-    it; gradients of q, k and v against eager's."""
+    """Training: flash attention in 16-bit, memory-efficient attention in
+    float32, each with ATen's backward of it; gradients of q, k and v
+    against eager's."""
     q, k, v = (rand(*shape, dtype=dtype) for _ in range(3))
     backend = check(_softmax_attention, q, k, v, training=True, min_kernels=0)
     targets = _extern_targets(backend)
-    assert targets.count("aten._scaled_dot_product_efficient_attention.default") == 1, targets
-    assert targets.count(
-        "aten._scaled_dot_product_efficient_attention_backward.default") == 1, targets
+    kernel = ("aten._scaled_dot_product_efficient_attention" if dtype == torch.float32
+              else "aten._flash_attention")
+    forward = kernel + (".default" if dtype == torch.float32 else "_forward.default")
+    assert targets.count(forward) == 1, targets
+    assert targets.count(kernel + "_backward.default") == 1, targets
     assert "aten.bmm.default" not in targets, targets
 
 
