@@ -31,8 +31,8 @@
 // and the head dims agree, memory-efficient attention (with its
 // log-sum-exp) otherwise: their derivative rules are ATen's backwards of
 // them, which read the output and the log-sum-exp the forward saved
-// (flash's backward was 3x faster than memory-efficient attention's in
-// bfloat16 on an H100).
+// (softmax attention's bfloat16 training step on an H100: 0.97 ms with
+// flash, 1.16-1.77 ms over five runs with memory-efficient attention).
 // Head dims over 128 are left unfused there: that backward is slower than
 // the matmuls beyond them.
 // The log-sum-exp needs a constant query length; a graph where it is
