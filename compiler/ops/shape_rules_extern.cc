@@ -71,6 +71,15 @@ absl::Status ExpectHeadsFirst(const OpCall& c, const AttentionOperands& o) {
   return ExpectSameSize(c, "value", *o.v, 2, "key", *o.k, 2);
 }
 
+// A fused attention backward's gradient of operand `x`: shaped and strided
+// as `x` (ATen allocates it so, or as one block for chunks of one
+// projection, which gives each chunk's strides again).
+TensorMeta GradientOf(const TensorMeta& x) {
+  TensorMeta m = CopyOf(x, x.dtype);
+  m.strides = x.strides;
+  return m;
+}
+
 // Memory-efficient attention: query [B, H, L, E], key [B, H, S, E] and
 // value [B, H, S, Ev] give the output [B, H, L, Ev], laid out as
 // [B, L, H, Ev]; the log-sum-exp, [B, H, L rounded up to 32] in float32 when
@@ -152,12 +161,8 @@ absl::StatusOr<Metas> EfficientAttentionBackward(const OpCall& c) {
   if (!c.IsNone("attn_bias")) return ArgError(c, "attn_bias", "is not supported");
   ASSIGN_OR_RETURN(const double dropout, c.Double("dropout_p"));
   if (dropout != 0) return ArgError(c, "dropout_p", "must be 0: kiln runs no random kernels");
-  auto grad = [](const TensorMeta& x) {
-    TensorMeta m = CopyOf(x, x.dtype);
-    m.strides = x.strides;
-    return m;
-  };
-  return Metas{grad(*q), grad(*k), grad(*v), NewTensor(q->dtype, {SymInt{int64_t{0}}}, *q)};
+  return Metas{GradientOf(*q), GradientOf(*k), GradientOf(*v),
+               NewTensor(q->dtype, {SymInt{int64_t{0}}}, *q)};
 }
 
 // Flash attention (float16 and bfloat16, sm_80 and later), in its own layout:
@@ -205,12 +210,7 @@ absl::StatusOr<Metas> FlashAttentionBackward(const OpCall& c) {
        {"cum_seq_q", "cum_seq_k", "window_size_left", "window_size_right"}) {
     if (!c.IsNone(unsupported)) return ArgError(c, unsupported, "is not supported");
   }
-  auto grad = [](const TensorMeta& x) {
-    TensorMeta m = CopyOf(x, x.dtype);
-    m.strides = x.strides;
-    return m;
-  };
-  return Metas{grad(*ops.q), grad(*ops.k), grad(*ops.v)};
+  return Metas{GradientOf(*ops.q), GradientOf(*ops.k), GradientOf(*ops.v)};
 }
 
 absl::StatusOr<Metas> Addmm(const OpCall& c) {
