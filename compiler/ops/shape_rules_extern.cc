@@ -80,6 +80,17 @@ TensorMeta GradientOf(const TensorMeta& x) {
   return m;
 }
 
+// A fused attention backward's upstream gradient (parameter `grad`): rank 4,
+// with the sizes of the forward's output (parameter "out").
+absl::Status ExpectGradientOfOutput(const OpCall& c, const char* grad) {
+  ASSIGN_OR_RETURN(const TensorMeta* g, c.Meta(grad));
+  ASSIGN_OR_RETURN(const TensorMeta* out, c.Meta("out"));
+  RETURN_IF_ERROR(ExpectRank(c, grad, *g, {4}));
+  RETURN_IF_ERROR(ExpectRank(c, "out", *out, {4}));
+  for (int64_t d = 0; d < 4; ++d) RETURN_IF_ERROR(ExpectSameSize(c, grad, *g, d, "out", *out, d));
+  return absl::OkStatus();
+}
+
 // Memory-efficient attention: query [B, H, L, E], key [B, H, S, E] and
 // value [B, H, S, Ev] give the output [B, H, L, Ev], laid out as
 // [B, L, H, Ev]; the log-sum-exp, [B, H, L rounded up to 32] in float32 when
@@ -144,25 +155,11 @@ absl::StatusOr<Metas> ScaledDotProductAttention(const OpCall& c) {
 // picks another layout, the runtime copies into this one), and an undefined
 // gradient of the bias (kiln passes none).
 absl::StatusOr<Metas> EfficientAttentionBackward(const OpCall& c) {
-  ASSIGN_OR_RETURN(const TensorMeta* q, c.Meta("query"));
-  ASSIGN_OR_RETURN(const TensorMeta* k, c.Meta("key"));
-  ASSIGN_OR_RETURN(const TensorMeta* v, c.Meta("value"));
-  ASSIGN_OR_RETURN(const TensorMeta* g, c.Meta("grad_out_"));
-  ASSIGN_OR_RETURN(const TensorMeta* out, c.Meta("out"));
-  for (const auto& [name, m] :
-       {std::pair{"query", q}, {"key", k}, {"value", v}, {"grad_out_", g}, {"out", out}}) {
-    RETURN_IF_ERROR(ExpectRank(c, name, *m, {4}));
-  }
-  RETURN_IF_ERROR(ExpectSameDType(c, "key", *k, "query", *q));
-  RETURN_IF_ERROR(ExpectSameDType(c, "value", *v, "query", *q));
-  for (int64_t d = 0; d < 4; ++d) {
-    RETURN_IF_ERROR(ExpectSameSize(c, "grad_out_", *g, d, "out", *out, d));
-  }
+  ASSIGN_OR_RETURN(const AttentionOperands ops, AttentionOperandsOf(c));
+  RETURN_IF_ERROR(ExpectGradientOfOutput(c, "grad_out_"));
   if (!c.IsNone("attn_bias")) return ArgError(c, "attn_bias", "is not supported");
-  ASSIGN_OR_RETURN(const double dropout, c.Double("dropout_p"));
-  if (dropout != 0) return ArgError(c, "dropout_p", "must be 0: kiln runs no random kernels");
-  return Metas{GradientOf(*q), GradientOf(*k), GradientOf(*v),
-               NewTensor(q->dtype, {SymInt{int64_t{0}}}, *q)};
+  return Metas{GradientOf(*ops.q), GradientOf(*ops.k), GradientOf(*ops.v),
+               NewTensor(ops.q->dtype, {SymInt{int64_t{0}}}, *ops.q)};
 }
 
 // Flash attention (float16 and bfloat16, sm_80 and later), in its own layout:
@@ -201,11 +198,7 @@ absl::StatusOr<Metas> FlashAttention(const OpCall& c) {
 // shaped and strided as they are (ATen allocates each like its operand).
 absl::StatusOr<Metas> FlashAttentionBackward(const OpCall& c) {
   ASSIGN_OR_RETURN(const AttentionOperands ops, AttentionOperandsOf(c));
-  ASSIGN_OR_RETURN(const TensorMeta* g, c.Meta("grad_out"));
-  ASSIGN_OR_RETURN(const TensorMeta* out, c.Meta("out"));
-  for (int64_t d = 0; d < 4; ++d) {
-    RETURN_IF_ERROR(ExpectSameSize(c, "grad_out", *g, d, "out", *out, d));
-  }
+  RETURN_IF_ERROR(ExpectGradientOfOutput(c, "grad_out"));
   for (const char* unsupported :
        {"cum_seq_q", "cum_seq_k", "window_size_left", "window_size_right"}) {
     if (!c.IsNone(unsupported)) return ArgError(c, unsupported, "is not supported");
