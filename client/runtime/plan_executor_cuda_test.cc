@@ -10,6 +10,7 @@
 
 #include "client/runtime/cuda_module.h"
 #include "client/runtime/plan_executor.h"
+#include "client/runtime/plan_test_util.h"
 
 namespace kiln::runtime {
 namespace {
@@ -17,17 +18,8 @@ namespace {
 using ::testing::AllOf;
 using ::testing::HasSubstr;
 
-v1::SymInt Int(int64_t v) {
-  v1::SymInt s;
-  s.set_int_value(v);
-  return s;
-}
-
-v1::SymInt Sym(const std::string& expr) {
-  v1::SymInt s;
-  s.set_expr(expr);
-  return s;
-}
+using plan_test::Int;
+using plan_test::Sym;
 
 // x: float32 [s0] on `device`, s0 bound to its size; a cuda module (whose
 // bytes are only loaded when a kernel runs) and one launch of "k" over x and

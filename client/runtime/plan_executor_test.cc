@@ -3,6 +3,7 @@
 // (compiler/codegen/codegen.h) and compiled with g++ when the tests start;
 // every result is compared with the same computation written with ATen ops.
 #include "client/runtime/plan_executor.h"
+#include "client/runtime/plan_test_util.h"
 
 #include <ATen/TensorOperators.h>
 #include <ATen/ops/allclose.h>
@@ -109,16 +110,8 @@ const std::string& OtherBinary() {
 
 // ------------------------------------------------------------ plan building
 
-v1::SymInt Int(int64_t v) {
-  v1::SymInt s;
-  s.set_int_value(v);
-  return s;
-}
-v1::SymInt Sym(const std::string& expr) {
-  v1::SymInt s;
-  s.set_expr(expr);
-  return s;
-}
+using plan_test::Int;
+using plan_test::Sym;
 using Dims = std::vector<v1::SymInt>;
 
 v1::Argument TensorArg(const std::string& name) {
