@@ -8,10 +8,14 @@
 #include "absl/functional/function_ref.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "cache/guard_expr.h"
 #include "common/status_macros.h"
+#include "compiler/ir/sym_expr.h"
 
 namespace kiln::cache {
+
+using ir::AsBareSymbol;
+using ir::SymExpr;
+
 namespace {
 
 // "input 0 'x'", or "input 0" for a guard without a name.

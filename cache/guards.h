@@ -7,7 +7,7 @@
 //   input 1 'y': size[0] is 5, but s0 = 4 (bound by input 0 'x' size[0])
 //
 // Size symbols ("s0") bind on first sight, in input order; size expressions
-// ("2*s0") and shape guards ("s0 % 8 == 0") are SymExpr text (guard_expr.h).
+// ("2*s0") and shape guards ("s0 % 8 == 0") are SymExpr text (sym_expr.h).
 //
 // Thread-safety: all functions here are pure; they keep no state and may be
 // called concurrently.

@@ -7,12 +7,16 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "cache/guard_expr.h"
 #include "common/hashing.h"
 #include "common/status_macros.h"
 #include "compiler/ir/canonical.h"
+#include "compiler/ir/sym_expr.h"
 
 namespace kiln::cache {
+
+using ir::Bindings;
+using ir::SymExpr;
+
 namespace {
 
 // Calls f(v1::SymInt*) on every integer of the graph, in a fixed order: the

@@ -120,7 +120,7 @@ absl::StatusOr<std::unique_ptr<PlanExecutor>> PlanExecutor::Create(const v1::Com
   for (int i = 0; i < plan.symbols_size(); ++i) {
     const v1::SymbolBinding& b = plan.symbols(i);
     const std::string where = absl::StrCat("plan.symbols[", i, "] ('", b.symbol(), "')");
-    if (!cache::IsSymbolName(b.symbol())) {
+    if (!ir::IsSymbolName(b.symbol())) {
       return absl::InvalidArgumentError(absl::StrCat(where, ": not a symbol name"));
     }
     if (b.input() < 0 || b.input() >= plan.inputs_size()) {

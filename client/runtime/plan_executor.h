@@ -12,7 +12,7 @@
 //     value from every binding.
 //   - SymInt expressions (sizes, strides, offsets, symbolic Extern
 //     arguments) use the symbols of plan.symbols only, in the syntax of
-//     cache/guard_expr.h (+ - * // % Min Max, Python's floor semantics).
+//     compiler/ir/sym_expr.h (+ - * // % Min Max, Python's floor semantics).
 //   - Inputs must have the dtype, rank and device type of plan.inputs, every
 //     size the placeholder's size expression gives, and, for sizes above 1,
 //     the strides the placeholder gives (when it gives any): generated

@@ -24,7 +24,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
-#include "cache/guard_expr.h"
+#include "compiler/ir/sym_expr.h"
 #include "client/runtime/cuda_module.h"
 #include "client/runtime/interpreter.h"
 #include "client/runtime/module_loader.h"
@@ -58,13 +58,13 @@ class Dim {
 
   static absl::StatusOr<Dim> Parse(const std::string& text, const SymbolTable& symbols) {
     Dim d;
-    if (std::optional<absl::string_view> bare = cache::AsBareSymbol(text)) {
+    if (std::optional<absl::string_view> bare = ir::AsBareSymbol(text)) {
       auto it = symbols.find(*bare);
       if (it == symbols.end()) return Unbound(text, *bare);
       d.symbol_ = it->second;
       return d;
     }
-    ASSIGN_OR_RETURN(cache::SymExpr expr, cache::SymExpr::Parse(text));
+    ASSIGN_OR_RETURN(ir::SymExpr expr, ir::SymExpr::Parse(text));
     for (const std::string& s : expr.symbols()) {
       if (!symbols.contains(s)) return Unbound(text, s);
     }
@@ -91,7 +91,7 @@ class Dim {
 
   int64_t constant_ = 0;
   int symbol_ = -1;                     // index into the symbol values
-  std::optional<cache::SymExpr> expr_;  // set for an expression
+  std::optional<ir::SymExpr> expr_;  // set for an expression
 };
 
 struct AllocStep {

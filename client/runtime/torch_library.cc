@@ -11,6 +11,11 @@
 //       (CheckArtifactHeader, compiled_function.h)
 //   torch.ops.kiln_runtime.module_loads() -> int
 //       c++ modules the process-wide ModuleLoader has opened
+//   torch.classes.kiln_runtime.SymExpr(text: str)
+//       a symbolic size expression (compiler/ir/sym_expr.h), parsed once
+//     .evaluate(names: List[str], values: List[int]) -> int
+//     .symbols() -> List[str], .text() -> str, .to_text() -> str,
+//     .to_python() -> str
 //
 // Errors are raised as Python exceptions carrying the executor's message:
 // ValueError for INVALID_ARGUMENT (a plan or an input that breaks the
@@ -34,6 +39,7 @@
 #include "client/runtime/compiled_function.h"
 #include "client/runtime/module_loader.h"
 #include "client/runtime/plan_executor.h"
+#include "compiler/ir/sym_expr.h"
 #include "kiln/v1/artifact.pb.h"
 
 namespace kiln::runtime {
@@ -85,6 +91,41 @@ class TorchPlanExecutor : public torch::CustomClassHolder {
   std::unique_ptr<PlanExecutor> executor_;
 };
 
+class TorchSymExpr : public torch::CustomClassHolder {
+ public:
+  explicit TorchSymExpr(const std::string& text) : expr_(Parse(text)) {}
+
+  // `names` and `values` bind symbols pairwise; a symbol of the expression
+  // that they leave unbound is an error, as in SymExpr::Evaluate.
+  int64_t Evaluate(const std::vector<std::string>& names,
+                   const std::vector<int64_t>& values) const {
+    TORCH_CHECK_VALUE(names.size() == values.size(), "SymExpr.evaluate: ", names.size(),
+                      " names but ", values.size(), " values");
+    absl::StatusOr<int64_t> v =
+        expr_.EvaluateWith([&](absl::string_view name) -> std::optional<int64_t> {
+          for (size_t i = 0; i < names.size(); ++i) {
+            if (names[i] == name) return values[i];
+          }
+          return std::nullopt;
+        });
+    if (!v.ok()) Raise(v.status());
+    return *v;
+  }
+  std::vector<std::string> Symbols() const { return expr_.symbols(); }
+  std::string Text() const { return expr_.text(); }
+  std::string ToText() const { return expr_.ToText(); }
+  std::string ToPython() const { return expr_.ToPython(); }
+
+ private:
+  static ir::SymExpr Parse(const std::string& text) {
+    absl::StatusOr<ir::SymExpr> e = ir::SymExpr::Parse(text);
+    if (!e.ok()) Raise(e.status());
+    return *std::move(e);
+  }
+
+  ir::SymExpr expr_;
+};
+
 }  // namespace
 }  // namespace kiln::runtime
 
@@ -103,4 +144,12 @@ TORCH_LIBRARY(kiln_runtime, m) {
           if (!status.ok()) kiln::runtime::Raise(status);
         });
   m.def("module_loads() -> int", [] { return kiln::runtime::ModuleLoader::Shared().loads(); });
+  using kiln::runtime::TorchSymExpr;
+  m.class_<TorchSymExpr>("SymExpr")
+      .def(torch::init<std::string>())
+      .def("evaluate", &TorchSymExpr::Evaluate)
+      .def("symbols", &TorchSymExpr::Symbols)
+      .def("text", &TorchSymExpr::Text)
+      .def("to_text", &TorchSymExpr::ToText)
+      .def("to_python", &TorchSymExpr::ToPython);
 }

@@ -9,6 +9,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
+#include "compiler/ir/sym_expr.h"
 
 namespace kiln::codegen {
 namespace {
@@ -18,187 +19,6 @@ using loop::ReduceOp;
 using loop::Stmt;
 using loop::StmtKind;
 
-// Translates a SymInt expression in sympy's spelling ("(s1 - 1)//2 + 1",
-// "Max(s0, 2)", "Mod(s0, 8)", "s0**2") into C++ int64 arithmetic.
-//
-//   sum     := product (('+' | '-') product)*
-//   product := unary (('*' | '//' | '/' | '%') unary)*
-//   unary   := '-' unary | power
-//   power   := atom ('**' unary)?
-//   atom    := integer | symbol | name '(' sum (',' sum)* ')' | '(' sum ')'
-//
-// Sizes are integers, so '/' (sympy's exact division) is floor division too.
-class ExprTranslator {
- public:
-  ExprTranslator(absl::string_view text, const SymbolTable& symbols, std::set<int>* used,
-                 const Dialect& dialect)
-      : text_(text), symbols_(symbols), used_(used), d_(dialect) {}
-
-  absl::StatusOr<std::string> Translate() {
-    ASSIGN_OR_RETURN(std::string out, ParseSum());
-    SkipSpace();
-    if (pos_ != text_.size()) return Error("unexpected text");
-    return out;
-  }
-
- private:
-  absl::Status Error(absl::string_view what) const {
-    return absl::InvalidArgumentError(
-        absl::StrCat("size expression '", text_, "': ", what, " at offset ", pos_));
-  }
-  void SkipSpace() {
-    while (pos_ < text_.size() && text_[pos_] == ' ') ++pos_;
-  }
-  bool Eat(absl::string_view token) {
-    SkipSpace();
-    if (text_.substr(pos_, token.size()) != token) return false;
-    pos_ += token.size();
-    return true;
-  }
-  bool Peek(absl::string_view token) {
-    SkipSpace();
-    return text_.substr(pos_, token.size()) == token;
-  }
-
-  absl::StatusOr<std::string> ParseSum() {
-    ASSIGN_OR_RETURN(std::string out, ParseProduct());
-    while (true) {
-      if (Eat("+")) {
-        ASSIGN_OR_RETURN(std::string rhs, ParseProduct());
-        out = absl::StrCat("(", out, " + ", rhs, ")");
-      } else if (Eat("-")) {
-        ASSIGN_OR_RETURN(std::string rhs, ParseProduct());
-        out = absl::StrCat("(", out, " - ", rhs, ")");
-      } else {
-        return out;
-      }
-    }
-  }
-
-  absl::StatusOr<std::string> ParseProduct() {
-    ASSIGN_OR_RETURN(std::string out, ParseUnary());
-    while (true) {
-      if (Peek("**")) return out;
-      if (Eat("//") || Eat("/")) {
-        ASSIGN_OR_RETURN(std::string rhs, ParseUnary());
-        out = absl::StrCat("kiln_floordiv<int64_t>(", out, ", ", rhs, ")");
-      } else if (Eat("*")) {
-        ASSIGN_OR_RETURN(std::string rhs, ParseUnary());
-        out = absl::StrCat("(", out, " * ", rhs, ")");
-      } else if (Eat("%")) {
-        ASSIGN_OR_RETURN(std::string rhs, ParseUnary());
-        out = absl::StrCat("kiln_mod<int64_t>(", out, ", ", rhs, ")");
-      } else {
-        return out;
-      }
-    }
-  }
-
-  absl::StatusOr<std::string> ParseUnary() {
-    if (Eat("-")) {
-      ASSIGN_OR_RETURN(std::string operand, ParseUnary());
-      return absl::StrCat("(-", operand, ")");
-    }
-    if (Eat("+")) return ParseUnary();
-    ASSIGN_OR_RETURN(std::string base, ParseAtom());
-    if (Eat("**")) {
-      ASSIGN_OR_RETURN(std::string exp, ParseUnary());
-      return absl::StrCat("kiln_pow_int<int64_t>(", base, ", ", exp, ")");
-    }
-    return base;
-  }
-
-  absl::StatusOr<std::string> ParseAtom() {
-    SkipSpace();
-    if (pos_ >= text_.size()) return Error("expression ends early");
-    const char c = text_[pos_];
-    if (c == '(') {
-      ++pos_;
-      ASSIGN_OR_RETURN(std::string inner, ParseSum());
-      if (!Eat(")")) return Error("missing ')'");
-      return inner;
-    }
-    if (absl::ascii_isdigit(c)) {
-      size_t end = pos_;
-      while (end < text_.size() && absl::ascii_isdigit(text_[end])) ++end;
-      int64_t value = 0;
-      if (!absl::SimpleAtoi(text_.substr(pos_, end - pos_), &value)) {
-        return Error("integer out of range");
-      }
-      pos_ = end;
-      if (pos_ < text_.size() && (text_[pos_] == '.' || text_[pos_] == 'e')) {
-        return Error("not an integer");
-      }
-      return absl::StrCat("INT64_C(", value, ")");
-    }
-    if (absl::ascii_isalpha(c) || c == '_') {
-      size_t end = pos_;
-      while (end < text_.size() && (absl::ascii_isalnum(text_[end]) || text_[end] == '_')) ++end;
-      const std::string name(text_.substr(pos_, end - pos_));
-      pos_ = end;
-      if (Eat("(")) return ParseCall(name);
-      const int k = symbols_.Find(name);
-      if (k < 0) return Error(absl::StrCat("unknown symbol '", name, "'"));
-      used_->insert(k);
-      return symbols_.CppName(k);
-    }
-    return Error(absl::StrCat("unexpected '", std::string(1, c), "'"));
-  }
-
-  absl::StatusOr<std::string> ParseCall(const std::string& name) {
-    std::vector<std::string> args;
-    do {
-      ASSIGN_OR_RETURN(std::string arg, ParseSum());
-      args.push_back(std::move(arg));
-    } while (Eat(","));
-    if (!Eat(")")) return Error(absl::StrCat("missing ')' after the arguments of ", name));
-    auto arity = [&](size_t n) -> absl::Status {
-      if (args.size() == n) return absl::OkStatus();
-      return Error(absl::StrCat(name, " takes ", n, " arguments"));
-    };
-    if (name == "Max" || name == "Min") {
-      const std::string fn = absl::StrCat(d_.ns, name == "Max" ? "max" : "min");
-      if (args.size() == 1) return args[0];
-      if (args.size() == 2) return absl::StrCat(fn, "<int64_t>(", args[0], ", ", args[1], ")");
-      if (d_.pairwise_minmax) {
-        std::string out = args[0];
-        for (size_t k = 1; k < args.size(); ++k) {
-          out = absl::StrCat(fn, "<int64_t>(", out, ", ", args[k], ")");
-        }
-        return out;
-      }
-      return absl::StrCat(fn, "<int64_t>({", absl::StrJoin(args, ", "), "})");
-    }
-    if (name == "Mod" || name == "PythonMod") {
-      RETURN_IF_ERROR(arity(2));
-      return absl::StrCat("kiln_mod<int64_t>(", args[0], ", ", args[1], ")");
-    }
-    if (name == "FloorDiv" || name == "floordiv") {
-      RETURN_IF_ERROR(arity(2));
-      return absl::StrCat("kiln_floordiv<int64_t>(", args[0], ", ", args[1], ")");
-    }
-    if (name == "CeilDiv") {
-      RETURN_IF_ERROR(arity(2));
-      return absl::StrCat("(-kiln_floordiv<int64_t>((-", args[0], "), ", args[1], "))");
-    }
-    if (name == "floor" || name == "ceiling" || name == "FloorToInt" || name == "CeilToInt" ||
-        name == "Integer") {
-      RETURN_IF_ERROR(arity(1));
-      return args[0];  // integers already
-    }
-    if (name == "Abs") {
-      RETURN_IF_ERROR(arity(1));
-      return absl::StrCat(d_.ns, "abs(", args[0], ")");
-    }
-    return Error(absl::StrCat("unknown function '", name, "'"));
-  }
-
-  absl::string_view text_;
-  const SymbolTable& symbols_;
-  std::set<int>* used_;
-  const Dialect& d_;
-  size_t pos_ = 0;
-};
 
 }  // namespace
 
@@ -450,8 +270,17 @@ const std::map<std::string, OpInfo>& Ops() {
 }
 absl::StatusOr<std::string> TranslateExpr(absl::string_view text, const SymbolTable& symbols,
                                           std::set<int>* used, const Dialect& d) {
-  ExprTranslator translator(text, symbols, used, d);
-  return translator.Translate();
+  absl::StatusOr<ir::SymExpr> e = ir::SymExpr::Parse(text);
+  if (!e.ok()) return absl::InvalidArgumentError(absl::StrCat("size ", e.status().message()));
+  return e->ToCpp(d.ns, [&](absl::string_view name) -> absl::StatusOr<std::string> {
+    const int k = symbols.Find(std::string(name));
+    if (k < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("size expression '", text, "': unknown symbol '", name, "'"));
+    }
+    used->insert(k);
+    return symbols.CppName(k);
+  });
 }
 
 absl::Status KernelError(const Kernel& k, absl::string_view what) {

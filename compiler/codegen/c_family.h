@@ -26,11 +26,10 @@
 namespace kiln::codegen {
 
 struct Dialect {
-  const char* ns;        // the namespace of numeric_limits, sqrt, abs, max, ...
-  bool pairwise_minmax;  // Max(a, b, c) as max(max(a, b), c), not max({a, b, c})
+  const char* ns;  // the namespace of numeric_limits, sqrt, abs, max, ...
 };
-inline constexpr Dialect kCppDialect{"std::", false};
-inline constexpr Dialect kCudaDialect{"kiln_dev::", true};
+inline constexpr Dialect kCppDialect{"std::"};
+inline constexpr Dialect kCudaDialect{"kiln_dev::"};
 
 // The type a value is computed in. float16 and bfloat16 compute (and
 // accumulate) in float32; bool is stored as one byte.
@@ -98,9 +97,10 @@ class SymbolTable {
   std::vector<std::string> cpp_names_;
 };
 
-// `text`, a SymInt expression in sympy's spelling ("(s1 - 1)//2 + 1",
-// "Max(s0, 2)"), as int64 arithmetic; the symbols it reads are added to
-// `used`. INVALID_ARGUMENT naming the expression and the offset.
+// `text`, a size expression (compiler/ir/sym_expr.h: "(s1 - 1)//2 + 1",
+// "Max(s0, 2)"), as int64 arithmetic (SymExpr::ToCpp); the symbols it reads
+// are added to `used`. INVALID_ARGUMENT naming the expression and what is
+// wrong with it.
 absl::StatusOr<std::string> TranslateExpr(absl::string_view text, const SymbolTable& symbols,
                                           std::set<int>* used, const Dialect& d);
 

@@ -195,7 +195,7 @@ std::string OperandText(const SymInt& s) {
 }
 
 // a `op` b for op one of + - * //, in the expression grammar of
-// cache/guard_expr.h, with constants folded.
+// compiler/ir/sym_expr.h, with constants folded.
 absl::StatusOr<SymInt> SymArithmetic(absl::string_view op, const SymInt& a, const SymInt& b) {
   if (a.is_constant() && b.is_constant()) {
     const int64_t x = a.constant(), y = b.constant();

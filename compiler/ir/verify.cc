@@ -5,17 +5,23 @@
 #include "common/status_macros.h"
 #include "compiler/ir/limits.h"
 #include "compiler/ir/schema.h"
+#include "compiler/ir/sym_expr.h"
 
 namespace kiln::ir {
 namespace {
 
-bool TooLong(const SymInt& s, const GraphLimits& limits) {
-  return !s.is_constant() && static_cast<int64_t>(s.expr().size()) > limits.max_expr_length;
-}
-
-std::string TooLongText(const SymInt& s, const GraphLimits& limits) {
-  return absl::StrCat("is an expression of ", s.expr().size(), " characters, over the limit of ",
-                      limits.max_expr_length, " (max_expr_length)");
+// Why the symbolic integer `s` is refused, or "" when it is fine: an
+// expression over the length limit, or one that does not parse
+// (compiler/ir/sym_expr.h).
+std::string ExprProblem(const SymInt& s, const GraphLimits& limits) {
+  if (s.is_constant()) return "";
+  if (static_cast<int64_t>(s.expr().size()) > limits.max_expr_length) {
+    return absl::StrCat("is an expression of ", s.expr().size(), " characters, over the limit of ",
+                        limits.max_expr_length, " (max_expr_length)");
+  }
+  absl::StatusOr<SymExpr> e = SymExpr::Parse(s.expr());
+  if (!e.ok()) return absl::StrCat("is a ", e.status().message());
+  return "";
 }
 
 absl::Status VerifyMeta(const Value& v, const std::string& where, const GraphLimits& limits) {
@@ -24,17 +30,15 @@ absl::Status VerifyMeta(const Value& v, const std::string& where, const GraphLim
     return absl::InvalidArgumentError(absl::StrCat(where, " '", v.name, "': ", what));
   };
   for (size_t d = 0; d < m.sizes.size(); ++d) {
-    if (TooLong(m.sizes[d], limits)) {
-      return err(absl::StrCat("size[", d, "] ", TooLongText(m.sizes[d], limits)));
-    }
+    std::string problem = ExprProblem(m.sizes[d], limits);
+    if (!problem.empty()) return err(absl::StrCat("size[", d, "] ", problem));
   }
   for (size_t d = 0; d < m.strides.size(); ++d) {
-    if (TooLong(m.strides[d], limits)) {
-      return err(absl::StrCat("stride[", d, "] ", TooLongText(m.strides[d], limits)));
-    }
+    std::string problem = ExprProblem(m.strides[d], limits);
+    if (!problem.empty()) return err(absl::StrCat("stride[", d, "] ", problem));
   }
-  if (TooLong(m.storage_offset, limits)) {
-    return err(absl::StrCat("storage offset ", TooLongText(m.storage_offset, limits)));
+  if (std::string problem = ExprProblem(m.storage_offset, limits); !problem.empty()) {
+    return err(absl::StrCat("storage offset ", problem));
   }
   if (m.dtype == v1::DTYPE_UNSPECIFIED) return err("metadata has no dtype");
   if (m.device_type.empty()) return err("metadata has no device");
@@ -80,9 +84,10 @@ absl::Status VerifySymbolicArguments(const Node& node, const GraphLimits& limits
     if (const auto* s = std::get_if<SymInt>(&a.kind)) syms.push_back(*s);
     if (const auto* v = std::get_if<std::vector<SymInt>>(&a.kind)) syms = *v;
     for (const SymInt& s : syms) {
-      if (TooLong(s, limits)) {
+      std::string problem = ExprProblem(s, limits);
+      if (!problem.empty()) {
         return absl::InvalidArgumentError(
-            absl::StrCat("node '", node.name, "' argument ", which, " ", TooLongText(s, limits)));
+            absl::StrCat("node '", node.name, "' argument ", which, " ", problem));
       }
     }
     return absl::OkStatus();

@@ -11,6 +11,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "compiler/ir/sym_expr.h"
 
 namespace kiln::ops {
 namespace {
@@ -33,205 +34,33 @@ int64_t SaturatingMul(int64_t a, int64_t b) {
                             : std::numeric_limits<int64_t>::min();
 }
 
+using ir::SymExpr;
 using ir::SymInt;
 
-// Text made only of identifiers, integers and '*': a product that can be
-// split into factors and joined into other products without parentheses.
-bool IsProductText(absl::string_view s) {
-  if (s.empty() || s.front() == '*' || s.back() == '*') return false;
-  for (char c : s) {
-    if (!absl::ascii_isalnum(c) && c != '_' && c != '*') return false;
-  }
-  return s.find("**") == absl::string_view::npos;
+// The expression of `s`. Verify parses every size of a graph, so a size
+// that does not parse comes from a caller that skipped it; it is combined as
+// text, unsimplified.
+std::optional<SymExpr> ExprOf(const SymInt& s) {
+  if (s.is_constant()) return SymExpr::Constant(s.constant());
+  absl::StatusOr<SymExpr> e = SymExpr::Parse(s.expr());
+  if (!e.ok()) return std::nullopt;
+  return *std::move(e);
 }
 
-// An identifier or an integer.
-bool IsAtomText(absl::string_view s) {
-  return IsProductText(s) && s.find('*') == absl::string_view::npos;
+SymInt FromExpr(const SymExpr& e) {
+  if (std::optional<int64_t> c = e.constant()) return SymInt{*c};
+  return SymInt{e.text()};
 }
 
-std::string Paren(const std::string& s, bool atom_only) {
-  const bool bare = atom_only ? IsAtomText(s) : IsProductText(s);
-  return bare ? s : absl::StrCat("(", s, ")");
+SymInt AsText(const SymInt& a, const char* op, const SymInt& b) {
+  return SymInt{absl::StrCat("(", a.ToString(), ")", op, "(", b.ToString(), ")")};
 }
 
-// Drops parentheses around the whole of `s`: "((s0 - 1)//2)" -> "(s0 - 1)//2".
-// "((a) + (b))" -> "(a) + (b)": every pair of parentheses that wraps the
-// whole text. One scan (a deeply nested request must not cost n^2): the
-// leading '('s whose matching ')' is the mirrored trailing one.
-absl::string_view StripOuterParens(absl::string_view s) {
-  size_t lead = 0;
-  while (lead < s.size() && s[lead] == '(') ++lead;
-  if (lead == 0) return s;
-  std::vector<size_t> open, close_of(lead, absl::string_view::npos);
-  for (size_t i = 0; i < s.size(); ++i) {
-    if (s[i] == '(') {
-      open.push_back(i);
-    } else if (s[i] == ')' && !open.empty()) {
-      if (open.back() < lead) close_of[open.back()] = i;
-      open.pop_back();
-    }
-  }
-  size_t layers = 0;
-  while (layers < lead && close_of[layers] == s.size() - 1 - layers) ++layers;
-  return s.substr(layers, s.size() - 2 * layers);
-}
-
-// coeff * factor_1 * ... * factor_n, factors sorted. A factor is a symbol or
-// an opaque expression such as "(s0 - 1)//2", kept as its text.
-struct Monomial {
-  int64_t coeff = 1;
-  std::vector<std::string> factors;
-};
-
-// A sum of monomials with distinct factor lists, plus a constant: the form
-// sizes take under +, - and * ("4*s0*s1 + s1 - 2").
-struct Poly {
-  std::vector<Monomial> terms;
-  int64_t constant = 0;
-
-  void Add(Monomial m) {
-    if (m.coeff == 0) return;
-    if (m.factors.empty()) {
-      constant = SaturatingAdd(constant, m.coeff);
-      return;
-    }
-    for (auto it = terms.begin(); it != terms.end(); ++it) {
-      if (it->factors == m.factors) {
-        it->coeff = SaturatingAdd(it->coeff, m.coeff);
-        if (it->coeff == 0) terms.erase(it);
-        return;
-      }
-    }
-    terms.push_back(std::move(m));
-  }
-  bool is_constant() const { return terms.empty(); }
-};
-
-Monomial ParseTerm(absl::string_view t) {
-  bool negate = false;
-  if (!t.empty() && t.front() == '-') {
-    negate = true;
-    t.remove_prefix(1);
-  }
-  t = StripOuterParens(t);
-  Monomial m;
-  int64_t k;
-  if (absl::SimpleAtoi(t, &k)) {
-    m.coeff = k;
-  } else if (IsProductText(t)) {
-    for (absl::string_view part : absl::StrSplit(t, '*')) {
-      if (absl::SimpleAtoi(part, &k)) {
-        m.coeff = SaturatingMul(m.coeff, k);
-      } else {
-        m.factors.emplace_back(part);
-      }
-    }
-    std::sort(m.factors.begin(), m.factors.end());
-  } else {
-    m.factors.emplace_back(t);
-  }
-  if (negate) m.coeff = -m.coeff;
-  return m;
-}
-
-// Splits an expression at its top-level " + " and " - " (the spelling of
-// this file and of sympy).
-Poly ToPoly(const SymInt& s) {
-  Poly p;
-  if (s.is_constant()) {
-    p.constant = s.constant();
-    return p;
-  }
-  const std::string& e = s.expr();
-  int depth = 0;
-  size_t start = 0;
-  bool negative = false;
-  for (size_t i = 0; i < e.size(); ++i) {
-    if (e[i] == '(') ++depth;
-    if (e[i] == ')') --depth;
-    if (depth == 0 && i > 0 && i + 2 < e.size() && e[i] == ' ' &&
-        (e[i + 1] == '+' || e[i + 1] == '-') && e[i + 2] == ' ') {
-      Monomial m = ParseTerm(absl::string_view(e).substr(start, i - start));
-      if (negative) m.coeff = -m.coeff;
-      p.Add(std::move(m));
-      negative = e[i + 1] == '-';
-      start = i + 3;
-      i += 2;
-    }
-  }
-  Monomial m = ParseTerm(absl::string_view(e).substr(start));
-  if (negative) m.coeff = -m.coeff;
-  p.Add(std::move(m));
-  return p;
-}
-
-// The text of coeff * factors, coeff != 0, factors non-empty.
-std::string MonomialText(int64_t coeff, const std::vector<std::string>& factors) {
-  if ((coeff == 1 || coeff == -1) && factors.size() == 1) {
-    const std::string& f = factors[0];
-    if (coeff == 1) return f;
-    return absl::StrCat("-", Paren(f, false));
-  }
-  std::vector<std::string> parts;
-  if (coeff == -1) {
-    parts.push_back("-1");
-  } else if (coeff != 1) {
-    parts.push_back(std::to_string(coeff));
-  }
-  for (const std::string& f : factors) parts.push_back(Paren(f, false));
-  std::string text = absl::StrJoin(parts, "*");
-  if (coeff == -1) text = absl::StrCat("-", text.substr(3));
-  return text;
-}
-
-SymInt FromPoly(const Poly& p) {
-  if (p.terms.empty()) return SymInt{p.constant};
-  std::string text;
-  for (size_t i = 0; i < p.terms.size(); ++i) {
-    const Monomial& m = p.terms[i];
-    if (i == 0) {
-      text = MonomialText(m.coeff, m.factors);
-    } else if (m.coeff > 0) {
-      absl::StrAppend(&text, " + ", MonomialText(m.coeff, m.factors));
-    } else {
-      absl::StrAppend(&text, " - ", MonomialText(-m.coeff, m.factors));
-    }
-  }
-  if (p.constant > 0) absl::StrAppend(&text, " + ", p.constant);
-  if (p.constant < 0) absl::StrAppend(&text, " - ", -p.constant);
-  return SymInt{std::move(text)};
-}
-
-Monomial Times(const Monomial& a, const Monomial& b) {
-  Monomial m;
-  m.coeff = SaturatingMul(a.coeff, b.coeff);
-  m.factors = a.factors;
-  m.factors.insert(m.factors.end(), b.factors.begin(), b.factors.end());
-  std::sort(m.factors.begin(), m.factors.end());
-  return m;
-}
-
-// a / b when it is exact as monomials.
-std::optional<Monomial> Divide(const Monomial& a, const Monomial& b) {
-  if (b.coeff == 0 || a.coeff % b.coeff != 0) return std::nullopt;
-  Monomial q;
-  q.coeff = a.coeff / b.coeff;
-  std::vector<std::string> rest = a.factors;
-  for (const std::string& f : b.factors) {
-    auto it = std::find(rest.begin(), rest.end(), f);
-    if (it == rest.end()) return std::nullopt;
-    rest.erase(it);
-  }
-  q.factors = std::move(rest);
-  return q;
-}
-
-int64_t FloorDiv(int64_t a, int64_t b) {
-  if (b == -1) return SaturatingMul(a, -1);  // INT64_MIN / -1 traps
-  int64_t q = a / b;
-  if ((a % b != 0) && ((a < 0) != (b < 0))) --q;
-  return q;
+SymInt Combine(const SymInt& a, const SymInt& b, const char* op,
+               SymExpr (*combine)(const SymExpr&, const SymExpr&)) {
+  std::optional<SymExpr> x = ExprOf(a), y = ExprOf(b);
+  if (!x || !y) return AsText(a, op, b);
+  return FromExpr(combine(*x, *y));
 }
 
 }  // namespace
@@ -242,64 +71,26 @@ bool IsConstant(const ir::SymInt& s, int64_t value) {
 
 ir::SymInt SymAdd(const ir::SymInt& a, const ir::SymInt& b) {
   if (a.is_constant() && b.is_constant()) return SymInt{SaturatingAdd(a.constant(), b.constant())};
-  Poly p = ToPoly(a);
-  const Poly q = ToPoly(b);
-  for (const Monomial& m : q.terms) p.Add(m);
-  p.constant += q.constant;
-  return FromPoly(p);
+  return Combine(a, b, " + ", ir::SymPlus);
 }
 
 ir::SymInt SymSub(const ir::SymInt& a, const ir::SymInt& b) {
   if (a.is_constant() && b.is_constant()) {
     return SymInt{SaturatingAdd(a.constant(), SaturatingMul(b.constant(), -1))};
   }
-  return SymAdd(a, SymMul(SymInt{int64_t{-1}}, b));
+  return Combine(a, b, " - ", ir::SymMinus);
 }
 
 ir::SymInt SymMul(const ir::SymInt& a, const ir::SymInt& b) {
   if (a.is_constant() && b.is_constant()) return SymInt{SaturatingMul(a.constant(), b.constant())};
   if (IsConstant(a, 1)) return b;
   if (IsConstant(b, 1)) return a;
-  const Poly p = ToPoly(a), q = ToPoly(b);
-  Poly out;
-  auto terms_of = [](const Poly& x) {
-    std::vector<Monomial> t = x.terms;
-    if (x.constant != 0) t.push_back(Monomial{x.constant, {}});
-    return t;
-  };
-  for (const Monomial& x : terms_of(p)) {
-    for (const Monomial& y : terms_of(q)) out.Add(Times(x, y));
-  }
-  return FromPoly(out);
+  return Combine(a, b, "*", ir::SymTimes);
 }
 
 ir::SymInt SymFloorDiv(const ir::SymInt& a, const ir::SymInt& b) {
-  if (a.is_constant() && b.is_constant()) {
-    return b.constant() == 0 ? SymInt{int64_t{0}} : SymInt{FloorDiv(a.constant(), b.constant())};
-  }
   if (IsConstant(b, 1) || IsConstant(a, 0)) return a;
-  // Exact when every term divides.
-  const Poly p = ToPoly(a), q = ToPoly(b);
-  if (q.terms.size() <= 1 && (q.terms.empty() ? q.constant != 0 : q.constant == 0)) {
-    const Monomial d = q.terms.empty() ? Monomial{q.constant, {}} : q.terms[0];
-    Poly out;
-    bool exact = true;
-    for (const Monomial& m : p.terms) {
-      auto r = Divide(m, d);
-      if (!r.has_value()) {
-        exact = false;
-        break;
-      }
-      out.Add(*r);
-    }
-    if (exact && p.constant != 0) {
-      auto r = Divide(Monomial{p.constant, {}}, d);
-      exact = r.has_value();
-      if (exact) out.Add(*r);
-    }
-    if (exact) return FromPoly(out);
-  }
-  return SymInt{absl::StrCat(Paren(a.ToString(), false), "//", Paren(b.ToString(), true))};
+  return Combine(a, b, "//", ir::SymFloorDivide);
 }
 
 ir::SymInt Numel(absl::Span<const ir::SymInt> sizes) {
@@ -415,8 +206,9 @@ absl::StatusOr<SymSizes> InferViewSizes(absl::Span<const ir::SymInt> sizes,
     // Unequal for every value of the symbols (sizes are at least 2 where
     // symbolic): a nonzero constant or a single product term apart.
     const SymInt diff = SymSub(numel, known);
-    if (diff.is_constant() ? diff.constant() != 0
-                           : IsProductText(absl::StripPrefix(diff.expr(), "-"))) {
+    if (diff.is_constant()) {
+      if (diff.constant() != 0) return invalid();
+    } else if (std::optional<SymExpr> e = ExprOf(diff); e && e->IsMonomial()) {
       return invalid();
     }
   }

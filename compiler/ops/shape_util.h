@@ -4,10 +4,10 @@
 // reduction and view size inference.
 //
 // Sizes are ir::SymInt: a constant or an expression in the syntax of
-// cache/guard_expr.h ("s0", "16*s0", "s0 + 4"). The arithmetic here folds
-// constants and keeps products of symbols in one canonical form
-// (coefficient first, then the factors in sorted order: "16*s0*s1"), so that
-// equal products compare equal as strings; anything else is kept as text.
+// compiler/ir/sym_expr.h ("s0", "16*s0", "s0 + 4"). The arithmetic here folds
+// constants and keeps expressions in SymExpr's polynomial form (coefficient
+// first, then the factors in sorted order: "16*s0*s1 + s1 - 2"; ir::Simplify),
+// so that equal polynomials compare equal as strings.
 //
 // Errors are INVALID_ARGUMENT with a message that says what is wrong but not
 // where: callers prefix the node and the argument ("node 'mm_1'

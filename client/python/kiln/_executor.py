@@ -13,7 +13,7 @@ import threading
 
 import torch
 
-__all__ = ["plan_executor", "check_artifact", "module_loads", "library_path"]
+__all__ = ["plan_executor", "check_artifact", "module_loads", "library_path", "sym_expr"]
 
 _lock = threading.Lock()
 _loaded = False
@@ -47,6 +47,13 @@ def plan_executor(data, sm_arch):
     buffer = (torch.frombuffer(bytearray(data), dtype=torch.uint8) if data
               else torch.empty(0, dtype=torch.uint8))
     return torch.classes.kiln_runtime.PlanExecutor(buffer, sm_arch)
+
+
+def sym_expr(text):
+    """A torch.classes.kiln_runtime.SymExpr of `text`; ValueError when it is
+    malformed."""
+    _load()
+    return torch.classes.kiln_runtime.SymExpr(text)
 
 
 def check_artifact(artifact):

@@ -26,13 +26,9 @@ An Interpreter is immutable after construction and may be run from several
 threads at once. run_graph() builds a fresh one per call.
 """
 
-import ast
-import operator
-import re
-
 import torch
 
-from kiln import tracer
+from kiln import _executor, tracer
 from kiln.v1 import graph_pb2
 
 __all__ = ["Interpreter", "BoundNode", "SymExpr", "run_graph", "resolve_op", "torch_dtype",
@@ -103,95 +99,39 @@ class _SymList:
         self.items = items  # ints and _Syms
 
 
-_BINARY = {
-    ast.Add: operator.add,
-    ast.Sub: operator.sub,
-    ast.Mult: operator.mul,
-    ast.FloorDiv: operator.floordiv,
-    ast.Mod: operator.mod,
-}
-_CALLS = {"Min": min, "Max": max}
-_INT64_MIN, _INT64_MAX = -2 ** 63, 2 ** 63 - 1
-_SYMBOL = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-
-
 class SymExpr:
     """A symbolic size expression ("s0", "2*s0", "Max(s0 - 1, 0) // 4 + 1"),
     parsed once and evaluated for given symbol values.
 
-    The syntax is that of cache/guard_expr.h restricted to integers:
-    integer constants, symbols, + - * // %, unary - and +, parentheses, and
-    Min(...) / Max(...) of one or more expressions. // and % are Python's
-    floor division and modulo, as in the C++ runtime. The text is parsed with
-    the ast module and only those nodes are accepted; it is never run
-    through eval. Immutable.
+    It is the C++ one (compiler/ir/sym_expr.h), reached through kiln's
+    runtime library: one grammar and one arithmetic (Python's floor division
+    and modulo, sympy's Mod, FloorDiv, CeilDiv, Min, Max, ...) for the
+    server, the C++ runtime and this package. Immutable.
 
-    SymExpr(text) raises ValueError for anything else; evaluate() raises
+    SymExpr(text) raises ValueError for malformed text; evaluate() raises
     ValueError for an unbound symbol, a division or modulo by zero, and a
     value outside int64."""
 
-    __slots__ = ("text", "symbols", "_tree")
+    __slots__ = ("text", "symbols", "_expr")
 
     def __init__(self, text):
+        self._expr = _executor.sym_expr(text)
         self.text = text
-        try:
-            tree = ast.parse(text.strip(), mode="eval").body
-        except SyntaxError:
-            raise ValueError(f"malformed size expression '{text}'") from None
-        symbols = []
-        self._check(tree, symbols)
-        self._tree = tree
-        self.symbols = tuple(symbols)  # distinct, in order of first appearance
-
-    def _check(self, n, symbols):
-        if isinstance(n, ast.Constant) and type(n.value) is int:
-            return
-        if isinstance(n, ast.Name):
-            if n.id in _CALLS or not _SYMBOL.fullmatch(n.id):
-                raise ValueError(f"size expression '{self.text}': '{n.id}' is not a symbol")
-            if n.id not in symbols:
-                symbols.append(n.id)
-            return
-        if isinstance(n, ast.BinOp) and type(n.op) in _BINARY:
-            self._check(n.left, symbols)
-            self._check(n.right, symbols)
-            return
-        if isinstance(n, ast.UnaryOp) and isinstance(n.op, (ast.USub, ast.UAdd)):
-            self._check(n.operand, symbols)
-            return
-        if (isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in _CALLS
-                and n.args and not n.keywords):
-            for a in n.args:
-                self._check(a, symbols)
-            return
-        raise ValueError(f"unsupported size expression '{self.text}'")
+        self.symbols = tuple(self._expr.symbols())  # distinct, in order of first appearance
 
     def evaluate(self, values):
         """The value with `values` (symbol name -> int) bound."""
-        text = self.text
+        names = [s for s in self.symbols if s in values]
+        return self._expr.evaluate(names, [int(values[s]) for s in names])
 
-        def ev(n):
-            if isinstance(n, ast.Constant):
-                return n.value
-            if isinstance(n, ast.Name):
-                if n.id not in values:
-                    raise ValueError(f"cannot evaluate '{text}': symbol '{n.id}' is unbound")
-                return values[n.id]
-            if isinstance(n, ast.BinOp):
-                left, right = ev(n.left), ev(n.right)
-                if right == 0 and isinstance(n.op, (ast.FloorDiv, ast.Mod)):
-                    what = "division" if isinstance(n.op, ast.FloorDiv) else "modulo"
-                    raise ValueError(f"cannot evaluate '{text}': {what} by zero")
-                return _BINARY[type(n.op)](left, right)
-            if isinstance(n, ast.UnaryOp):
-                v = ev(n.operand)
-                return -v if isinstance(n.op, ast.USub) else v
-            return _CALLS[n.func.id](ev(a) for a in n.args)
+    def to_text(self):
+        """The canonical text (SymExpr::ToText)."""
+        return self._expr.to_text()
 
-        value = ev(self._tree)
-        if not _INT64_MIN <= value <= _INT64_MAX:
-            raise ValueError(f"cannot evaluate '{text}': integer overflow")
-        return value
+    def to_python(self):
+        """A Python expression of the same value, given the symbols as
+        variables (SymExpr::ToPython)."""
+        return self._expr.to_python()
 
     def __repr__(self):
         return f"SymExpr({self.text!r})"

@@ -1,4 +1,4 @@
-#include "cache/guard_expr.h"
+#include "compiler/ir/sym_expr.h"
 
 #include <gtest/gtest.h>
 
@@ -6,9 +6,15 @@
 #include <string>
 #include <vector>
 
-#include "absl/strings/match.h"
+#include <fstream>
+#include <sstream>
 
-namespace kiln::cache {
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+
+namespace kiln::ir {
 namespace {
 
 int64_t Eval(const std::string& text, const Bindings& b = {}) {
@@ -109,9 +115,10 @@ TEST(SymExprTest, MalformedExpressionsQuoteTheTextAndSayWhere) {
       {"(s0 + 1", "malformed expression '(s0 + 1': expected ')' at column 8"},
       {"s0 + 1)", "malformed expression 's0 + 1)': unexpected ')' at column 7"},
       {"s0 s1", "malformed expression 's0 s1': unexpected 's1' at column 4"},
-      {"s0 / 2",
-       "malformed expression 's0 / 2': '/' is not an operator (floor division is "
-       "'//') at column 4"},
+      {"s0 / / 2", "malformed expression 's0 / / 2': expected an operand at column 6, found '/'"},
+      {"s0 ** ", "malformed expression 's0 ** ': expected an operand at column 6"},
+      {"Mod(s0)", "malformed expression 'Mod(s0)': 'Mod' takes 2 arguments, not 1 at column 1"},
+      {"Sqrt(s0)", "malformed expression 'Sqrt(s0)': unknown function 'Sqrt' at column 1"},
       {"s0 = 2",
        "malformed expression 's0 = 2': '=' is not an operator (equality is '==') at "
        "column 4"},
@@ -243,5 +250,177 @@ TEST(SymExprTest, RecognisesBareSymbols) {
   EXPECT_FALSE(IsSymbolName("s-1"));
 }
 
+// One case of tests/data/sym_expr_cases.txt, which the Python tests share.
+struct SharedCase {
+  int line;
+  std::string text;
+  Bindings bindings;
+  std::optional<int64_t> value;  // nullopt: an error containing `error`
+  std::string error;
+};
+
+std::vector<SharedCase> ReadSharedCases() {
+  std::ifstream in(absl::StrCat(KILN_SOURCE_DIR, "/tests/data/sym_expr_cases.txt"));
+  EXPECT_TRUE(in.good()) << "cannot read tests/data/sym_expr_cases.txt";
+  std::vector<SharedCase> cases;
+  std::string line;
+  for (int n = 1; std::getline(in, line); ++n) {
+    if (absl::StripAsciiWhitespace(line).empty() || line[0] == '#') continue;
+    std::vector<std::string> fields = absl::StrSplit(line, '|');
+    if (fields.size() != 3) {
+      ADD_FAILURE() << "line " << n << ": want 3 fields separated by '|': " << line;
+      continue;
+    }
+    SharedCase c{n, fields[0], {}, std::nullopt, ""};
+    for (absl::string_view binding : absl::StrSplit(fields[1], ' ', absl::SkipWhitespace())) {
+      std::pair<std::string, std::string> kv = absl::StrSplit(binding, '=');
+      int64_t v = 0;
+      EXPECT_TRUE(absl::SimpleAtoi(kv.second, &v)) << "line " << n << ": " << binding;
+      c.bindings[kv.first] = v;
+    }
+    absl::string_view want = absl::StripAsciiWhitespace(fields[2]);
+    if (absl::ConsumePrefix(&want, "error: ")) {
+      c.error = std::string(want);
+    } else {
+      int64_t v = 0;
+      EXPECT_TRUE(absl::SimpleAtoi(want, &v)) << "line " << n << ": " << want;
+      c.value = v;
+    }
+    cases.push_back(std::move(c));
+  }
+  EXPECT_GT(cases.size(), 50u);
+  return cases;
+}
+
+TEST(SymExprTest, SharedCases) {
+  for (const SharedCase& c : ReadSharedCases()) {
+    SCOPED_TRACE(absl::StrCat("sym_expr_cases.txt:", c.line, ": ", c.text));
+    absl::StatusOr<SymExpr> e = SymExpr::Parse(c.text);
+    ASSERT_TRUE(e.ok()) << e.status();
+    absl::StatusOr<int64_t> v = e->Evaluate(c.bindings);
+    if (c.value) {
+      ASSERT_TRUE(v.ok()) << v.status();
+      EXPECT_EQ(*v, *c.value);
+    } else {
+      ASSERT_FALSE(v.ok()) << "evaluated to " << *v;
+      EXPECT_EQ(v.status().code(), absl::StatusCode::kInvalidArgument);
+      EXPECT_TRUE(absl::StrContains(v.status().message(), c.error)) << v.status();
+    }
+    // The canonical text parses back to an expression of the same value.
+    absl::StatusOr<SymExpr> again = SymExpr::Parse(e->ToText());
+    ASSERT_TRUE(again.ok()) << e->ToText() << ": " << again.status();
+    absl::StatusOr<int64_t> w = again->Evaluate(c.bindings);
+    EXPECT_EQ(w.ok(), v.ok()) << e->ToText();
+    if (v.ok() && w.ok()) {
+      EXPECT_EQ(*w, *v) << e->ToText();
+    }
+    EXPECT_EQ(again->ToText(), e->ToText());
+    // The simplified form agrees wherever both evaluate.
+    absl::StatusOr<int64_t> s = Simplify(*e).Evaluate(c.bindings);
+    if (v.ok() && s.ok()) {
+      EXPECT_EQ(*s, *v) << Simplify(*e).ToText();
+    }
+  }
+}
+
+std::string Text(const std::string& text) {
+  absl::StatusOr<SymExpr> e = SymExpr::Parse(text);
+  EXPECT_TRUE(e.ok()) << text << ": " << e.status();
+  return e.ok() ? e->ToText() : "";
+}
+
+TEST(SymExprTest, PrintsCanonicalText) {
+  EXPECT_EQ(Text("s0+1"), "s0 + 1");
+  EXPECT_EQ(Text("((s0 - 1)//2) + 1"), "(s0 - 1)//2 + 1");
+  EXPECT_EQ(Text("4 * s0 * s1+s1-2"), "4*s0*s1 + s1 - 2");
+  EXPECT_EQ(Text("-(s0 // 2)"), "-(s0//2)");
+  EXPECT_EQ(Text("-(s0 * s1)"), "-s0*s1");
+  EXPECT_EQ(Text("s0 - (s1 - 2)"), "s0 - (s1 - 2)");
+  EXPECT_EQ(Text("(s0 - s1) - 2"), "s0 - s1 - 2");
+  EXPECT_EQ(Text("s0 // (2 * s1)"), "s0//(2*s1)");
+  EXPECT_EQ(Text("(s0 // 2) * s1"), "(s0//2)*s1");
+  EXPECT_EQ(Text("s0 % 8 == 0"), "s0 % 8 == 0");
+  EXPECT_EQ(Text("Mod(s0, 8)"), "s0 % 8");
+  EXPECT_EQ(Text("Max(s0, s1, 2)"), "Max(Max(s0, s1), 2)");
+  EXPECT_EQ(Text("(s0 + 1)**2"), "(s0 + 1)**2");
+  EXPECT_EQ(Text("not (a or b) and c"), "not (a or b) and c");
+  EXPECT_EQ(Text("(a == b) == c"), "(a == b) == c");
+  EXPECT_EQ(Text("CeilDiv(s0, 4) * floor(s1)"), "CeilDiv(s0, 4)*s1");
+  EXPECT_EQ(SymExpr::Constant(std::numeric_limits<int64_t>::min()).ToText(),
+            "(-9223372036854775807 - 1)");
+}
+
+std::string Cpp(const std::string& text) {
+  absl::StatusOr<SymExpr> e = SymExpr::Parse(text);
+  EXPECT_TRUE(e.ok()) << text << ": " << e.status();
+  if (!e.ok()) return "";
+  absl::StatusOr<std::string> cpp =
+      e->ToCpp("std::", [](absl::string_view s) -> absl::StatusOr<std::string> {
+        if (s == "s9") return absl::InvalidArgumentError("unknown symbol 's9'");
+        return absl::StrCat("sym_", s);
+      });
+  return cpp.ok() ? *cpp : std::string(cpp.status().message());
+}
+
+TEST(SymExprTest, PrintsCpp) {
+  EXPECT_EQ(Cpp("(s1 - 1)//2 + 1"),
+            "(kiln_floordiv<int64_t>((sym_s1 - INT64_C(1)), INT64_C(2)) + INT64_C(1))");
+  EXPECT_EQ(Cpp("-s0 % 3"), "kiln_mod<int64_t>((-sym_s0), INT64_C(3))");
+  EXPECT_EQ(Cpp("Max(s0, 2, s1)"),
+            "std::max<int64_t>(std::max<int64_t>(sym_s0, INT64_C(2)), sym_s1)");
+  EXPECT_EQ(Cpp("s0**2"), "kiln_pow_int<int64_t>(sym_s0, INT64_C(2))");
+  EXPECT_EQ(Cpp("CeilDiv(s0, 4)"), "(-kiln_floordiv<int64_t>((-sym_s0), INT64_C(4)))");
+  EXPECT_EQ(Cpp("s0 / 4"), "kiln_floordiv<int64_t>(sym_s0, INT64_C(4))");
+  EXPECT_EQ(Cpp("s0 + s9"), "unknown symbol 's9'");
+}
+
+TEST(SymExprTest, PrintsPython) {
+  absl::StatusOr<SymExpr> e = SymExpr::Parse("Max(s0 - 1, 0) // 4 + CeilDiv(s1, 2) * -s2");
+  ASSERT_TRUE(e.ok());
+  EXPECT_EQ(e->ToPython(), "((max((s0 - 1), 0) // 4) + ((-((-s1) // 2)) * (-s2)))");
+}
+
+std::string Simplified(const std::string& text) {
+  absl::StatusOr<SymExpr> e = SymExpr::Parse(text);
+  EXPECT_TRUE(e.ok()) << text << ": " << e.status();
+  return e.ok() ? Simplify(*e).ToText() : "";
+}
+
+TEST(SymExprTest, SimplifiesToCanonicalPolynomials) {
+  EXPECT_EQ(Simplified("s1 + s0 - s1 + 2*s0"), "3*s0");
+  EXPECT_EQ(Simplified("s0*s1 + s1*s0"), "2*s0*s1");
+  EXPECT_EQ(Simplified("(s0 + 1)*(s0 - 1)"), "s0*s0 - 1");
+  EXPECT_EQ(Simplified("-(s0 - 4)"), "-s0 + 4");
+  EXPECT_EQ(Simplified("2*(s0//2) - (s0//2)"), "s0//2");
+  EXPECT_EQ(Simplified("s0 - s0"), "0");
+  EXPECT_EQ(Simplified("Max(s0, 1)*16"), "16*Max(s0, 1)");
+  // Spacing does not matter.
+  EXPECT_EQ(Simplified("s0+1+1"), Simplified("s0 + 2"));
+  // A product of sums past 64 monomials stays a product.
+  const std::string big = "(a + b + c + d + e + f + g + h + i)*(a + b + c + d + e + f + g + h + i)";
+  EXPECT_EQ(Simplified(big),
+            "(a + b + c + d + e + f + g + h + i)*(a + b + c + d + e + f + g + h + i)");
+}
+
+TEST(SymExprTest, ArithmeticFoldsAndSaturates) {
+  const SymExpr s0 = *SymExpr::Symbol("s0");
+  const SymExpr s1 = *SymExpr::Symbol("s1");
+  const SymExpr two = SymExpr::Constant(2);
+  EXPECT_EQ(SymTimes(SymPlus(s0, two), s1).ToText(), "s0*s1 + 2*s1");
+  EXPECT_EQ(SymMinus(SymTimes(two, s0), s0).ToText(), "s0");
+  EXPECT_EQ(SymFloorDivide(SymTimes(SymExpr::Constant(16), s0), SymExpr::Constant(4)).ToText(),
+            "4*s0");
+  EXPECT_EQ(SymFloorDivide(SymPlus(s0, SymExpr::Constant(-1)), two).ToText(), "(s0 - 1)//2");
+  EXPECT_EQ(SymFloorDivide(s0, SymExpr::Constant(0)).ToText(), "s0//0");
+  EXPECT_EQ(SymFloorDivide(SymExpr::Constant(7), SymExpr::Constant(0)).constant(), 0);
+  const int64_t max = std::numeric_limits<int64_t>::max();
+  EXPECT_EQ(SymTimes(SymExpr::Constant(max), two).constant(), max);
+  EXPECT_EQ(SymPlus(SymExpr::Constant(max), two).constant(), max);
+  EXPECT_FALSE(SymExpr::Symbol("not").ok());
+  EXPECT_EQ(SymExpr::Constant(-3).constant(), -3);
+  EXPECT_EQ(SymExpr::Parse("-3")->constant(), -3);
+  EXPECT_EQ(SymExpr::Parse("s0")->constant(), std::nullopt);
+}
+
 }  // namespace
-}  // namespace kiln::cache
+}  // namespace kiln::ir

@@ -1,4 +1,4 @@
-#include "cache/guard_expr.h"
+#include "compiler/ir/sym_expr.h"
 
 #include <algorithm>
 #include <limits>
@@ -9,52 +9,13 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "compiler/ir/sym_expr_tree.h"
 
-namespace kiln::cache {
+namespace kiln::ir {
 namespace {
 
-// Deeper expressions are refused, so that parsing and evaluation (both
-// recursive) stay within a small, fixed amount of stack.
-constexpr int kMaxDepth = 256;
-
-enum class Op : uint8_t {
-  kConst,
-  kSymbol,  // leaves: `value` is the constant or the symbol's index
-  kNeg,
-  kNot,  // unary: operand in `a`
-  kAdd,
-  kSub,
-  kMul,
-  kFloorDiv,
-  kMod,
-  kEq,
-  kNe,
-  kLt,
-  kLe,
-  kGt,
-  kGe,
-  kAnd,
-  kOr,  // short-circuit
-  kMin,
-  kMax,  // Min(a, b, c) is stored as Min(Min(a, b), c)
-};
-
-struct Node {
-  Op op;
-  int32_t a = -1;
-  int32_t b = -1;
-  int64_t value = 0;
-};
-
-}  // namespace
-
-struct SymExpr::Tree {
-  std::string text;
-  std::vector<Node> nodes;  // children before parents; the root is last
-  std::vector<std::string> symbols;
-};
-
-namespace {
+using Op = SymOp;
+using Node = SymNode;
 
 enum class Tok : uint8_t {
   kEnd,
@@ -66,6 +27,8 @@ enum class Tok : uint8_t {
   kPlus,
   kMinus,
   kStar,
+  kStarStar,
+  kSlash,
   kSlashSlash,
   kPercent,
   kEq,
@@ -173,17 +136,15 @@ class Parser {
             kind = Tok::kMinus;
             break;
           case '*':
-            kind = Tok::kStar;
+            kind = n == '*' ? Tok::kStarStar : Tok::kStar;
+            if (n == '*') i += 1;
             break;
           case '%':
             kind = Tok::kPercent;
             break;
           case '/':
-            if (n != '/') {
-              return Malformed("'/' is not an operator (floor division is '//')", start);
-            }
-            kind = Tok::kSlashSlash;
-            i += 1;
+            kind = n == '/' ? Tok::kSlashSlash : Tok::kSlash;
+            if (n == '/') i += 1;
             break;
           case '=':
             if (n != '=') return Malformed("'=' is not an operator (equality is '==')", start);
@@ -222,14 +183,16 @@ class Parser {
   // Appends a node and returns its index; `pos` locates the error when the
   // node makes the tree too deep.
   absl::StatusOr<int32_t> Add(Op op, int32_t a, int32_t b, int64_t value, size_t pos) {
+    const std::vector<int>& depths = tree_->depths;
     int depth = 1;
-    if (a >= 0) depth = std::max(depth, depths_[a] + 1);
-    if (b >= 0) depth = std::max(depth, depths_[b] + 1);
-    if (depth > kMaxDepth) {
-      return Malformed(absl::StrCat("expression nests deeper than ", kMaxDepth, " levels"), pos);
+    if (a >= 0) depth = std::max(depth, depths[a] + 1);
+    if (b >= 0) depth = std::max(depth, depths[b] + 1);
+    if (depth > kMaxSymExprDepth) {
+      return Malformed(absl::StrCat("expression nests deeper than ", kMaxSymExprDepth, " levels"),
+                       pos);
     }
     tree_->nodes.push_back(Node{op, a, b, value});
-    depths_.push_back(depth);
+    tree_->depths.push_back(depth);
     return static_cast<int32_t>(tree_->nodes.size() - 1);
   }
 
@@ -238,14 +201,15 @@ class Parser {
    public:
     explicit Nest(int* depth) : depth_(depth) { ++*depth_; }
     ~Nest() { --*depth_; }
-    bool too_deep() const { return *depth_ > kMaxDepth; }
+    bool too_deep() const { return *depth_ > kMaxSymExprDepth; }
 
    private:
     int* depth_;
   };
 
   absl::Status TooDeep(size_t pos) const {
-    return Malformed(absl::StrCat("expression nests deeper than ", kMaxDepth, " levels"), pos);
+    return Malformed(absl::StrCat("expression nests deeper than ", kMaxSymExprDepth, " levels"),
+                     pos);
   }
 
   absl::StatusOr<int32_t> ParseOr() {
@@ -330,6 +294,9 @@ class Parser {
         case Tok::kSlashSlash:
           op = Op::kFloorDiv;
           break;
+        case Tok::kSlash:
+          op = Op::kExactDiv;
+          break;
         case Tok::kPercent:
           op = Op::kMod;
           break;
@@ -344,13 +311,25 @@ class Parser {
 
   absl::StatusOr<int32_t> ParseUnary() {
     const Token& t = Peek();
-    if (t.kind != Tok::kMinus && t.kind != Tok::kPlus) return ParseAtom();
+    if (t.kind != Tok::kMinus && t.kind != Tok::kPlus) return ParsePower();
     ++next_;
     Nest nest(&nesting_);
     if (nest.too_deep()) return TooDeep(t.pos);
     ASSIGN_OR_RETURN(int32_t operand, ParseUnary());
     if (t.kind == Tok::kPlus) return operand;
     return Add(Op::kNeg, operand, -1, 0, t.pos);
+  }
+
+  // power := atom ['**' unary]: right-associative, and tighter than a unary
+  // minus on its left (-2**2 == -4) but not on its right (2**-1 parses).
+  absl::StatusOr<int32_t> ParsePower() {
+    ASSIGN_OR_RETURN(int32_t base, ParseAtom());
+    if (Peek().kind != Tok::kStarStar) return base;
+    const Token& t = tokens_[next_++];
+    Nest nest(&nesting_);
+    if (nest.too_deep()) return TooDeep(t.pos);
+    ASSIGN_OR_RETURN(int32_t exponent, ParseUnary());
+    return Add(Op::kPow, base, exponent, 0, t.pos);
   }
 
   absl::StatusOr<int32_t> ParseAtom() {
@@ -373,8 +352,9 @@ class Parser {
           ++next_;
           return Add(Op::kConst, -1, -1, t.text == "True" ? 1 : 0, t.pos);
         }
-        if (t.text == "Min" || t.text == "Max") return ParseMinMax();
+        if (t.text == "Min" || t.text == "Max") return ParseCall();
         if (IsKeyword(t.text)) return Expected("an operand", t);
+        if (tokens_[next_ + 1].kind == Tok::kLParen) return ParseCall();
         ++next_;
         return Add(Op::kSymbol, -1, -1, SymbolIndex(t.text), t.pos);
       default:
@@ -382,24 +362,55 @@ class Parser {
     }
   }
 
-  absl::StatusOr<int32_t> ParseMinMax() {
+  // FUNCTION '(' expr (',' expr)* ')', for the functions of the header.
+  absl::StatusOr<int32_t> ParseCall() {
     const Token& name = tokens_[next_++];
-    const Op op = name.text == "Min" ? Op::kMin : Op::kMax;
     if (Peek().kind != Tok::kLParen) {
       return Expected(absl::StrCat("'(' after '", name.text, "'"), Peek());
     }
     ++next_;
     Nest nest(&nesting_);
     if (nest.too_deep()) return TooDeep(name.pos);
-    ASSIGN_OR_RETURN(int32_t acc, ParseOr());
-    while (Peek().kind == Tok::kComma) {
-      ++next_;
+    std::vector<int32_t> args;
+    while (true) {
       ASSIGN_OR_RETURN(int32_t arg, ParseOr());
-      ASSIGN_OR_RETURN(acc, Add(op, acc, arg, 0, name.pos));
+      args.push_back(arg);
+      if (Peek().kind != Tok::kComma) break;
+      ++next_;
     }
     if (Peek().kind != Tok::kRParen) return Expected("',' or ')'", Peek());
     ++next_;
-    return acc;
+    const absl::string_view f = name.text;
+    auto arity = [&](size_t n) -> absl::Status {
+      if (args.size() == n) return absl::OkStatus();
+      return Malformed(absl::StrCat("'", f, "' takes ", n, n == 1 ? " argument" : " arguments",
+                                    ", not ", args.size()),
+                       name.pos);
+    };
+    if (f == "Min" || f == "Max") {
+      int32_t acc = args[0];
+      for (size_t k = 1; k < args.size(); ++k) {
+        ASSIGN_OR_RETURN(acc, Add(f == "Min" ? Op::kMin : Op::kMax, acc, args[k], 0, name.pos));
+      }
+      return acc;
+    }
+    std::optional<Op> binary;
+    if (f == "Mod" || f == "PythonMod") binary = Op::kMod;
+    if (f == "FloorDiv" || f == "floordiv") binary = Op::kFloorDiv;
+    if (f == "CeilDiv") binary = Op::kCeilDiv;
+    if (binary) {
+      RETURN_IF_ERROR(arity(2));
+      return Add(*binary, args[0], args[1], 0, name.pos);
+    }
+    if (f == "Abs") {
+      RETURN_IF_ERROR(arity(1));
+      return Add(Op::kAbs, args[0], -1, 0, name.pos);
+    }
+    if (f == "floor" || f == "ceiling" || f == "FloorToInt" || f == "CeilToInt" || f == "Integer") {
+      RETURN_IF_ERROR(arity(1));
+      return args[0];  // the identity on integers
+    }
+    return Malformed(absl::StrCat("unknown function '", f, "'"), name.pos);
   }
 
   int64_t SymbolIndex(absl::string_view name) {
@@ -415,11 +426,17 @@ class Parser {
   SymExpr::Tree* tree_;
   std::vector<Token> tokens_;
   size_t next_ = 0;
-  std::vector<int> depths_;  // parallel to tree_->nodes
   int nesting_ = 0;
 };
 
-enum class EvalError { kNone, kDivisionByZero, kModuloByZero, kOverflow };
+enum class EvalError {
+  kNone,
+  kDivisionByZero,
+  kModuloByZero,
+  kOverflow,
+  kInexactDivision,
+  kNegativeExponent
+};
 
 // Python's a // b, for b != 0 and not (a == INT64_MIN and b == -1).
 int64_t FloorDiv(int64_t a, int64_t b) {
@@ -458,6 +475,11 @@ class Evaluator {
       }
       case Op::kNot:
         return Eval(n.a) == 0 ? 1 : 0;
+      case Op::kAbs: {
+        const int64_t v = Eval(n.a);
+        if (v == std::numeric_limits<int64_t>::min()) return Fail(EvalError::kOverflow);
+        return v < 0 ? -v : v;
+      }
       case Op::kAnd: {
         if (Eval(n.a) == 0 || failed()) return 0;
         return Eval(n.b) != 0 ? 1 : 0;
@@ -490,6 +512,32 @@ class Evaluator {
           return Fail(EvalError::kOverflow);
         }
         return FloorDiv(a, b);
+      case Op::kExactDiv:
+        if (b == 0) return Fail(EvalError::kDivisionByZero);
+        if (b == -1 && a == std::numeric_limits<int64_t>::min()) {
+          return Fail(EvalError::kOverflow);
+        }
+        if (a % b != 0) return Fail(EvalError::kInexactDivision);
+        return a / b;
+      case Op::kCeilDiv: {
+        // ceil(a / b) == -((-a) // b)
+        if (b == 0) return Fail(EvalError::kDivisionByZero);
+        if (a == std::numeric_limits<int64_t>::min()) return Fail(EvalError::kOverflow);
+        if (b == -1) return -a;
+        return -FloorDiv(-a, b);
+      }
+      case Op::kPow: {
+        if (b < 0) return Fail(EvalError::kNegativeExponent);
+        // Squaring, so that the time is logarithmic in the exponent.
+        int64_t result = 1, base = a;
+        for (int64_t e = b; e > 0; e >>= 1) {
+          if ((e & 1) && __builtin_mul_overflow(result, base, &result)) {
+            return Fail(EvalError::kOverflow);
+          }
+          if (e > 1 && __builtin_mul_overflow(base, base, &base)) return Fail(EvalError::kOverflow);
+        }
+        return result;
+      }
       case Op::kMod:
         if (b == 0) return Fail(EvalError::kModuloByZero);
         return FloorMod(a, b);
@@ -540,6 +588,88 @@ absl::StatusOr<SymExpr> SymExpr::Parse(absl::string_view text) {
   return SymExpr(std::move(tree));
 }
 
+SymExpr SymExpr::Constant(int64_t value) {
+  SymTreeBuilder b;
+  b.Const(value);
+  return SymExpr(b.Finish());
+}
+
+absl::StatusOr<SymExpr> SymExpr::Symbol(absl::string_view name) {
+  if (!IsSymbolName(name)) {
+    return absl::InvalidArgumentError(absl::StrCat("'", name, "' is not a symbol name"));
+  }
+  SymTreeBuilder b;
+  b.Symbol(name);
+  return SymExpr(b.Finish());
+}
+
+std::optional<int64_t> SymExpr::constant() const {
+  const Node& n = tree_->nodes.back();
+  if (n.op == Op::kConst) return n.value;
+  if (n.op == Op::kNeg && tree_->nodes[n.a].op == Op::kConst &&
+      tree_->nodes[n.a].value != std::numeric_limits<int64_t>::min()) {
+    return -tree_->nodes[n.a].value;
+  }
+  return std::nullopt;
+}
+
+bool SymExpr::IsMonomial() const {
+  const std::vector<Node>& nodes = tree_->nodes;
+  int32_t i = tree_->root();
+  if (nodes[i].op == Op::kNeg) i = nodes[i].a;
+  bool has_symbol = false;
+  std::vector<int32_t> stack = {i};
+  while (!stack.empty()) {
+    const Node& n = nodes[stack.back()];
+    stack.pop_back();
+    if (n.op == Op::kMul) {
+      stack.push_back(n.a);
+      stack.push_back(n.b);
+    } else if (n.op == Op::kSymbol) {
+      has_symbol = true;
+    } else if (n.op != Op::kConst) {
+      return false;
+    }
+  }
+  return has_symbol;
+}
+
+int32_t SymTreeBuilder::Symbol(absl::string_view name) {
+  auto& symbols = tree_->symbols;
+  size_t i = 0;
+  while (i < symbols.size() && symbols[i] != name) ++i;
+  if (i == symbols.size()) symbols.emplace_back(name);
+  return Add(SymOp::kSymbol, -1, -1, static_cast<int64_t>(i));
+}
+
+int32_t SymTreeBuilder::Add(SymOp op, int32_t a, int32_t b, int64_t value) {
+  const std::vector<int>& depths = tree_->depths;
+  int depth = 1;
+  if (a >= 0) depth = std::max(depth, depths[a] + 1);
+  if (b >= 0) depth = std::max(depth, depths[b] + 1);
+  tree_->nodes.push_back(SymNode{op, a, b, value});
+  tree_->depths.push_back(depth);
+  return tree_->root();
+}
+
+int32_t SymTreeBuilder::Copy(const SymExpr::Tree& from, int32_t node) {
+  // The subtree's nodes are a contiguous range ending at `node` only for
+  // trees built children first without sharing, so copy by recursion, which
+  // the depth bound keeps shallow.
+  const SymNode& n = from.nodes[node];
+  if (n.op == SymOp::kSymbol) return Symbol(from.symbols[n.value]);
+  const int32_t a = n.a >= 0 ? Copy(from, n.a) : -1;
+  const int32_t b = n.b >= 0 ? Copy(from, n.b) : -1;
+  return Add(n.op, a, b, n.value);
+}
+
+std::shared_ptr<SymExpr::Tree> SymTreeBuilder::Finish() {
+  std::shared_ptr<SymExpr::Tree> tree = std::move(tree_);
+  tree->text = SymText(*tree, tree->root());
+  tree_ = std::make_shared<SymExpr::Tree>();
+  return tree;
+}
+
 absl::StatusOr<int64_t> SymExpr::Evaluate(const Bindings& bindings) const {
   return EvaluateWith([&bindings](absl::string_view name) -> std::optional<int64_t> {
     auto it = bindings.find(name);
@@ -568,6 +698,10 @@ absl::StatusOr<int64_t> SymExpr::EvaluateWith(
       return CannotEvaluate(tree_->text, "modulo by zero");
     case EvalError::kOverflow:
       return CannotEvaluate(tree_->text, "integer overflow");
+    case EvalError::kInexactDivision:
+      return CannotEvaluate(tree_->text, "'/' of sizes that do not divide");
+    case EvalError::kNegativeExponent:
+      return CannotEvaluate(tree_->text, "negative exponent");
   }
   return result;
 }
@@ -596,4 +730,4 @@ std::optional<absl::string_view> AsBareSymbol(absl::string_view text) {
   return name;
 }
 
-}  // namespace kiln::cache
+}  // namespace kiln::ir
