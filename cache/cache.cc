@@ -13,6 +13,7 @@
 #include "cache/records.h"
 #include "common/hashing.h"
 #include "common/status_macros.h"
+#include "compiler/ir/canonical.h"
 #include "google/protobuf/message.h"
 #include "rocksdb/db.h"
 #include "rocksdb/iterator.h"
@@ -95,11 +96,14 @@ std::string UsageKey(const std::string& entry_key, const std::string& digest) {
   return absl::StrCat(entry_key, "\n", digest);
 }
 
-// Histogram bounds for compile phases, in microseconds.
-const std::vector<double>& PhaseBounds() {
-  static const auto* b =
-      new std::vector<double>{10, 50, 100, 500, 1e3, 5e3, 1e4, 5e4, 1e5, 5e5, 1e6, 5e6, 1e7, 6e7};
-  return *b;
+// Why a variant whose guards are not the requested ones did not serve.
+std::string ExactMissReason(const v1::StoredVariant& v,
+                            const std::optional<v1::InputSignature>& signature) {
+  if (signature.has_value()) {
+    auto failed = CheckGuards(v.guards(), *signature);
+    if (failed.ok() && failed->has_value()) return **failed;
+  }
+  return "its guards differ from the requested guards";
 }
 
 }  // namespace
@@ -195,16 +199,24 @@ Cache::~Cache() {
   (void)db_->Close();
 }
 
+absl::StatusOr<v1::StoredStats> Cache::ReadStats() {
+  v1::StoredStats stats;
+  std::string value;
+  rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), kStatsKey, &value);
+  if (s.IsNotFound()) return stats;
+  RETURN_IF_ERROR(FromRocks(s, "reading statistics"));
+  bool sealed = false;
+  RETURN_IF_ERROR(Unseal(value, &stats, &sealed, "stored statistics"));
+  return stats;
+}
+
+absl::Status Cache::WriteStats(const v1::StoredStats& stats) {
+  rocksdb::WriteOptions wo;
+  wo.sync = options_.sync_writes;
+  return FromRocks(db_->Put(wo, kStatsKey, Seal(stats)), "writing statistics");
+}
+
 absl::Status Cache::LoadIndex() {
-  std::string stats;
-  rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), kStatsKey, &stats);
-  if (s.ok()) {
-    absl::MutexLock l(&stats_mu_);
-    bool sealed = false;
-    RETURN_IF_ERROR(Unseal(stats, &stats_, &sealed, "stored statistics"));
-  } else if (!s.IsNotFound()) {
-    return FromRocks(s, "reading statistics");
-  }
   absl::MutexLock l(&index_mu_);
   std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions()));
   for (it->Seek("e/"); it->Valid() && it->key().starts_with("e/"); it->Next()) {
@@ -276,35 +288,75 @@ absl::StatusOr<v1::StoredFamily> Cache::GetFamily(const std::string& ns,
   return record;
 }
 
-absl::StatusOr<LookupResult> Cache::Lookup(const std::string& ns, const std::string& key,
-                                           const v1::InputSignature& signature) {
-  LookupResult result;
-  auto entry = GetEntry(ns, key);
-  if (absl::IsNotFound(entry.status())) return result;  // FULL_MISS
-  if (!entry.ok()) return entry.status();
-  result.variants = entry->variants_size();
-  for (int i = 0; i < entry->variants_size(); ++i) {
-    const v1::StoredVariant& v = entry->variants(i);
-    auto failed = CheckGuards(v.guards(), signature);
-    if (!failed.ok()) {
-      return absl::InternalError(absl::StrCat("stored guards of variant ", i, " of ", key,
-                                              " are malformed: ", failed.status().message()));
+absl::StatusOr<ProbeResult> Cache::Probe(const ProbeRequest& req) {
+  if (!req.guards.has_value() && !req.signature.has_value()) {
+    return absl::InvalidArgumentError("a probe needs a signature or guards");
+  }
+  const std::string exact = req.guards.has_value() ? ir::DeterministicBytes(*req.guards) : "";
+  ProbeResult result;
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    LookupResult& r = result.lookup;
+    r = LookupResult();
+    auto entry = GetEntry(req.ns, req.key);
+    if (absl::IsNotFound(entry.status())) return result;  // FULL_MISS
+    if (!entry.ok()) return entry.status();
+    r.variants = entry->variants_size();
+    for (int i = 0; i < entry->variants_size() && r.digest.empty(); ++i) {
+      const v1::StoredVariant& v = entry->variants(i);
+      v1::VariantMiss miss;
+      if (req.guards.has_value()) {
+        if (ir::DeterministicBytes(v.guards()) == exact) {
+          r.digest = v.digest();
+          break;
+        }
+        miss.set_failed_guard(ExactMissReason(v, req.signature));
+      } else {
+        auto failed = CheckGuards(v.guards(), *req.signature);
+        if (!failed.ok()) {
+          return absl::InternalError(absl::StrCat("stored guards of variant ", i, " of ", req.key,
+                                                  " are malformed: ", failed.status().message()));
+        }
+        if (!failed->has_value()) {
+          r.digest = v.digest();
+          break;
+        }
+        miss.set_failed_guard(**failed);
+      }
+      miss.set_variant(i);
+      miss.set_digest(v.digest());
+      r.misses.push_back(std::move(miss));
     }
-    if (!failed->has_value()) {
-      result.outcome = v1::HIT;
-      result.digest = v.digest();
-      result.misses.clear();
-      Touch(EntryKey(ns, key), v.digest());
+    if (r.digest.empty()) {
+      r.outcome = r.variants == 0 ? v1::FULL_MISS : v1::GUARD_MISS;
       return result;
     }
-    v1::VariantMiss miss;
-    miss.set_variant(i);
-    miss.set_digest(v.digest());
-    miss.set_failed_guard(**failed);
-    result.misses.push_back(std::move(miss));
+    if (req.read_artifact) {
+      bool quarantined = false;
+      auto artifact = ReadVerifiedArtifact(r.digest, &quarantined);
+      if (absl::IsDataLoss(artifact.status())) {  // probe again
+        result.unreadable.push_back(artifact.status());
+        result.quarantined += quarantined ? 1 : 0;
+        continue;
+      }
+      if (!artifact.ok()) return artifact.status();
+      result.artifact = *std::move(artifact);
+    }
+    r.outcome = v1::HIT;
+    r.misses.clear();
+    Touch(EntryKey(req.ns, req.key), r.digest);
+    return result;
   }
-  result.outcome = result.variants == 0 ? v1::FULL_MISS : v1::GUARD_MISS;
+  // Two serving variants in a row could not be served: a miss.
+  LookupResult& r = result.lookup;
+  r.outcome = r.variants == 0 ? v1::FULL_MISS : v1::GUARD_MISS;
+  r.digest.clear();
   return result;
+}
+
+absl::StatusOr<LookupResult> Cache::Lookup(const std::string& ns, const std::string& key,
+                                           const v1::InputSignature& signature) {
+  ASSIGN_OR_RETURN(ProbeResult r, Probe(ProbeRequest{ns, key, signature, std::nullopt, false}));
+  return std::move(r.lookup);
 }
 
 void Cache::Touch(const std::string& ek, const std::string& digest) {
@@ -326,15 +378,30 @@ absl::StatusOr<std::string> Cache::ReadArtifact(const std::string& digest) {
   RETURN_IF_ERROR(FromRocks(db_->Get(rocksdb::ReadOptions(), ArtifactKey(digest), &bytes),
                             absl::StrCat("artifact ", digest)));
   if (Sha256Hex(bytes) == digest) return bytes;
-  {
-    absl::MutexLock l(&stats_mu_);
-    auto* c = stats_.mutable_counters();
-    c->set_corrupt_artifacts(c->corrupt_artifacts() + 1);
-  }
   RETURN_IF_ERROR(Quarantine(digest, bytes));
   return absl::DataLossError(
       absl::StrCat("artifact ", digest, " is corrupt (its bytes hash to ", Sha256Hex(bytes),
                    "); it was quarantined and will be recompiled on the next Compile"));
+}
+
+absl::StatusOr<VerifiedArtifact> Cache::ReadVerifiedArtifact(const std::string& digest,
+                                                             bool* quarantined) {
+  VerifiedArtifact a;
+  a.digest = digest;
+  absl::StatusOr<std::string> bytes = ReadArtifact(digest);
+  // ReadArtifact's DATA_LOSS is a corrupt blob, quarantined.
+  if (quarantined != nullptr) *quarantined = absl::IsDataLoss(bytes.status());
+  if (!bytes.ok()) return bytes.status();
+  a.bytes = *std::move(bytes);
+  if (!a.artifact.ParseFromString(a.bytes)) {
+    return absl::DataLossError(absl::StrCat("artifact ", digest, " does not parse"));
+  }
+  if (a.artifact.format_version() > options_.max_artifact_format_version) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("artifact ", digest, " has format version ", a.artifact.format_version(),
+                     ", newer than this server's ", options_.max_artifact_format_version));
+  }
+  return a;
 }
 
 absl::Status Cache::Quarantine(const std::string& digest, const std::string& bytes) {
@@ -359,7 +426,7 @@ absl::Status Cache::Quarantine(const std::string& digest, const std::string& byt
   return DropVariants(holders, digest, &batch, &variants, &freed);
 }
 
-absl::StatusOr<std::string> Cache::Publish(const PublishRequest& req) {
+absl::StatusOr<Published> Cache::Publish(const PublishRequest& req) {
   const std::string digest = Sha256Hex(req.artifact);
   const std::string ek = EntryKey(req.ns, req.key);
   absl::MutexLock w(&write_mu_);
@@ -373,7 +440,7 @@ absl::StatusOr<std::string> Cache::Publish(const PublishRequest& req) {
     return FromRocks(s, absl::StrCat("reading entry ", ek));
   }
   for (const auto& v : entry.variants()) {
-    if (v.digest() == digest) return digest;  // already published
+    if (v.digest() == digest) return Published{digest, 0};  // already published
   }
   const int64_t now = NowMicros();
   entry.set_format_version(kEntryFormat);
@@ -414,7 +481,6 @@ absl::StatusOr<std::string> Cache::Publish(const PublishRequest& req) {
   if (new_blob) batch.Put(ArtifactKey(digest), req.artifact);
   batch.Put(ek, Seal(entry));
   if (!req.family.empty()) batch.Put(FamilyKey(req.ns, req.family), Seal(req.family_record));
-  batch.Put(kStatsKey, StatsBytes());
   rocksdb::WriteOptions wo;
   wo.sync = options_.sync_writes;
   RETURN_IF_ERROR(FromRocks(db_->Write(wo, &batch), absl::StrCat("publishing ", ek)));
@@ -428,8 +494,8 @@ absl::StatusOr<std::string> Cache::Publish(const PublishRequest& req) {
     }
     ++total_variants_;
   }
-  RETURN_IF_ERROR(EvictToBudget());
-  return digest;
+  ASSIGN_OR_RETURN(const uint64_t evicted, EvictToBudget());
+  return Published{digest, evicted};
 }
 
 absl::Status Cache::DropVariants(const std::vector<std::string>& entry_keys,
@@ -491,12 +557,13 @@ absl::Status Cache::DropVariants(const std::vector<std::string>& entry_keys,
   return absl::OkStatus();
 }
 
-absl::Status Cache::EvictToBudget() {
+absl::StatusOr<uint64_t> Cache::EvictToBudget() {
+  uint64_t evicted = 0;
   while (true) {
     std::string victim_entry, victim_digest;
     {
       absl::MutexLock l(&index_mu_);
-      if (total_bytes_ <= options_.byte_budget) return absl::OkStatus();
+      if (total_bytes_ <= options_.byte_budget) return evicted;
       int64_t oldest = INT64_MAX;
       for (const auto& [uk, use] : usage_) {
         if (use.last_used < oldest) {
@@ -506,7 +573,7 @@ absl::Status Cache::EvictToBudget() {
           victim_digest = uk.substr(nl + 1);
         }
       }
-      if (victim_entry.empty()) return absl::OkStatus();
+      if (victim_entry.empty()) return evicted;
     }
     uint64_t variants = 0, bytes = 0;
     rocksdb::WriteBatch batch;
@@ -517,9 +584,7 @@ absl::Status Cache::EvictToBudget() {
       usage_.erase(UsageKey(victim_entry, victim_digest));
       continue;
     }
-    absl::MutexLock l(&stats_mu_);
-    auto* c = stats_.mutable_counters();
-    c->set_evictions(c->evictions() + variants);
+    evicted += variants;
   }
 }
 
@@ -559,93 +624,6 @@ absl::StatusOr<std::vector<Cache::EntrySummary>> Cache::List(const std::string& 
   }
   RETURN_IF_ERROR(FromRocks(it->status(), "listing entries"));
   return out;
-}
-
-void Cache::Count(v1::LookupOutcome outcome) {
-  absl::MutexLock l(&stats_mu_);
-  auto* c = stats_.mutable_counters();
-  switch (outcome) {
-    case v1::HIT:
-      c->set_hits(c->hits() + 1);
-      break;
-    case v1::GUARD_MISS:
-      c->set_guard_misses(c->guard_misses() + 1);
-      break;
-    case v1::FULL_MISS:
-      c->set_full_misses(c->full_misses() + 1);
-      break;
-    case v1::FROZEN_MISS:
-      c->set_frozen_misses(c->frozen_misses() + 1);
-      break;
-    case v1::CACHE_LIMIT:
-      c->set_cache_limit_hits(c->cache_limit_hits() + 1);
-      break;
-    case v1::BYPASS:
-      c->set_bypasses(c->bypasses() + 1);
-      break;
-    default:
-      break;
-  }
-}
-
-void Cache::CountCompile(bool ok) {
-  absl::MutexLock l(&stats_mu_);
-  auto* c = stats_.mutable_counters();
-  if (ok) {
-    c->set_compiles(c->compiles() + 1);
-  } else {
-    c->set_compile_errors(c->compile_errors() + 1);
-  }
-}
-
-void Cache::CountSingleFlightJoin() {
-  absl::MutexLock l(&stats_mu_);
-  auto* c = stats_.mutable_counters();
-  c->set_single_flight_joins(c->single_flight_joins() + 1);
-}
-
-void Cache::CountFunctionFilter(bool matched) {
-  absl::MutexLock l(&stats_mu_);
-  auto* c = stats_.mutable_counters();
-  if (matched) {
-    c->set_function_filter_matched(c->function_filter_matched() + 1);
-  } else {
-    c->set_function_filter_eager(c->function_filter_eager() + 1);
-  }
-}
-
-void Cache::RecordPhase(const std::string& phase, int64_t micros) {
-  absl::MutexLock l(&stats_mu_);
-  v1::PhaseStats* p = nullptr;
-  for (auto& ps : *stats_.mutable_phases()) {
-    if (ps.phase() == phase) p = &ps;
-  }
-  if (p == nullptr) {
-    p = stats_.add_phases();
-    p->set_phase(phase);
-    for (double b : PhaseBounds()) p->mutable_histogram()->add_bounds(b);
-    for (size_t i = 0; i <= PhaseBounds().size(); ++i) p->mutable_histogram()->add_counts(0);
-  }
-  p->set_total_micros(p->total_micros() + micros);
-  v1::Histogram* h = p->mutable_histogram();
-  size_t bucket =
-      std::upper_bound(PhaseBounds().begin(), PhaseBounds().end(), static_cast<double>(micros)) -
-      PhaseBounds().begin();
-  // A value equal to a bound belongs to that bound's bucket.
-  if (bucket > 0 && PhaseBounds()[bucket - 1] == static_cast<double>(micros)) --bucket;
-  h->set_counts(static_cast<int>(bucket), h->counts(static_cast<int>(bucket)) + 1);
-  h->set_count(h->count() + 1);
-  h->set_sum(h->sum() + static_cast<double>(micros));
-}
-
-v1::StoredStats Cache::Stats() const {
-  absl::MutexLock l(&stats_mu_);
-  return stats_;
-}
-
-std::string Cache::StatsBytes() const {
-  absl::MutexLock l(&stats_mu_);
-  return Seal(stats_);
 }
 
 Cache::Totals Cache::totals() const {
@@ -689,7 +667,6 @@ absl::Status Cache::FlushUsage() {
       record.dirty = false;
     }
   }
-  batch.Put(kStatsKey, StatsBytes());
   return FromRocks(db_->Write(rocksdb::WriteOptions(), &batch), "flushing usage");
 }
 

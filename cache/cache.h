@@ -5,7 +5,8 @@
 //                          and its recompile reasons
 //   "a/<digest>"           artifact bytes; digest = hex SHA-256 of the bytes
 //   "q/<digest>"           a quarantined (corrupt) blob, kept for inspection
-//   "s/stats"              StoredStats: counters and compile-time histograms
+//   "s/stats"              StoredStats: kilnd's statistics, kept for
+//                          cache/stats.h (ReadStats, WriteStats)
 //   "f/<namespace>/<id>"   StoredFamily: a shape family's latest graph
 //                          (cache/shape_family.h)
 //   "r/<namespace>/<id>"   FailedCompile: a failed compile request, for
@@ -15,11 +16,14 @@
 //
 // A variant and its artifact are published in one WriteBatch, so a crash
 // leaves either the old state or the new one. Artifacts are verified against
-// their digest on every read; a corrupt one is counted, moved to quarantine,
-// its variants dropped (the next Compile rebuilds it) and never served.
-// Eviction is LRU over variants by total artifact bytes; recency and hit
-// counts live in memory and are written back by FlushUsage (periodically and
-// on Close).
+// their digest on every read; a corrupt one is moved to quarantine, its
+// variants dropped (the next Compile rebuilds it) and never served. Eviction is LRU over variants
+// by total artifact bytes; recency and hit counts live in memory and are written back by FlushUsage
+// (periodically and on Close).
+//
+// The cache is storage only: it counts nothing. What it did on its own (the
+// variants a publish evicted, the artifacts a read quarantined) it returns, for
+// the caller to count (cache/stats.h).
 //
 // Thread-safe: lookups run concurrently; writers are serialized internally.
 #ifndef KILN_CACHE_CACHE_H_
@@ -27,12 +31,14 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "kiln/v1/artifact.pb.h"
 #include "kiln/v1/store.pb.h"
 
 namespace rocksdb {
@@ -49,6 +55,9 @@ struct CacheOptions {
   // Open even a damaged write-ahead log, keeping what precedes the damage.
   // Off: a damaged log fails Open with DATA_LOSS naming this option.
   bool salvage_wal = false;
+  // The newest Artifact.format_version served (kArtifactFormatVersion,
+  // server/backend.h); a newer artifact is FAILED_PRECONDITION.
+  uint32_t max_artifact_format_version = 1;
 };
 
 struct LookupResult {
@@ -56,6 +65,46 @@ struct LookupResult {
   std::string digest;                         // on HIT
   std::vector<v1::VariantMiss> misses;        // on GUARD_MISS, one per variant
   int variants = 0;                           // variants held under the key
+};
+
+// An artifact read and checked: its bytes hash to its digest and parse as a
+// v1::Artifact of a format this server serves.
+struct VerifiedArtifact {
+  std::string digest;
+  std::string bytes;
+  v1::Artifact artifact;
+};
+
+// What a probe asks: which variant of (ns, key) serves.
+struct ProbeRequest {
+  std::string ns;
+  std::string key;
+  // Without `guards`: the first variant (most recently used first) whose
+  // guards admit `signature` serves. With `guards`: only a variant with
+  // exactly these guards serves, and `signature`, when given, explains why
+  // the others did not.
+  std::optional<v1::InputSignature> signature;
+  std::optional<v1::GuardSet> guards;
+  // Read and verify the serving variant's artifact.
+  bool read_artifact = true;
+};
+
+// A probe's answer: a hit with its verified artifact, or the miss report.
+struct ProbeResult {
+  LookupResult lookup;  // outcome, digest on a hit; misses and variants
+  // On a hit, when read_artifact was asked for.
+  std::optional<VerifiedArtifact> artifact;
+  // Why the artifacts of serving variants could not be served (DATA_LOSS:
+  // corrupt, or not parsing), in the order found; after each the probe ran
+  // once more. Two of them leave a miss.
+  std::vector<absl::Status> unreadable;
+  // How many of those were corrupt: quarantined, their variants dropped.
+  int quarantined = 0;
+};
+
+struct Published {
+  std::string digest;
+  uint64_t evicted_variants = 0;  // dropped to keep to the byte budget
 };
 
 struct PublishRequest {
@@ -81,14 +130,21 @@ class Cache {
   Cache(const Cache&) = delete;
   Cache& operator=(const Cache&) = delete;
 
+  // The one call that finds what serves a request: evaluates the variants
+  // of (ns, key) (see ProbeRequest), and on a hit reads and verifies the
+  // artifact. A hit whose artifact cannot be served (corrupt: quarantined)
+  // makes the probe run once more (see ProbeResult). A hit updates the variant's recency and
+  // hit count. Malformed stored guards are INTERNAL; a record that cannot be
+  // read, or an artifact of a newer format, is the error.
+  absl::StatusOr<ProbeResult> Probe(const ProbeRequest& request);
+
   // Evaluates the variants of (ns, key) against `signature`, most recently
-  // used first. A hit updates the variant's recency and hit count. Malformed
-  // stored guards are INTERNAL; nothing else fails.
+  // used first, without reading an artifact: Probe with read_artifact off.
   absl::StatusOr<LookupResult> Lookup(const std::string& ns, const std::string& key,
                                       const v1::InputSignature& signature);
 
-  // Counts a hit on a variant found by other means than Lookup (a Compile
-  // that matched its guards exactly): recency and hit count.
+  // Counts a hit on a variant found by other means than a probe of its own
+  // key (a shape family's variant): recency and hit count.
   void RecordHit(const std::string& ns, const std::string& key, const std::string& digest);
 
   // The stored entry, or NOT_FOUND.
@@ -97,10 +153,15 @@ class Cache {
   // Artifact bytes, verified against `digest`. A mismatch is DATA_LOSS: the
   // blob is quarantined and every variant naming it is dropped.
   absl::StatusOr<std::string> ReadArtifact(const std::string& digest);
+  // ReadArtifact, then parsed: bytes that do not parse are DATA_LOSS too
+  // (not quarantined), a newer format FAILED_PRECONDITION. `*quarantined`
+  // (when given) tells whether the blob was found corrupt and quarantined.
+  absl::StatusOr<VerifiedArtifact> ReadVerifiedArtifact(const std::string& digest,
+                                                        bool* quarantined = nullptr);
 
   // Stores the artifact and a new variant at the front of the key's list in
-  // one WriteBatch; returns the digest. Then evicts down to the byte budget.
-  absl::StatusOr<std::string> Publish(const PublishRequest& request);
+  // one WriteBatch. Then evicts down to the byte budget.
+  absl::StatusOr<Published> Publish(const PublishRequest& request);
 
   // The shape family's record, or NOT_FOUND. A record that does not unseal
   // is DATA_LOSS.
@@ -141,15 +202,12 @@ class Cache {
   // Every entry of `ns`, or of every namespace when ns == "*", by key.
   absl::StatusOr<std::vector<EntrySummary>> List(const std::string& ns);
 
-  // Statistics: the caller counts outcomes and compile phases here; they are
-  // persisted with every publish, by FlushUsage and on close.
-  void Count(v1::LookupOutcome outcome);
-  void CountCompile(bool ok);
-  void CountSingleFlightJoin();
-  void CountFunctionFilter(bool matched);
-  void RecordPhase(const std::string& phase, int64_t micros);
-  v1::StoredStats Stats() const;
+  // The "s/stats" record (cache/stats.h): an empty one when none is stored;
+  // DATA_LOSS when it does not unseal.
+  absl::StatusOr<v1::StoredStats> ReadStats();
+  absl::Status WriteStats(const v1::StoredStats& stats);
 
+  // What the index holds.
   struct Totals {
     uint64_t entries = 0;
     uint64_t variants = 0;
@@ -158,7 +216,7 @@ class Cache {
   Totals totals() const;
   uint64_t byte_budget() const { return options_.byte_budget; }
 
-  // Writes recency, hit counts and statistics back to RocksDB.
+  // Writes recency, hit counts and graph-break reports back to RocksDB.
   absl::Status FlushUsage();
 
  private:
@@ -174,7 +232,8 @@ class Cache {
 
   Cache(CacheOptions options, std::unique_ptr<rocksdb::DB> db);
   absl::Status LoadIndex();
-  absl::Status EvictToBudget() ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_);
+  // Returns the variants evicted.
+  absl::StatusOr<uint64_t> EvictToBudget() ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_);
   // Drops the variants naming `digest` (every variant when empty) from each
   // entry, and artifacts no variant names any more, in one write of `batch`
   // (which may already hold other updates).
@@ -184,7 +243,6 @@ class Cache {
   void Touch(const std::string& entry_key, const std::string& digest);
   absl::Status Quarantine(const std::string& digest, const std::string& bytes);
   void ApplyUsage(const std::string& entry_key, v1::StoredEntry* entry) const;
-  std::string StatsBytes() const;
 
   const CacheOptions options_;
   std::unique_ptr<rocksdb::DB> db_;
@@ -210,9 +268,6 @@ class Cache {
   };
   absl::Mutex jobs_mu_ ABSL_ACQUIRED_AFTER(write_mu_);
   absl::flat_hash_map<std::string, JobRecord> jobs_ ABSL_GUARDED_BY(jobs_mu_);
-
-  mutable absl::Mutex stats_mu_;
-  v1::StoredStats stats_ ABSL_GUARDED_BY(stats_mu_);
 };
 
 // "e/<ns>/<key>"

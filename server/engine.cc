@@ -2,6 +2,8 @@
 
 #include <malloc.h>
 
+#include <utility>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "cache/guards.h"
@@ -83,12 +85,35 @@ std::string FailureId(const std::string& ns, const std::string& key) {
 
 }  // namespace
 
-Engine::Engine(const EngineOptions& options, cache::Cache* cache, BackendRegistry backends)
+void Caller::MarkGone() {
+  absl::MutexLock l(&mu_);
+  if (gone_) return;
+  gone_ = true;
+  if (hook_) std::exchange(hook_, nullptr)();
+}
+
+bool Caller::gone() const {
+  absl::MutexLock l(&mu_);
+  return gone_;
+}
+
+void Caller::OnGone(std::function<void()> hook) {
+  absl::MutexLock l(&mu_);
+  if (gone_ && hook) {
+    hook();
+    return;
+  }
+  hook_ = std::move(hook);
+}
+
+Engine::Engine(const EngineOptions& options, cache::Cache* cache, cache::Stats* stats,
+               BackendRegistry backends)
     : options_(options),
       cache_(cache),
+      stats_(stats),
       backends_(std::move(backends)),
       frozen_(options.frozen),
-      pool_(std::make_unique<WorkerPool>(options.compile_workers, options.compile_queue_depth)) {}
+      slots_(options.compile_workers, options.compile_queue_depth) {}
 
 Engine::~Engine() {
   stopping_ = true;
@@ -98,28 +123,20 @@ Engine::~Engine() {
     minifier = std::move(minifier_);
   }
   if (minifier.joinable()) minifier.join();
-  pool_.reset();
 }
 
-absl::StatusOr<v1::Artifact> Engine::LoadArtifact(const std::string& digest) {
-  ASSIGN_OR_RETURN(std::string bytes, cache_->ReadArtifact(digest));
-  v1::Artifact artifact;
-  if (!artifact.ParseFromString(bytes)) {
-    return absl::DataLossError(absl::StrCat("artifact ", digest, " does not parse"));
-  }
-  if (artifact.format_version() > kArtifactFormatVersion) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("artifact ", digest, " has format version ", artifact.format_version(),
-                     ", newer than this server's ", kArtifactFormatVersion));
-  }
+absl::StatusOr<cache::VerifiedArtifact> Engine::ReadArtifact(const std::string& digest) {
+  bool quarantined = false;
+  absl::StatusOr<cache::VerifiedArtifact> artifact =
+      cache_->ReadVerifiedArtifact(digest, &quarantined);
+  if (quarantined) stats_->CountCorruptArtifacts(1);
   return artifact;
 }
 
-absl::StatusOr<v1::CompileResponse> Engine::Compile(const v1::CompileRequest& req,
-                                                    const CallerGone& gone) {
+absl::StatusOr<v1::CompileResponse> Engine::Compile(const v1::CompileRequest& req, Caller* caller) {
   if (req.has_report()) RecordReport(req.namespace_(), req.report());
   bool compiling = false;
-  absl::StatusOr<v1::CompileResponse> result = CompileUnrecorded(req, gone, &compiling);
+  absl::StatusOr<v1::CompileResponse> result = CompileUnrecorded(req, caller, &compiling);
   const absl::StatusCode code = result.status().code();
   if (!compiling &&
       (code == absl::StatusCode::kInvalidArgument || code == absl::StatusCode::kUnimplemented ||
@@ -131,8 +148,7 @@ absl::StatusOr<v1::CompileResponse> Engine::Compile(const v1::CompileRequest& re
 }
 
 absl::StatusOr<v1::CompileResponse> Engine::CompileUnrecorded(const v1::CompileRequest& req,
-                                                              const CallerGone& gone,
-                                                              bool* compiling) {
+                                                              Caller* caller, bool* compiling) {
   const std::string& ns = req.namespace_();
   RETURN_IF_ERROR(cache::ValidateNamespace(ns));
   PhaseTimes times;
@@ -142,7 +158,7 @@ absl::StatusOr<v1::CompileResponse> Engine::CompileUnrecorded(const v1::CompileR
   v1::CompileOptions options = ir::NormalizeOptions(req.options(), &graph);
   RETURN_IF_ERROR(backends_.Find(options.backend()).status());
   ASSIGN_OR_RETURN(const Filter filter, ApplyRequestOptions(graph, &options));
-  if (filter != Filter::kNone) cache_->CountFunctionFilter(filter == Filter::kMatched);
+  if (filter != Filter::kNone) stats_->CountFunctionFilter(filter == Filter::kMatched);
   const v1::GuardSet guards = req.has_guards() ? req.guards() : cache::DeriveGuards(graph);
   if (guards.tensors_size() != static_cast<int>(graph.inputs().size())) {
     return absl::InvalidArgumentError(absl::StrCat("guards: ", guards.tensors_size(),
@@ -154,13 +170,14 @@ absl::StatusOr<v1::CompileResponse> Engine::CompileUnrecorded(const v1::CompileR
 
   if (req.bypass_cache()) {
     if (frozen_ || req.frozen()) {
-      cache_->Count(v1::FROZEN_MISS);
+      stats_->Count(v1::FROZEN_MISS);
       return absl::FailedPreconditionError(
           "frozen: a bypass_cache request would compile, and a frozen server compiles nothing");
     }
-    cache_->Count(v1::BYPASS);
+    stats_->Count(v1::BYPASS);
     *compiling = true;
-    return CompileMiss(ns, graph, guards, options, key, v1::BYPASS, {}, std::move(times), gone);
+    return CompileMiss(Job{ns, graph, guards, options, key, v1::BYPASS, {}, std::move(times)},
+                       caller);
   }
 
   // Probe the cache: a variant with these very guards, or, when the client
@@ -168,54 +185,24 @@ absl::StatusOr<v1::CompileResponse> Engine::CompileUnrecorded(const v1::CompileR
   const absl::StatusOr<v1::InputSignature> signature =
       req.has_signature() ? absl::StatusOr<v1::InputSignature>(req.signature())
                           : cache::SignatureFromGraph(graph);
-  const std::string guard_bytes = ir::DeterministicBytes(guards);
-  std::vector<v1::VariantMiss> misses;
-  int variants = 0;
-  for (int attempt = 0; attempt < 2; ++attempt) {
-    misses.clear();
-    std::string hit_digest;
-    if (!req.has_guards() && signature.ok()) {
-      ASSIGN_OR_RETURN(cache::LookupResult r, cache_->Lookup(ns, key, *signature));
-      variants = r.variants;
-      misses = std::move(r.misses);
-      hit_digest = r.digest;
-    } else {
-      auto entry = cache_->GetEntry(ns, key);
-      if (!entry.ok() && !absl::IsNotFound(entry.status())) return entry.status();
-      variants = entry.ok() ? entry->variants_size() : 0;
-      for (int i = 0; i < variants && hit_digest.empty(); ++i) {
-        const v1::StoredVariant& v = entry->variants(i);
-        if (ir::DeterministicBytes(v.guards()) == guard_bytes) {
-          hit_digest = v.digest();
-          break;
-        }
-        v1::VariantMiss m;
-        m.set_variant(i);
-        m.set_digest(v.digest());
-        auto failed = signature.ok() ? cache::CheckGuards(v.guards(), *signature)
-                                     : absl::StatusOr<std::optional<std::string>>(std::nullopt);
-        m.set_failed_guard(failed.ok() && failed->has_value()
-                               ? **failed
-                               : "its guards differ from the requested guards");
-        misses.push_back(std::move(m));
-      }
-    }
-    if (hit_digest.empty()) break;
-    auto artifact = LoadArtifact(hit_digest);
-    if (absl::IsDataLoss(artifact.status())) continue;  // quarantined; probe again
-    if (!artifact.ok()) return artifact.status();
-    cache_->Count(v1::HIT);
-    if (req.has_guards() || !signature.ok()) cache_->RecordHit(ns, key, hit_digest);
+  cache::ProbeRequest probe{ns, key};
+  if (signature.ok()) probe.signature = *signature;
+  if (req.has_guards() || !signature.ok()) probe.guards = guards;
+  ASSIGN_OR_RETURN(cache::ProbeResult found, cache_->Probe(probe));
+  stats_->CountCorruptArtifacts(found.quarantined);
+  if (found.lookup.outcome == v1::HIT) {
+    stats_->Count(v1::HIT);
     v1::CompileResponse resp;
     resp.set_key(key);
-    resp.set_digest(hit_digest);
-    *resp.mutable_artifact() = *std::move(artifact);
+    resp.set_digest(found.lookup.digest);
+    *resp.mutable_artifact() = std::move(found.artifact->artifact);
     resp.set_outcome(v1::HIT);
     return resp;
   }
+  const int variants = found.lookup.variants;
 
   MissRecord record;
-  record.misses = std::move(misses);
+  record.misses = std::move(found.lookup.misses);
   record.client_reason = req.recompile_reason().substr(0, kMaxClientReasonBytes);
   Family family;
   if (options_.automatic_dynamic) {
@@ -252,20 +239,21 @@ absl::StatusOr<v1::CompileResponse> Engine::CompileUnrecorded(const v1::CompileR
       }
       record.misses.push_back(std::move(m));
     }
-    auto bytes = admitting.empty() ? absl::StatusOr<std::string>(absl::NotFoundError(""))
-                                   : cache_->ReadArtifact(admitting);
-    if (bytes.ok()) {  // a corrupt artifact is quarantined: compile instead
+    auto artifact = admitting.empty()
+                        ? absl::StatusOr<cache::VerifiedArtifact>(absl::NotFoundError(""))
+                        : ReadArtifact(admitting);
+    if (artifact.ok()) {  // a corrupt one is quarantined: compile instead
       v1::CompileResponse resp;
-      if (!resp.mutable_artifact()->ParseFromString(*bytes)) {
-        return absl::DataLossError(absl::StrCat("artifact ", admitting, " does not parse"));
-      }
+      *resp.mutable_artifact() = std::move(artifact->artifact);
       cache_->RecordHit(ns, family.record->key(), admitting);
       if (!frozen_ && !req.frozen()) {
         // Under this graph's own key too, so that its next Lookup hits.
-        cache::PublishRequest alias{ns, key, graph.name(), options.backend(), guards, *bytes, {}};
-        RETURN_IF_ERROR(cache_->Publish(alias).status());
+        cache::PublishRequest alias{
+            ns, key, graph.name(), options.backend(), guards, std::move(artifact->bytes), {}};
+        ASSIGN_OR_RETURN(const cache::Published published, cache_->Publish(alias));
+        stats_->CountEvictions(published.evicted_variants);
       }
-      cache_->Count(v1::HIT);
+      stats_->Count(v1::HIT);
       resp.set_key(key);
       resp.set_digest(admitting);
       resp.set_outcome(v1::HIT);
@@ -274,13 +262,13 @@ absl::StatusOr<v1::CompileResponse> Engine::CompileUnrecorded(const v1::CompileR
   }
 
   if (frozen_ || req.frozen()) {
-    cache_->Count(v1::FROZEN_MISS);
+    stats_->Count(v1::FROZEN_MISS);
     return absl::FailedPreconditionError(
         absl::StrCat(frozen_ ? "the server is frozen" : "the request is frozen",
                      " and compiles nothing: ", MissReasons(key, variants, record.misses)));
   }
   if (variants >= static_cast<int>(options_.cache_size_limit)) {
-    cache_->Count(v1::CACHE_LIMIT);
+    stats_->Count(v1::CACHE_LIMIT);
     return absl::ResourceExhaustedError(
         absl::StrCat("cache_size_limit (", options_.cache_size_limit, ") reached for key ", key,
                      "; recompile reasons: ", MissReasons(key, variants, record.misses)));
@@ -314,8 +302,9 @@ absl::StatusOr<v1::CompileResponse> Engine::CompileUnrecorded(const v1::CompileR
         record.alias_key = key;
         record.alias_guards = guards;
         *compiling = true;
-        return CompileMiss(ns, *built, general_guards, options, general_key, outcome,
-                           std::move(record), std::move(times), gone);
+        return CompileMiss(Job{ns, *built, general_guards, options, general_key, outcome,
+                               std::move(record), std::move(times)},
+                           caller);
       }
     }
   }
@@ -328,8 +317,8 @@ absl::StatusOr<v1::CompileResponse> Engine::CompileUnrecorded(const v1::CompileR
     *record.family_record.mutable_graph() = std::move(family.positional);
   }
   *compiling = true;
-  return CompileMiss(ns, graph, guards, options, key, outcome, std::move(record), std::move(times),
-                     gone);
+  return CompileMiss(
+      Job{ns, graph, guards, options, key, outcome, std::move(record), std::move(times)}, caller);
 }
 
 Engine::Family Engine::FindFamily(const std::string& ns, const ir::Graph& graph,
@@ -350,14 +339,10 @@ Engine::Family Engine::FindFamily(const std::string& ns, const ir::Graph& graph,
   return f;
 }
 
-absl::StatusOr<v1::CompileResponse> Engine::CompileMiss(
-    const std::string& ns, const ir::Graph& graph, const v1::GuardSet& guards,
-    const v1::CompileOptions& options, const std::string& key, v1::LookupOutcome outcome,
-    MissRecord record, PhaseTimes times, const CallerGone& gone) {
-  const bool bypass = outcome == v1::BYPASS;
-  const std::string guard_bytes = ir::DeterministicBytes(guards);
-  const std::string flight_key =
-      absl::StrCat(ns, "\n", key, "\n", guard_bytes, bypass ? "\nbypass" : "");
+absl::StatusOr<v1::CompileResponse> Engine::CompileMiss(Job job, Caller* caller) {
+  const bool bypass = job.outcome == v1::BYPASS;
+  const std::string flight_key = absl::StrCat(
+      job.ns, "\n", job.key, "\n", ir::DeterministicBytes(job.guards), bypass ? "\nbypass" : "");
   std::shared_ptr<Flight> flight;
   bool leader = false;
   {
@@ -373,101 +358,116 @@ absl::StatusOr<v1::CompileResponse> Engine::CompileMiss(
     ++flight->waiters;
   }
   if (!leader) {
-    if (!bypass) cache_->Count(outcome);
-    cache_->CountSingleFlightJoin();
-    return AwaitFlight(flight, gone);
+    if (!bypass) stats_->Count(job.outcome);
+    stats_->CountSingleFlightJoin();
+    return AwaitFlight(flight, caller);
   }
 
+  // The leader compiles on its own thread. Its client leaving counts as one
+  // caller gone, as a waiting caller's does: the last one cancels.
   ++in_flight_;
-  // The job owns copies of what it compiles: every caller may leave before
-  // it ends (their clients gone), and the last to leave cancels it.
-  auto job = [this, flight, flight_key, bypass, guard_bytes, ns, graph, guards, options, key,
-              outcome, record = std::move(record), times = std::move(times)]() mutable {
-    auto run = [&]() -> absl::StatusOr<v1::CompileResponse> {
-      v1::CompileResponse resp;
-      resp.set_key(key);
-      // A flight for the same guards may have published since the probe.
-      auto entry = bypass ? absl::StatusOr<v1::StoredEntry>(absl::NotFoundError(""))
-                          : cache_->GetEntry(ns, key);
-      for (int i = 0; entry.ok() && i < entry->variants_size(); ++i) {
-        const v1::StoredVariant& v = entry->variants(i);
-        if (ir::DeterministicBytes(v.guards()) != guard_bytes) continue;
-        auto artifact = LoadArtifact(v.digest());
-        if (!artifact.ok()) break;
-        // Served from the cache after all: a hit, not a miss.
-        cache_->Count(v1::HIT);
-        cache_->RecordHit(ns, key, v.digest());
-        resp.set_digest(v.digest());
-        resp.set_outcome(v1::HIT);
-        *resp.mutable_artifact() = *std::move(artifact);
-        return resp;
-      }
-      if (!bypass) cache_->Count(outcome);
-      if (flight->cancel.load()) {
-        return absl::CancelledError("every client waiting for this compile went away");
-      }
-      ASSIGN_OR_RETURN(const Backend* backend, backends_.Find(options.backend()));
-      std::map<std::string, std::string> trace;
-      CompileInput input{graph, guards, options, key, &trace, &flight->cancel};
-      RequestLog* const log = options_.step_log;
-      if (log) log->Step("compile", "begin", ns, key, graph.name(), options.backend());
-      auto artifact = backend->Compile(input, &times);
-      if (log) {
-        log->Step("compile", "end", ns, key, graph.name(),
-                  absl::StatusCodeToString(artifact.status().code()));
-      }
-      if (absl::IsCancelled(artifact.status())) return artifact.status();
-      cache_->CountCompile(artifact.ok());
-      if (!artifact.ok()) {
-        if (ns != kMinifyNamespace) RecordFailure(ns, key, artifact.status(), trace);
-        v1::CompileRequest request;
-        graph.ToProto(request.mutable_graph());
-        *request.mutable_guards() = guards;
-        *request.mutable_options() = options;
-        request.set_namespace_(ns);
-        PersistFailure(request, key, artifact.status(), &trace);
-        return artifact.status();
-      }
-      artifact->mutable_trace()->insert(trace.begin(), trace.end());
-      for (const auto& p : times.phases()) *artifact->add_compile_times() = p;
-      const std::string bytes = ir::DeterministicBytes(*artifact);
-      resp.set_outcome(outcome);
-      if (bypass) {
-        resp.set_digest(Sha256Hex(bytes));
-      } else {
-        cache::PublishRequest pub{ns,     key,   graph.name(), options.backend(),
-                                  guards, bytes, record.misses};
-        pub.automatic_dynamic = record.automatic_dynamic;
-        pub.client_reason = record.client_reason;
-        pub.family = record.family;
-        pub.family_record = record.family_record;
-        if (options_.step_log) options_.step_log->Step("store", "begin", ns, key, graph.name());
-        ASSIGN_OR_RETURN(std::string digest,
-                         times.Time("store", [&] { return cache_->Publish(pub); }));
-        if (options_.step_log) options_.step_log->Step("store", "end", ns, key, graph.name());
-        if (!record.alias_key.empty()) {
-          cache::PublishRequest alias{
-              ns, record.alias_key, graph.name(), options.backend(), record.alias_guards, bytes,
-              {}};
-          RETURN_IF_ERROR(cache_->Publish(alias).status());
-        }
-        resp.set_digest(digest);
-      }
-      for (const auto& p : times.phases()) cache_->RecordPhase(p.phase(), p.micros());
-      *resp.mutable_artifact() = *std::move(artifact);
-      for (auto& m : record.misses) *resp.add_misses() = m;
-      return resp;
-    };
-    flight->result = run();
-    FinishFlight(flight, flight_key);
-  };
-  absl::Status submitted = pool_->Submit(std::move(job));
-  if (!submitted.ok()) {
-    if (!bypass) cache_->Count(outcome);
-    flight->result = submitted;
-    FinishFlight(flight, flight_key);
+  if (caller != nullptr) caller->OnGone([flight] { flight->Leave(); });
+  flight->result = RunJob(job, *flight);
+  if (caller != nullptr) caller->OnGone(nullptr);
+  FinishFlight(flight, flight_key);
+  if (caller != nullptr && caller->gone()) {
+    return absl::CancelledError("the client went away before the compile finished");
   }
-  return AwaitFlight(flight, gone);
+  return flight->result;
+}
+
+absl::StatusOr<v1::CompileResponse> Engine::RunJob(Job& job, Flight& flight) {
+  const bool bypass = job.outcome == v1::BYPASS;
+  const std::string& ns = job.ns;
+  const std::string& key = job.key;
+  const ir::Graph& graph = job.graph;
+  const v1::CompileOptions& options = job.options;
+  absl::StatusOr<CompileSlots::Slot> slot = slots_.Acquire(&flight.cancel);
+  if (!slot.ok()) {
+    if (!bypass) stats_->Count(job.outcome);
+    return slot.status();
+  }
+  v1::CompileResponse resp;
+  resp.set_key(key);
+  // A flight for the same guards may have published while this one waited.
+  if (!bypass) {
+    cache::ProbeRequest probe{ns, key};
+    probe.guards = job.guards;
+    auto found = cache_->Probe(probe);
+    if (found.ok()) stats_->CountCorruptArtifacts(found->quarantined);
+    if (found.ok() && found->lookup.outcome == v1::HIT) {
+      // Served from the cache after all: a hit, not a miss.
+      stats_->Count(v1::HIT);
+      resp.set_digest(found->lookup.digest);
+      resp.set_outcome(v1::HIT);
+      *resp.mutable_artifact() = std::move(found->artifact->artifact);
+      return resp;
+    }
+    stats_->Count(job.outcome);
+  }
+  if (flight.cancel.load()) {
+    return absl::CancelledError("every client waiting for this compile went away");
+  }
+  ASSIGN_OR_RETURN(const Backend* backend, backends_.Find(options.backend()));
+  std::map<std::string, std::string> trace;
+  CompileInput input{graph, job.guards, options, key, &trace, &flight.cancel};
+  RequestLog* const log = options_.step_log;
+  if (log) log->Step("compile", "begin", ns, key, graph.name(), options.backend());
+  auto artifact = backend->Compile(input, &job.times);
+  if (log) {
+    log->Step("compile", "end", ns, key, graph.name(),
+              absl::StatusCodeToString(artifact.status().code()));
+  }
+  if (absl::IsCancelled(artifact.status())) return artifact.status();
+  stats_->CountCompile(artifact.ok());
+  if (!artifact.ok()) {
+    if (ns != kMinifyNamespace) RecordFailure(ns, key, artifact.status(), trace);
+    v1::CompileRequest request;
+    graph.ToProto(request.mutable_graph());
+    *request.mutable_guards() = job.guards;
+    *request.mutable_options() = options;
+    request.set_namespace_(ns);
+    PersistFailure(request, key, artifact.status(), &trace);
+    return artifact.status();
+  }
+  artifact->mutable_trace()->insert(trace.begin(), trace.end());
+  for (const auto& p : job.times.phases()) *artifact->add_compile_times() = p;
+  std::string bytes = ir::DeterministicBytes(*artifact);
+  resp.set_outcome(job.outcome);
+  if (bypass) {
+    resp.set_digest(Sha256Hex(bytes));
+  } else {
+    const MissRecord& record = job.record;
+    cache::PublishRequest pub{ns,         key,   graph.name(), options.backend(),
+                              job.guards, bytes, record.misses};
+    pub.automatic_dynamic = record.automatic_dynamic;
+    pub.client_reason = record.client_reason;
+    pub.family = record.family;
+    pub.family_record = record.family_record;
+    if (log) log->Step("store", "begin", ns, key, graph.name());
+    ASSIGN_OR_RETURN(const cache::Published published,
+                     job.times.Time("store", [&] { return cache_->Publish(pub); }));
+    stats_->CountEvictions(published.evicted_variants);
+    if (log) log->Step("store", "end", ns, key, graph.name());
+    if (!record.alias_key.empty()) {
+      cache::PublishRequest alias{ns,
+                                  record.alias_key,
+                                  graph.name(),
+                                  options.backend(),
+                                  record.alias_guards,
+                                  std::move(bytes),
+                                  {}};
+      ASSIGN_OR_RETURN(const cache::Published aliased, cache_->Publish(alias));
+      stats_->CountEvictions(aliased.evicted_variants);
+    }
+    resp.set_digest(published.digest);
+  }
+  for (const auto& p : job.times.phases()) stats_->RecordPhase(p.phase(), p.micros());
+  // Statistics are written with every publish (and by the periodic flush).
+  if (!bypass) (void)stats_->Flush();
+  *resp.mutable_artifact() = *std::move(artifact);
+  for (const auto& m : job.record.misses) *resp.add_misses() = m;
+  return resp;
 }
 
 void Engine::FinishFlight(const std::shared_ptr<Flight>& flight, const std::string& flight_key) {
@@ -484,10 +484,10 @@ void Engine::FinishFlight(const std::shared_ptr<Flight>& flight, const std::stri
 }
 
 absl::StatusOr<v1::CompileResponse> Engine::AwaitFlight(const std::shared_ptr<Flight>& flight,
-                                                        const CallerGone& gone) {
+                                                        Caller* caller) {
   while (!flight->done.WaitForNotificationWithTimeout(absl::Milliseconds(100))) {
-    if (gone && gone()) {
-      if (--flight->waiters == 0) flight->cancel = true;
+    if (caller != nullptr && caller->gone()) {
+      flight->Leave();
       return absl::CancelledError("the client went away before the compile finished");
     }
   }
@@ -527,23 +527,22 @@ absl::StatusOr<v1::LookupResponse> Engine::Lookup(const v1::LookupRequest& req) 
     case v1::LookupRequest::WHAT_NOT_SET:
       return absl::InvalidArgumentError("what: give a graph or a key");
   }
-  ASSIGN_OR_RETURN(cache::LookupResult r, cache_->Lookup(ns, key, signature));
+  cache::ProbeRequest probe{ns, key, signature};
+  probe.read_artifact = req.include_artifact();
+  ASSIGN_OR_RETURN(cache::ProbeResult found, cache_->Probe(probe));
+  stats_->CountCorruptArtifacts(found.quarantined);
+  // A second artifact that cannot be served is the reply.
+  if (found.unreadable.size() > 1) return found.unreadable.back();
+  const cache::LookupResult& r = found.lookup;
   v1::LookupResponse resp;
   resp.set_key(key);
   resp.set_key_micros(key_micros);
-  if (r.outcome == v1::HIT && req.include_artifact()) {
-    auto artifact = LoadArtifact(r.digest);
-    if (absl::IsDataLoss(artifact.status())) {
-      // Quarantined, its variant dropped: report what the cache holds now.
-      resp.set_reason(std::string(artifact.status().message()));
-      ASSIGN_OR_RETURN(r, cache_->Lookup(ns, key, signature));
-      if (r.outcome == v1::HIT) artifact = LoadArtifact(r.digest);
-    }
-    if (!artifact.ok()) return artifact.status();
-    if (r.outcome == v1::HIT) *resp.mutable_artifact() = *std::move(artifact);
-  }
+  // A corrupt artifact was quarantined, its variants dropped: the reply is
+  // what the cache holds now.
+  if (!found.unreadable.empty()) resp.set_reason(std::string(found.unreadable[0].message()));
+  if (found.artifact.has_value()) *resp.mutable_artifact() = std::move(found.artifact->artifact);
   if (r.outcome == v1::HIT) {
-    cache_->Count(v1::HIT);
+    stats_->Count(v1::HIT);
     resp.set_outcome(v1::HIT);
     resp.set_digest(r.digest);
     resp.set_reason("hit");
@@ -556,7 +555,7 @@ absl::StatusOr<v1::LookupResponse> Engine::Lookup(const v1::LookupRequest& req) 
   } else if (r.variants >= static_cast<int>(options_.cache_size_limit)) {
     outcome = v1::CACHE_LIMIT;
   }
-  cache_->Count(outcome);
+  stats_->Count(outcome);
   resp.set_outcome(outcome);
   std::string reason = MissReasons(key, r.variants, r.misses);
   if (outcome == v1::FROZEN_MISS) reason = absl::StrCat("frozen: ", reason);
@@ -588,14 +587,15 @@ absl::StatusOr<v1::GetArtifactResponse> Engine::GetArtifact(const v1::GetArtifac
     }
   }
   v1::GetArtifactResponse resp;
-  ASSIGN_OR_RETURN(*resp.mutable_artifact(), LoadArtifact(req.digest()));
+  ASSIGN_OR_RETURN(cache::VerifiedArtifact artifact, ReadArtifact(req.digest()));
+  *resp.mutable_artifact() = std::move(artifact.artifact);
   resp.set_digest(req.digest());
   return resp;
 }
 
 v1::StatsResponse Engine::Stats() const {
   v1::StatsResponse resp;
-  v1::StoredStats stats = cache_->Stats();
+  v1::StoredStats stats = stats_->record();
   *resp.mutable_counters() = stats.counters();
   for (const auto& p : stats.phases()) *resp.add_phases() = p;
   cache::Cache::Totals t = cache_->totals();

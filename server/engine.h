@@ -1,10 +1,14 @@
 // What kilnd does for each RPC, without gRPC types: the services in
 // services.cc validate, call the Engine and map its status to the wire.
 //
-// Compile: verify -> key -> cache -> frozen? (FAILED_PRECONDITION with the
-// reasons) -> over cache_size_limit? (RESOURCE_EXHAUSTED with the recompile
-// reasons) -> single-flight by (namespace, key, guards) -> bounded worker pool
-// -> publish -> reply. Lookup never compiles.
+// Compile, top to bottom on the caller's thread: verify -> key -> probe the
+// cache (cache::Cache::Probe: a verified artifact, or the recompile reasons)
+// -> frozen? (FAILED_PRECONDITION with the reasons) -> over cache_size_limit?
+// (RESOURCE_EXHAUSTED with the recompile reasons) -> single-flight by
+// (namespace, key, guards): the first caller compiles, identical ones wait
+// for it -> a compile slot (server/compile_slots.h) -> backend (the compile
+// pipeline) -> publish -> reply. Lookup never compiles. Outcomes, compiles
+// and phase times are counted in cache::Stats.
 //
 // Thread-safe: every method may be called concurrently.
 #ifndef KILN_SERVER_ENGINE_H_
@@ -26,11 +30,12 @@
 #include "cache/cache.h"
 #include "cache/guards.h"
 #include "cache/shape_family.h"
+#include "cache/stats.h"
 #include "compiler/ir/limits.h"
 #include "kiln/v1/service.pb.h"
 #include "server/backend.h"
+#include "server/compile_slots.h"
 #include "server/request_log.h"
-#include "server/worker_pool.h"
 
 namespace re2 {
 class RE2;
@@ -71,22 +76,38 @@ struct EngineOptions {
   int compile_queue_depth = 64;
 };
 
+// The client of one Compile, as far as the Engine needs it: whether it still
+// waits for the reply. The service marks it gone when gRPC reports the call
+// cancelled (its deadline passed, it went away). Thread-safe.
+class Caller {
+ public:
+  // Marks the caller gone and runs the hook set by OnGone, once.
+  void MarkGone();
+  bool gone() const;
+  // Sets what runs when the caller goes (at once if it has gone); an empty
+  // hook clears it. The hook runs under the caller's lock: it must be short.
+  void OnGone(std::function<void()> hook);
+
+ private:
+  mutable absl::Mutex mu_;
+  bool gone_ ABSL_GUARDED_BY(mu_) = false;
+  std::function<void()> hook_ ABSL_GUARDED_BY(mu_);
+};
+
 class Engine {
  public:
-  // `cache` must outlive the Engine.
-  Engine(const EngineOptions& options, cache::Cache* cache, BackendRegistry backends);
-  ~Engine();  // finishes queued compiles
+  // `cache` and `stats` must outlive the Engine.
+  Engine(const EngineOptions& options, cache::Cache* cache, cache::Stats* stats,
+         BackendRegistry backends);
+  ~Engine();  // waits for a background minification
 
-  // Whether the caller stopped waiting (its client went away or its deadline
-  // passed). Polled while a compile runs; may be empty.
-  using CallerGone = std::function<bool()>;
-
-  // A compile whose callers are all gone stops (CANCELLED): its native
-  // compiler is killed.
+  // Runs on the caller's thread, compiles included. A compile whose callers
+  // are all gone stops (CANCELLED): its native compiler is killed. `caller`
+  // may be null (nobody leaves); it must outlive the call.
   // A compile that fails (bad input, a failed native compile; not one
   // refused by a limit, frozen or cancelled) is recorded for replay.
   absl::StatusOr<v1::CompileResponse> Compile(const v1::CompileRequest& request,
-                                              const CallerGone& gone = nullptr);
+                                              Caller* caller = nullptr);
   absl::StatusOr<v1::LookupResponse> Lookup(const v1::LookupRequest& request);
   // With `scoped`, the artifact must be named by a variant of the request's
   // namespace (NOT_FOUND otherwise, as for an unknown digest).
@@ -110,12 +131,16 @@ class Engine {
     absl::StatusOr<v1::CompileResponse> result;
     std::atomic<int> waiters{0};      // callers still waiting
     std::atomic<bool> cancel{false};  // set when the last one leaves
+    // One caller stopped waiting; the last one cancels the compile.
+    void Leave() {
+      if (--waiters == 0) cancel = true;
+    }
   };
 
   // Compile, but failures are the caller's to record; `*compiling` says
-  // whether the request got as far as a compile job (which records its own).
+  // whether the request got as far as a compile (which records its own).
   absl::StatusOr<v1::CompileResponse> CompileUnrecorded(const v1::CompileRequest& request,
-                                                        const CallerGone& gone, bool* compiling);
+                                                        Caller* caller, bool* compiling);
   // Adds a client's graph report, trimmed to its limits, to its job.
   void RecordReport(const std::string& ns, const v1::GraphReport& report);
   // Keeps a failed request for replay (cache::Cache::RecordFailure).
@@ -142,12 +167,23 @@ class Engine {
     std::string alias_key;
     v1::GuardSet alias_guards;
   };
-  absl::StatusOr<v1::CompileResponse> CompileMiss(const std::string& ns, const ir::Graph& graph,
-                                                  const v1::GuardSet& guards,
-                                                  const v1::CompileOptions& options,
-                                                  const std::string& key, v1::LookupOutcome outcome,
-                                                  MissRecord record, PhaseTimes times,
-                                                  const CallerGone& gone);
+  // What a miss compiles, and how.
+  struct Job {
+    const std::string& ns;
+    const ir::Graph& graph;
+    const v1::GuardSet& guards;
+    const v1::CompileOptions& options;
+    const std::string& key;
+    v1::LookupOutcome outcome;  // FULL_MISS, GUARD_MISS or BYPASS
+    MissRecord record;
+    PhaseTimes times;
+  };
+  // Single flight: the first caller of a (namespace, key, guards) runs the
+  // job, the others wait for its result.
+  absl::StatusOr<v1::CompileResponse> CompileMiss(Job job, Caller* caller);
+  // The job, on the leader's thread: once it holds a compile slot, the
+  // backend compiles and the artifact is published.
+  absl::StatusOr<v1::CompileResponse> RunJob(Job& job, Flight& flight);
 
   // Checks the request's backend options and adds the server's defaults.
   // Under a function filter, a graph whose name it does not match gets the
@@ -168,14 +204,15 @@ class Engine {
                     const v1::CompileOptions& options);
   // Publishes the flight's result to its callers and forgets it.
   void FinishFlight(const std::shared_ptr<Flight>& flight, const std::string& flight_key);
-  // The flight's result, or CANCELLED once `gone` says the caller left.
+  // The flight's result, or CANCELLED once the caller is gone.
   absl::StatusOr<v1::CompileResponse> AwaitFlight(const std::shared_ptr<Flight>& flight,
-                                                  const CallerGone& gone);
-  // Reads and parses a verified artifact.
-  absl::StatusOr<v1::Artifact> LoadArtifact(const std::string& digest);
+                                                  Caller* caller);
+  // A verified artifact by digest; a corrupt one is counted.
+  absl::StatusOr<cache::VerifiedArtifact> ReadArtifact(const std::string& digest);
 
   const EngineOptions options_;
   cache::Cache* const cache_;
+  cache::Stats* const stats_;
   const BackendRegistry backends_;
   std::atomic<bool> frozen_;
   std::atomic<int> in_flight_{0};
@@ -190,8 +227,7 @@ class Engine {
   absl::Mutex flights_mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<Flight>> flights_ ABSL_GUARDED_BY(flights_mu_);
 
-  // Declared last: destroyed first, so queued jobs finish while the rest lives.
-  std::unique_ptr<WorkerPool> pool_;
+  CompileSlots slots_;
 };
 
 }  // namespace kiln::server

@@ -24,6 +24,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "cache/cache.h"
+#include "cache/stats.h"
 #include "common/flags_usage.h"
 #include "common/signing.h"
 #include "common/status_macros.h"
@@ -170,6 +171,7 @@ absl::Status Serve() {
   cache_options.byte_budget = config.cache_byte_budget();
   cache_options.sync_writes = config.sync_writes();
   cache_options.salvage_wal = config.salvage_wal();
+  cache_options.max_artifact_format_version = kArtifactFormatVersion;
   std::error_code made;
   std::filesystem::create_directories(config.data_dir(), made);
   if (made) {
@@ -177,6 +179,7 @@ absl::Status Serve() {
         absl::StrCat("data_dir: cannot create '", config.data_dir(), "': ", made.message()));
   }
   ASSIGN_OR_RETURN(std::unique_ptr<cache::Cache> cache, cache::Cache::Open(cache_options));
+  ASSIGN_OR_RETURN(std::unique_ptr<cache::Stats> stats, cache::Stats::Load(cache.get()));
 
   EngineOptions engine_options;
   engine_options.frozen = config.frozen();
@@ -218,7 +221,7 @@ absl::Status Serve() {
     ASSIGN_OR_RETURN(audit, RequestLog::Open(path));
   }
   if (requests != nullptr && requests->debug()) engine_options.step_log = requests.get();
-  auto engine = std::make_unique<Engine>(engine_options, cache.get(),
+  auto engine = std::make_unique<Engine>(engine_options, cache.get(), stats.get(),
                                          BackendRegistry::Default(backend_options));
 
   Authorizer auth;
@@ -251,7 +254,8 @@ absl::Status Serve() {
   service_limits.lookup_workers =
       static_cast<int>(std::max(4u, 2 * std::thread::hardware_concurrency()));
   service_limits.max_queued_lookups = static_cast<int>(config.limits().max_queued_lookups());
-  CompilerService compiler(engine.get(), service_limits, &auth, requests.get(), signer.get());
+  auto compiler = std::make_unique<CompilerService>(engine.get(), service_limits, &auth,
+                                                    requests.get(), signer.get());
   AdminService admin(engine.get(), &auth, audit.get());
   grpc::EnableDefaultHealthCheckService(true);
   if (config.reflection()) grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -292,7 +296,7 @@ absl::Status Serve() {
   // Keepalive pings find peers that vanished without closing.
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, 120 * 1000);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 20 * 1000);
-  builder.RegisterService(&compiler);
+  builder.RegisterService(compiler.get());
   builder.RegisterService(&admin);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || (tls && tls_port == 0)) {
@@ -319,6 +323,8 @@ absl::Status Serve() {
         absl::Milliseconds(config.stats_flush_millis()))) {
       if (auto s = cache->FlushUsage(); !s.ok())
         std::fprintf(stderr, "kilnd: %s\n", s.ToString().c_str());
+      if (auto s = stats->Flush(); !s.ok())
+        std::fprintf(stderr, "kilnd: %s\n", s.ToString().c_str());
     }
   });
 
@@ -329,7 +335,7 @@ absl::Status Serve() {
   // gRPC's own Shutdown would also wait out idle client connections until
   // its deadline, so the deadline is short once nothing is in flight.
   const absl::Time drain_deadline = absl::Now() + absl::Seconds(30);
-  while (compiler.active() > 0 && absl::Now() < drain_deadline)
+  while (compiler->active() > 0 && absl::Now() < drain_deadline)
     absl::SleepFor(absl::Milliseconds(5));
   if (listener != nullptr) listener->Stop();
   exposer.reset();
@@ -337,7 +343,11 @@ absl::Status Serve() {
   server->Wait();
   stop_flusher.Notify();
   flusher.join();
+  // Compiles run on the service's threads: they finish before the engine
+  // goes, and the statistics are written before the database closes.
+  compiler.reset();
   engine.reset();
+  stats.reset();
   cache.reset();
   std::fprintf(stderr, "kilnd: stopped cleanly\n");
   return absl::OkStatus();

@@ -60,6 +60,18 @@ grpc::Status Serve(const grpc::ByteBuffer& in, uint64_t limit, grpc::ByteBuffer*
   return grpc::SerializationTraits<Resp>::Serialize(*resp, out, &own);
 }
 
+// A Compile call's reactor: it tells the engine when the client goes away
+// (gRPC's OnCancel), so that a compile nobody waits for stops.
+class CompileReactor final : public grpc::ServerUnaryReactor {
+ public:
+  Caller* caller() { return &caller_; }
+  void OnCancel() override { caller_.MarkGone(); }
+  void OnDone() override { delete this; }
+
+ private:
+  Caller caller_;
+};
+
 // Writes one record of a finished call to `log` (when there is one) and
 // returns `status`.
 grpc::Status Log(RequestLog* log, const Authorizer& auth, const grpc::ServerContextBase& ctx,
@@ -97,18 +109,20 @@ CompilerService::CompilerService(Engine* engine, const Limits& limits, const Aut
       requests_(requests),
       max_message_bytes_(limits.max_message_bytes),
       tenants_(limits.max_compiles_per_tenant, limits.max_queued_bytes_per_tenant),
-      waiting_compiles_(limits.max_waiting_compiles, limits.max_waiting_compiles,
-                        "set of waiting compile requests (limits.max_waiting_compiles)"),
+      compiles_(limits.max_waiting_compiles, limits.max_waiting_compiles,
+                "set of waiting compile requests (limits.max_waiting_compiles)"),
       lookups_(limits.lookup_workers, limits.max_queued_lookups,
                "lookup queue (limits.max_queued_lookups)") {}
 
 grpc::ServerUnaryReactor* CompilerService::Compile(grpc::CallbackServerContext* ctx,
                                                    const grpc::ByteBuffer* req,
                                                    grpc::ByteBuffer* resp) {
-  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  auto* reactor = new CompileReactor;
   ++active_;
   const absl::Time start = absl::Now();
-  absl::Status queued = waiting_compiles_.Submit([this, ctx, req, resp, reactor, start] {
+  // The whole Compile, its compile included, runs on this one thread of
+  // `compiles_`.
+  absl::Status queued = compiles_.Submit([this, ctx, req, resp, reactor, start] {
     std::string ns;
     grpc::Status s = Serve<v1::CompileRequest, v1::CompileResponse>(
         *req, max_message_bytes_, resp,
@@ -117,7 +131,7 @@ grpc::ServerUnaryReactor* CompilerService::Compile(grpc::CallbackServerContext* 
           RETURN_IF_ERROR(auth_->Check(*ctx, Role::kCompiler, r.namespace_()));
           ASSIGN_OR_RETURN(TenantLimits::Admission admitted,
                            tenants_.Admit(r.namespace_(), static_cast<int64_t>(req->Length())));
-          return Signed(engine_->Compile(r, [ctx] { return ctx->IsCancelled(); }));
+          return Signed(engine_->Compile(r, reactor->caller()));
         });
     --active_;
     Log(requests_, *auth_, *ctx, "Compile", ns, s, start);

@@ -7,10 +7,13 @@
 // would answer a bare INTERNAL). Its methods use the callback API, and
 // nothing that costs time in proportion to a request runs on gRPC's own
 // threads: Lookup (parsing, verifying and keying a graph) runs on a bounded
-// pool of checking threads, and Compile, which may wait for a compile worker,
-// on a bounded request executor after its namespace's admission
-// (server/tenant_limits.h). GetArtifact, a read by digest, answers on gRPC's
-// thread.
+// pool of checking threads, and Compile on the compile executor: one thread
+// of it takes the request, after its namespace's admission
+// (server/tenant_limits.h), through the engine to its reply, compile
+// included (the engine bounds how many compile at once,
+// server/compile_slots.h). A Compile whose client goes away is told to the
+// engine by its reactor's OnCancel. GetArtifact, a read by digest, answers
+// on gRPC's thread.
 #ifndef KILN_SERVER_SERVICES_H_
 #define KILN_SERVER_SERVICES_H_
 
@@ -71,7 +74,7 @@ class CompilerService final
   const uint64_t max_message_bytes_;
   std::atomic<int> active_{0};
   TenantLimits tenants_;
-  WorkerPool waiting_compiles_;
+  WorkerPool compiles_;  // the compile executor
   WorkerPool lookups_;
 };
 

@@ -1,6 +1,7 @@
-// A fixed set of compile workers behind a bounded queue. Submit never blocks:
-// a full queue is RESOURCE_EXHAUSTED, so a burst of misses is refused rather
-// than piling up without bound. Thread-safe.
+// A fixed set of threads behind a bounded queue: the services' executors
+// (server/services.h), one for Compile requests and one for Lookups. Submit
+// never blocks: a full queue is RESOURCE_EXHAUSTED, so a burst of requests is
+// refused rather than piling up without bound. Thread-safe.
 #ifndef KILN_SERVER_WORKER_POOL_H_
 #define KILN_SERVER_WORKER_POOL_H_
 
@@ -18,9 +19,8 @@ namespace kiln::server {
 class WorkerPool {
  public:
   // `queue` names the queue and its setting in a refusal, e.g.
-  // "compile queue (compile_queue_depth)".
-  WorkerPool(int workers, int queue_depth,
-             std::string queue = "compile queue (compile_queue_depth)");
+  // "lookup queue (limits.max_queued_lookups)".
+  WorkerPool(int workers, int queue_depth, std::string queue);
   // Runs what is queued, then joins the workers.
   ~WorkerPool();
 
