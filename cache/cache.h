@@ -125,7 +125,7 @@ struct PublishRequest {
 class Cache {
  public:
   static absl::StatusOr<std::unique_ptr<Cache>> Open(const CacheOptions& options);
-  ~Cache();  // flushes usage and statistics, closes RocksDB
+  ~Cache();  // flushes usage (FlushUsage), closes RocksDB
 
   Cache(const Cache&) = delete;
   Cache& operator=(const Cache&) = delete;

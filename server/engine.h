@@ -167,7 +167,8 @@ class Engine {
     std::string alias_key;
     v1::GuardSet alias_guards;
   };
-  // What a miss compiles, and how.
+  // What a miss compiles, and how. The references are to the caller's
+  // frame: the job runs on the caller's thread, within the call.
   struct Job {
     const std::string& ns;
     const ir::Graph& graph;
