@@ -11,6 +11,7 @@
 #include "compiler/ir/canonical.h"
 #include "compiler/ir/printer.h"
 #include "compiler/loop/lowering.h"
+#include "compiler/loop/split_reductions.h"
 #include "compiler/pipeline/attention.h"
 
 namespace kiln::pipeline {
@@ -67,6 +68,16 @@ absl::StatusOr<v1::CompiledGraph> CompileGraph(const ir::Graph& graph, const std
   ASSIGN_OR_RETURN(loop::LoweredGraph lowered, times->Time(prefix + "lower-fuse-plan", [&] {
     return loop::LowerGraph(faulty);
   }));
+  if (target.reduction_blocks_wanted() > 0) {
+    loop::SplitPolicy policy;
+    policy.min_blocks = target.reduction_blocks_wanted();
+    policy.blocks = [&backend](const loop::Kernel& k) -> std::optional<int64_t> {
+      absl::StatusOr<codegen::LaunchSize> size = backend.Launch(k);
+      if (!size.ok() || !size->grid.is_constant()) return std::nullopt;
+      return size->grid.constant();
+    };
+    loop::SplitReductions(policy, &lowered);
+  }
   (*trace)[prefix + "ir_after_fusion.txt"] = loop::PrintLowered(lowered);
   v1::CompiledGraph out;
   *out.mutable_plan() = lowered.plan;

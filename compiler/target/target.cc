@@ -46,6 +46,9 @@ class CudaTarget final : public Target {
     cuda.cancel = options.cancel;
     return codegen::MakeCudaBackend(cuda);
   }
+  // Two blocks per SM of an H100 (132 SMs), so that every SM has a second
+  // block to switch to while the first waits on memory.
+  int64_t reduction_blocks_wanted() const override { return 264; }
 
  private:
   const v1::Target proto_;

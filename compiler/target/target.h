@@ -45,6 +45,9 @@ class Target {
   // The code generator, writing into and running from `options`.
   virtual std::unique_ptr<codegen::CodegenBackend> MakeCodegen(
       const ToolchainOptions& options) const = 0;
+  // Fewest blocks a reduction kernel should launch: kernels with fewer are
+  // split (compiler/loop/split_reductions.h). 0: never split.
+  virtual int64_t reduction_blocks_wanted() const { return 0; }
 };
 
 // The target `wanted` (normalized options: ir::NormalizeOptions) names, for
