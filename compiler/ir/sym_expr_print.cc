@@ -52,10 +52,10 @@ class TextPrinter {
       case Op::kSymbol:
         return tree_.symbols[n.value];
       case Op::kNeg: {
-        // "-s0", "-s0*s1", "-(s0//2)", "-(-s0)".
-        std::string operand = Print(n.a);
-        if (!Bare(n.a) || operand[0] == '-') operand = absl::StrCat("(", operand, ")");
-        return absl::StrCat("-", operand);
+        // "-s0", "-s0*s1", "-(s0//2)", "--s0". A negation of a negation is
+        // not parenthesized, so that the text nests no deeper than the tree.
+        const bool bare = Bare(n.a) || SymPrecedence(tree_.nodes[n.a]) == 7;
+        return absl::StrCat("-", Wrap(n.a, !bare));
       }
       case Op::kNot:
         return absl::StrCat("not ", Wrap(n.a, SymPrecedence(tree_.nodes[n.a]) < 3));
@@ -72,8 +72,10 @@ class TextPrinter {
                             n.op == Op::kAdd ? " + " : " - ",
                             Wrap(n.b, SymPrecedence(tree_.nodes[n.b]) <= 5));
       case Op::kMul:
-        // A leading negative coefficient stays bare: "-2*s0".
-        return absl::StrCat(Wrap(n.a, !Bare(n.a) && !IsConstant(n.a)), "*", Wrap(n.b, !Bare(n.b)));
+        // A leading negative coefficient stays bare: "-2*s0". A product on
+        // the right keeps its parentheses, so that the text parses back to
+        // the same tree (and no deeper one): "a*(b*c)".
+        return absl::StrCat(Wrap(n.a, !Bare(n.a) && !IsConstant(n.a)), "*", Wrap(n.b, !Atom(n.b)));
       case Op::kFloorDiv:
       case Op::kExactDiv:
       case Op::kMod: {

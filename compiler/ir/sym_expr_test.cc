@@ -335,6 +335,13 @@ TEST(SymExprTest, PrintsCanonicalText) {
   EXPECT_EQ(Text("4 * s0 * s1+s1-2"), "4*s0*s1 + s1 - 2");
   EXPECT_EQ(Text("-(s0 // 2)"), "-(s0//2)");
   EXPECT_EQ(Text("-(s0 * s1)"), "-s0*s1");
+  EXPECT_EQ(Text("-(-s0)"), "--s0");
+  EXPECT_EQ(Text("a*(b*c)"), "a*(b*c)");
+  EXPECT_EQ(Text("(a*b)*c"), "a*b*c");
+  EXPECT_EQ(Text("-(-2*s0)"), "-(-2)*s0");
+  // The text nests no deeper than the tree, so it parses again.
+  const std::string deep = "s0*a" + std::string(250, '-') + "s1";
+  EXPECT_EQ(Text(deep), "s0*a - " + std::string(249, '-') + "s1");
   EXPECT_EQ(Text("s0 - (s1 - 2)"), "s0 - (s1 - 2)");
   EXPECT_EQ(Text("(s0 - s1) - 2"), "s0 - s1 - 2");
   EXPECT_EQ(Text("s0 // (2 * s1)"), "s0//(2*s1)");
