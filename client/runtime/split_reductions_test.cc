@@ -54,6 +54,7 @@ ir::Argument Dims(std::vector<int64_t> dims) { return ir::Ints(std::move(dims));
 loop::SplitPolicy Eager() {
   loop::SplitPolicy p;
   p.blocks = [](const loop::Kernel&) -> std::optional<int64_t> { return 1; };
+  p.split_below = 4;
   p.min_blocks = 4;
   p.min_slice = 8;
   return p;

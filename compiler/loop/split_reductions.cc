@@ -53,9 +53,14 @@ std::string Illegal(const Kernel& k) {
   return "";
 }
 
-// The smallest divisor of `n` that is at least `want`, or 0.
-int64_t DivisorAtLeast(int64_t n, int64_t want) {
-  for (int64_t d = std::max<int64_t>(want, 2); d <= n; ++d) {
+// How many slices to cut a first inner dimension of `n` into: the smallest
+// divisor of `n` that is at least `want` and at most `most`, else the
+// largest divisor up to `most`; 0 or 1 when there is none.
+int64_t Slices(int64_t n, int64_t want, int64_t most) {
+  for (int64_t d = std::max<int64_t>(want, 2); d <= std::min(n, most); ++d) {
+    if (n % d == 0) return d;
+  }
+  for (int64_t d = std::min({want, most, n}); d >= 2; --d) {
     if (n % d == 0) return d;
   }
   return 0;
@@ -255,7 +260,7 @@ void SplitReductions(const SplitPolicy& policy, LoweredGraph* lowered) {
     const std::optional<int64_t> blocks = policy.blocks(k);
     bool reduces = false;
     for (const Stmt& s : k.stmts) reduces = reduces || s.kind == StmtKind::kReduce;
-    if (!reduces || !blocks || *blocks >= policy.min_blocks) {
+    if (!reduces || !blocks || *blocks >= policy.split_below) {
       kernels.push_back(std::move(k));
       continue;
     }
@@ -263,10 +268,11 @@ void SplitReductions(const SplitPolicy& policy, LoweredGraph* lowered) {
     int64_t slices = 0;
     if (why.empty()) {
       const int64_t want = (policy.min_blocks + *blocks - 1) / *blocks;
-      slices = DivisorAtLeast(k.inner[0].constant(), want);
-      if (slices == 0 || Product(k.inner) / slices < policy.min_slice) {
-        why = absl::StrCat("rows of ", Product(k.inner), " elements are too short for ", want,
-                           " slices of at least ", policy.min_slice);
+      const int64_t most = Product(k.inner) / std::max<int64_t>(policy.min_slice, 1);
+      slices = Slices(k.inner[0].constant(), std::min(want, most), most);
+      if (slices < 2) {
+        why = absl::StrCat("rows of ", Product(k.inner), " elements make fewer than 2 slices of ",
+                           policy.min_slice, " or more that divide their first dimension");
       }
     }
     if (!why.empty()) {

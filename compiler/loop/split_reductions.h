@@ -37,8 +37,9 @@ struct SplitPolicy {
   // The blocks the target launches for a kernel; nullopt when not known
   // (symbolic sizes): the kernel is left alone.
   std::function<std::optional<int64_t>(const Kernel&)> blocks;
-  // Split kernels that launch fewer blocks than this, into enough slices to
-  // launch at least this many.
+  // Split kernels that launch fewer blocks than `split_below`, into enough
+  // slices to launch at least `min_blocks`.
+  int64_t split_below = 132;
   int64_t min_blocks = 264;
   // Elements each slice of a row keeps at least.
   int64_t min_slice = 2048;

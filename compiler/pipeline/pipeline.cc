@@ -68,9 +68,12 @@ absl::StatusOr<v1::CompiledGraph> CompileGraph(const ir::Graph& graph, const std
   ASSIGN_OR_RETURN(loop::LoweredGraph lowered, times->Time(prefix + "lower-fuse-plan", [&] {
     return loop::LowerGraph(faulty);
   }));
-  if (target.reduction_blocks_wanted() > 0) {
+  if (target.multiprocessors() > 0) {
+    // Split what leaves SMs idle into two blocks per SM, so that each has a
+    // second block to switch to while the first waits on memory.
     loop::SplitPolicy policy;
-    policy.min_blocks = target.reduction_blocks_wanted();
+    policy.split_below = target.multiprocessors();
+    policy.min_blocks = 2 * target.multiprocessors();
     policy.blocks = [&backend](const loop::Kernel& k) -> std::optional<int64_t> {
       absl::StatusOr<codegen::LaunchSize> size = backend.Launch(k);
       if (!size.ok() || !size->grid.is_constant()) return std::nullopt;

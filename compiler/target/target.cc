@@ -46,9 +46,8 @@ class CudaTarget final : public Target {
     cuda.cancel = options.cancel;
     return codegen::MakeCudaBackend(cuda);
   }
-  // Two blocks per SM of an H100 (132 SMs), so that every SM has a second
-  // block to switch to while the first waits on memory.
-  int64_t reduction_blocks_wanted() const override { return 264; }
+  // An H100's or H200's (sm_90). A kernel of fewer blocks leaves SMs idle.
+  int64_t multiprocessors() const override { return 132; }
 
  private:
   const v1::Target proto_;

@@ -45,9 +45,10 @@ class Target {
   // The code generator, writing into and running from `options`.
   virtual std::unique_ptr<codegen::CodegenBackend> MakeCodegen(
       const ToolchainOptions& options) const = 0;
-  // Fewest blocks a reduction kernel should launch: kernels with fewer are
-  // split (compiler/loop/split_reductions.h). 0: never split.
-  virtual int64_t reduction_blocks_wanted() const { return 0; }
+  // Reduction kernels that launch fewer blocks than the device has
+  // multiprocessors are split to launch at least twice as many
+  // (compiler/loop/split_reductions.h). 0: never split.
+  virtual int64_t multiprocessors() const { return 0; }
 };
 
 // The target `wanted` (normalized options: ir::NormalizeOptions) names, for

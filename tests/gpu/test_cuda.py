@@ -191,6 +191,38 @@ def test_training_softmax_cross_entropy():
     check(fn, rand(128, 1000), onehot, training=True)
 
 
+def _splits(backend):
+    """Reduction kernels the loaded artifacts split (compiler/loop/split_reductions.h)."""
+    return sum(text.count("\nsplit: ") for fn in backend.loaded
+               for name, text in fn.artifact.trace.items()
+               if name.endswith("ir_after_fusion.txt"))
+
+
+SPLIT = {
+    "column_sum": (lambda x: x.sum(0) * 2.0, (32768, 256)),
+    "channel_sum": (lambda x: x.sum((0, 2, 3)), (64, 8, 32, 32)),
+    "column_amax_amin": (lambda x: x.amax(0) - x.amin(0), (32768, 128)),
+    "column_mean_epilogue": (lambda x: torch.sqrt(x.mean(0).abs() + 1.0), (16384, 64)),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=_dtype_id)
+@pytest.mark.parametrize("name", sorted(SPLIT))
+def test_split_reduction(name, dtype):
+    fn, shape = SPLIT[name]
+    backend = check(fn, rand(*shape, dtype=dtype))
+    assert _splits(backend) >= 1, "the reduction was not split"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=_dtype_id)
+def test_split_reduction_rmsnorm_weight_gradient(dtype):
+    """The weight's gradient sums over 16384 rows of 512 columns: split."""
+    def fn(x, w):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w
+    backend = check(fn, rand(16384, 512, dtype=dtype), rand(512, dtype=dtype), training=True)
+    assert _splits(backend) >= 1, "the weight gradient was not split"
+
+
 # Models (the torch 2 tests' kinds), on the GPU.
 
 def _extern_targets(backend):
