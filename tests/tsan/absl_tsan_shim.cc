@@ -26,6 +26,8 @@
 //     acquires it; HasBeenNotified() is inline (an acquire load of the
 //     notification's flag, instrumented), so Notify() releases the flag's
 //     address too.
+// absl::Status's reference count is the one entry point not forwarded but
+// compiled here (Status::UnrefNonInlined, at the end of this file).
 // Reader locks are annotated like writer locks, so two readers are ordered
 // too: a race between two threads that both hold the mutex in shared mode can
 // go unreported (the project takes no reader locks today). Abseil's internal
@@ -47,6 +49,7 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
@@ -292,6 +295,20 @@ bool Notification::WaitForNotificationWithDeadline(absl::Time deadline) const {
   const bool notified = real(this, deadline);
   if (notified) Acquire(this);
   return notified;
+}
+
+// absl::Status shares its message between copies under a reference count:
+// Ref() is inline (instrumented), but the decrement and the delete are
+// Abseil's UnrefNonInlined(), which TSan does not see, so a copy's read of the
+// message looked unordered with the delete by the thread that drops the last
+// copy. This is Abseil 20220623's UnrefNonInlined() (status.cc), compiled
+// here so that TSan sees the acquire and the release.
+void Status::UnrefNonInlined(uintptr_t rep) {
+  status_internal::StatusRep* r = RepToPointer(rep);
+  if (r->ref.load(std::memory_order_acquire) == 1 ||
+      r->ref.fetch_sub(1, std::memory_order_acq_rel) - 1 == 0) {
+    delete r;
+  }
 }
 
 ABSL_NAMESPACE_END

@@ -12,8 +12,10 @@
 
 #include <cstdlib>
 #include <functional>
+#include <memory>
 #include <thread>
 
+#include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
@@ -151,6 +153,19 @@ TEST_F(AbslTsanShimTest, NotificationPublishes) {
     if (payload != 3) std::abort();
     producer.join();
     polling_producer.join();
+  });
+}
+
+TEST_F(AbslTsanShimTest, StatusCopiesShareTheirMessageAcrossThreads) {
+  ExpectNoReport([] {
+    auto status = std::make_unique<absl::Status>(absl::InternalError("a message long enough"));
+    std::thread other([copy = *status]() mutable {
+      if (copy.message().empty()) std::abort();
+      copy = absl::OkStatus();  // may drop the last reference
+    });
+    if (status->message().empty()) std::abort();
+    status.reset();  // or this one does
+    other.join();
   });
 }
 
