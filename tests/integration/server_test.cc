@@ -615,9 +615,11 @@ TEST(KilndTest, SigtermDrainsACompileInFlight) {
     auto c = ConnectTo(kilnd);
     absl::StatusOr<v1::CompileResponse> result;
     std::thread compile([&] { result = c->Compile(Request(g)); });
-    // Signal once the compile is running on the server.
+    // Signal once the compile is running on the server. A deadline, not a
+    // number of polls: a sanitizer build takes far longer to get there.
     bool running = false;
-    for (int i = 0; i < 5000 && !running; ++i) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::minutes(3);
+    while (!running && std::chrono::steady_clock::now() < deadline) {
       auto s = c->Stats();
       running = s.ok() && s->in_flight() > 0;
       if (!running) std::this_thread::sleep_for(std::chrono::milliseconds(1));
