@@ -229,11 +229,11 @@ class CudaKernelEmitter {
 
   // The flag that every vectorized buffer is aligned to its chunk (kernels
   // fall back to element accesses otherwise), and the accesses vectorized.
-  void DeclareVectors(int vector, std::string* out) {
+  void DeclareVectors(int vector, int dim, std::string* out) {
     std::vector<std::string> masks;
     std::set<int> buffers;
     for (size_t j = 0; j < k_.stmts.size(); ++j) {
-      if (!MovesAlongRow(k_.stmts[j])) continue;
+      if (!MovesAlong(k_, k_.stmts[j], dim)) continue;
       vectorized_.insert(static_cast<int>(j));
       buffers.insert(k_.stmts[j].buffer);
     }
@@ -276,7 +276,7 @@ class CudaKernelEmitter {
   absl::Status EmitPointwise(const Schedule& sched, std::string* out) {
     RETURN_IF_ERROR(Sizes(out));
     const int block = sched.block, vector = sched.vector;
-    if (vector > 1) DeclareVectors(vector, out);
+    if (vector > 1) DeclareVectors(vector, sched.vector_dim, out);
     const std::string step = vector > 1 ? absl::StrCat(" * ", vector) : "";
     absl::StrAppend(out, "  const ", idx_, " total = outer_n * inner_n;\n", "  for (", idx_,
                     " x = (static_cast<", idx_, ">(blockIdx.x) * ", block, " + threadIdx.x)", step,
@@ -355,7 +355,7 @@ class CudaKernelEmitter {
     // Shared memory for the combination of one value per warp (kRow) or
     // 32 x 32 values (kColumn, padded), three for Welford.
     absl::StrAppend(out, "  __shared__ double kiln_smem[", column ? 3 * 32 * 33 : 96, "];\n");
-    if (sched.vector > 1) DeclareVectors(sched.vector, out);
+    if (sched.vector > 1) DeclareVectors(sched.vector, sched.vector_dim, out);
     std::string live;
     if (column) {
       absl::StrAppend(out, "  const int lane = threadIdx.x >> 5;  // along the rows\n", "  for (",

@@ -65,32 +65,46 @@ bool DivisibleBy(const ir::SymInt& s, int64_t v) {
   return s.is_constant() && s.constant() % v == 0;
 }
 
-// The vector width of a kernel whose last inner dimension is swept `row`
-// elements at a time: every access moving along it has stride 1 there, and
+// The stride of access `s` along dimension `dim` of the kernel's space
+// (outer dimensions first, then inner ones); 0 when it has none.
+const ir::SymInt& StrideAlong(const Kernel& k, const Stmt& s, int dim) {
+  static const ir::SymInt kZero{int64_t{0}};
+  const int n_outer = static_cast<int>(k.outer.size());
+  const std::vector<ir::SymInt>& strides =
+      dim < n_outer ? s.index.outer_strides : s.index.inner_strides;
+  const size_t at = dim < n_outer ? dim : dim - n_outer;
+  return at < strides.size() ? strides[at] : kZero;
+}
+
+// The vector width of a kernel swept `V` elements at a time along dimension
+// `dim` of its space: every access moving along it has stride 1 there, and
 // constant other strides and offset that keep each chunk of V aligned.
-int VectorWidth(const Kernel& k) {
-  if (k.inner.empty() || !k.inner.back().is_constant()) return 1;
+int VectorWidth(const Kernel& k, int dim) {
+  const int n_outer = static_cast<int>(k.outer.size());
+  const ir::SymInt& size = dim < n_outer ? k.outer[dim] : k.inner[dim - n_outer];
+  if (!size.is_constant()) return 1;
   int widest = 0;
   for (const Stmt& s : k.stmts) {
-    if (!MovesAlongRow(s)) continue;
-    if (!IsOne(s.index.inner_strides.back())) return 1;
+    if (!MovesAlong(k, s, dim)) continue;
+    if (!IsOne(StrideAlong(k, s, dim))) return 1;
     widest = std::max(widest, StorageBytes(k.buffers[s.buffer].dtype));
   }
   if (widest == 0) return 1;
   const int v = 16 / widest;
-  if (k.inner.back().constant() % v != 0) return 1;
+  if (size.constant() % v != 0) return 1;
+  const int n = n_outer + static_cast<int>(k.inner.size());
   for (const Stmt& s : k.stmts) {
-    if (!MovesAlongRow(s)) continue;
+    if (!MovesAlong(k, s, dim)) continue;
     if (!DivisibleBy(s.index.offset, v)) return 1;
-    for (const ir::SymInt& st : s.index.outer_strides) {
-      if (!DivisibleBy(st, v)) return 1;
-    }
-    for (size_t d = 0; d + 1 < s.index.inner_strides.size(); ++d) {
-      if (!DivisibleBy(s.index.inner_strides[d], v)) return 1;
+    for (int d = 0; d < n; ++d) {
+      if (d != dim && !DivisibleBy(StrideAlong(k, s, d), v)) return 1;
     }
   }
   return v;
 }
+
+// The last inner dimension, along which rows are swept.
+int RowDim(const Kernel& k) { return static_cast<int>(k.outer.size() + k.inner.size()) - 1; }
 
 // A product of sizes as an expression of the plan's symbols.
 std::string ProductExpr(const std::vector<ir::SymInt>& sizes) {
@@ -201,12 +215,20 @@ bool MovesAlongRow(const Stmt& s) {
          !IsZero(LastStride(s.index.inner_strides));
 }
 
+bool MovesAlong(const Kernel& k, const Stmt& s, int dim) {
+  return (s.kind == StmtKind::kLoad || s.kind == StmtKind::kStore) && s.inner &&
+         !IsZero(StrideAlong(k, s, dim));
+}
+
 Schedule ScheduleOf(const Kernel& k) {
   Schedule s;
   if (!HasReduction(k)) {
     s.block = kPointwiseBlock;
     s.order = OutputOrder(k);
-    s.vector = s.order.empty() ? VectorWidth(k) : 1;
+    // Chunks run along the dimension consecutive threads take: the
+    // output's fastest one.
+    s.vector_dim = s.order.empty() ? RowDim(k) : s.order.back();
+    if (!k.inner.empty()) s.vector = VectorWidth(k, s.vector_dim);
     return s;
   }
   if (ReadsAcrossRows(k)) {
@@ -216,7 +238,8 @@ Schedule ScheduleOf(const Kernel& k) {
   }
   // A long row, or one of symbolic length, is swept by a loop over chunks
   // of the vector width (4 chunks unrolled: several loads in flight).
-  s.vector = VectorWidth(k);
+  s.vector_dim = RowDim(k);
+  s.vector = VectorWidth(k, s.vector_dim);
   bool constant = false;
   const int64_t row = ConstantProduct(k.inner, &constant);
   if (!constant) return s;  // 256 threads, a loop

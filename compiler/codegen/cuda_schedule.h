@@ -34,9 +34,14 @@ struct Schedule {
   int block = 256;
   int per_thread = 0;  // kRow over a constant row: elements per thread; 0: a loop
   // Elements each thread reads and writes as one vector (16 bytes of the
-  // widest vectorized buffer) where every access along the last inner
-  // dimension is contiguous and every chunk starts aligned; 1: none.
+  // widest vectorized buffer) where every access moving along dimension
+  // `vector_dim` is contiguous there and every chunk starts aligned; 1:
+  // none.
   int vector = 1;
+  // The dimension of the kernel's space (outer ones first, then inner ones)
+  // that vectors run along: the last inner one, or for a pointwise kernel
+  // with an `order`, the output's fastest.
+  int vector_dim = 0;
   // Pointwise kernels whose output is laid out in another order than
   // outer-then-inner (a transpose): the dimensions (outer ones first, then
   // inner ones) from the slowest-varying to the fastest in the output's
@@ -64,6 +69,9 @@ int StorageBytes(v1::DType dtype);
 // Whether access statement `s` moves along the last inner dimension (it is
 // then vectorized).
 bool MovesAlongRow(const loop::Stmt& s);
+// Whether access statement `s` moves along dimension `dim` of the kernel's
+// space (outer dimensions first, then inner ones).
+bool MovesAlong(const loop::Kernel& k, const loop::Stmt& s, int dim);
 
 }  // namespace kiln::codegen
 

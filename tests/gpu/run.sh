@@ -66,7 +66,7 @@ fi
 if [ $sanitizer -eq 1 ]; then
   compute-sanitizer --tool memcheck --error-exitcode 9 --print-limit 20 \
     python3 -m pytest tests/gpu/test_cuda.py -q -p no:cacheprovider -x \
-    -k "reduction_row_lengths or (test_views) or (float32 and (test_unary or test_binary or test_reduction or test_split_reduction))" \
+    -k "reduction_row_lengths or (test_views) or (float32 and (test_unary or test_binary or test_reduction or test_split_reduction or test_ordered_pointwise))" \
     > "$out/memcheck.log" 2>&1
   rc=$?
   tail -5 "$out/memcheck.log"

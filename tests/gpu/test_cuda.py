@@ -163,6 +163,23 @@ def test_views(name):
     check(VIEWS[name], rand(512, 768))
 
 
+# Pointwise kernels whose output keeps a transposed input's memory order
+# (eager's layout for x.t() * 2 + b): vectors along the output's fastest
+# dimension, which is not the kernel's last one.
+ORDERED = {
+    "transpose_bcast": (lambda x, b: x.t() * 2.0 + b, (512, 256), (512,)),
+    "transpose_odd": (lambda x, b: x.t() * 2.0 + b, (96, 130), (96,)),
+    "permute3_bcast": (lambda x, b: x.permute(1, 0, 2) * b + 1.0, (64, 32, 48), (48,)),
+}
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=_dtype_id)
+@pytest.mark.parametrize("name", sorted(ORDERED))
+def test_ordered_pointwise(name, dtype):
+    fn, xs, bs = ORDERED[name]
+    check(fn, rand(*xs, dtype=dtype), rand(*bs, dtype=dtype))
+
+
 def test_dynamic_batch():
     torch._dynamo.reset()
     backend = _backend()
