@@ -16,9 +16,10 @@ namespace {
 
 using loop::Kernel;
 using loop::ReduceOp;
+using loop::ScalarOp;
+using loop::ScalarOpName;
 using loop::Stmt;
 using loop::StmtKind;
-
 
 }  // namespace
 
@@ -248,26 +249,6 @@ bool IsReservedName(const std::string& name) {
 bool IsZero(const ir::SymInt& s) { return s.is_constant() && s.constant() == 0; }
 bool IsOne(const ir::SymInt& s) { return s.is_constant() && s.constant() == 1; }
 
-const std::map<std::string, OpInfo>& Ops() {
-  static const auto* ops = new std::map<std::string, OpInfo>{
-      {"neg", {1, false}},       {"abs", {1, false}},       {"exp", {1, true}},
-      {"log", {1, true}},        {"log1p", {1, true}},      {"expm1", {1, true}},
-      {"sqrt", {1, true}},       {"rsqrt", {1, true}},      {"reciprocal", {1, true}},
-      {"sin", {1, true}},        {"cos", {1, true}},        {"tanh", {1, true}},
-      {"sigmoid", {1, true}},    {"relu", {1, false}},      {"erf", {1, true}},
-      {"sign", {1, false}},      {"floor", {1, false}},     {"ceil", {1, false}},
-      {"not", {1, false}},       {"gelu", {1, true}},       {"gelu_tanh", {1, true}},
-      {"silu", {1, true}},       {"isnan", {1, false}},     {"add", {2, false}},
-      {"sub", {2, false}},       {"mul", {2, false}},       {"div", {2, true}},
-      {"div_floor", {2, false}}, {"div_trunc", {2, false}}, {"pow", {2, false}},
-      {"max", {2, false}},       {"min", {2, false}},       {"eq", {2, false}},
-      {"ne", {2, false}},        {"lt", {2, false}},        {"le", {2, false}},
-      {"gt", {2, false}},        {"ge", {2, false}},        {"and", {2, false}},
-      {"or", {2, false}},        {"xor", {2, false}},       {"where", {3, false}},
-      {"cast", {1, false}},
-  };
-  return *ops;
-}
 absl::StatusOr<std::string> TranslateExpr(absl::string_view text, const SymbolTable& symbols,
                                           std::set<int>* used, const Dialect& d) {
   absl::StatusOr<ir::SymExpr> e = ir::SymExpr::Parse(text);
@@ -434,12 +415,14 @@ absl::StatusOr<KernelCheck> CheckKernel(const Kernel& k_, absl::string_view back
         want = 1;
         break;
       case StmtKind::kOp: {
-        auto it = Ops().find(s.op);
-        if (it == Ops().end()) return StmtError(k_, j, absl::StrCat("unknown op '", s.op, "'"));
-        want = it->second.arity;
-        if (it->second.needs_float && !IsFloat(type_[j])) {
+        const loop::ScalarOpInfo* info = loop::FindScalarOp(s.op);
+        if (info == nullptr) {
+          return StmtError(k_, j, absl::StrCat("unknown op ", static_cast<int>(s.op)));
+        }
+        want = info->arity;
+        if (info->needs_float && !IsFloat(type_[j])) {
           return StmtError(k_, j,
-                           absl::StrCat("op '", s.op, "' needs a floating dtype, not ",
+                           absl::StrCat("op '", info->name, "' needs a floating dtype, not ",
                                         v1::DType_Name(s.dtype)));
         }
         break;
@@ -505,98 +488,119 @@ absl::StatusOr<std::string> ScalarOpExpr(const Kernel& k_, const std::vector<CTy
   auto Cast = [&](int a, CType to) { return CastValue(type_, a, to); };
   auto Val = [](int a) { return absl::StrCat("t", a); };
   const CType rt = type_[j];
-  const std::string& op = s.op;
+  const char* name = ScalarOpName(s.op);
   const char* T = CName(rt);
   auto x = [&](int n) { return Cast(s.args[n], rt); };
   auto fn = [&](absl::string_view f) { return absl::StrCat(f, "(", x(0), ")"); };
   auto bin = [&](absl::string_view o) { return absl::StrCat("(", x(0), " ", o, " ", x(1), ")"); };
   auto call2 = [&](absl::string_view f) { return absl::StrCat(f, "(", x(0), ", ", x(1), ")"); };
+  // Operands compared in the higher-ranked of their types.
+  auto compare = [&](absl::string_view o) {
+    const int a = s.args[0], b = s.args[1];
+    const CType common = Rank(type_[a]) >= Rank(type_[b]) ? type_[a] : type_[b];
+    return absl::StrCat("(", Cast(a, common), " ", o, " ", Cast(b, common), ")");
+  };
   const bool flt = IsFloat(rt);
   const bool boolean = rt == CType::kBool;
   auto refuse = [&]() {
     return StmtError(k_, j,
-                     absl::StrCat("op '", op, "' is not defined for ", v1::DType_Name(s.dtype)));
+                     absl::StrCat("op '", name, "' is not defined for ", v1::DType_Name(s.dtype)));
   };
 
-  if (op == "exp") return fn("kiln_exp");
-  if (op == "sqrt") return fn(absl::StrCat(d.ns, "sqrt"));
-  if (op == "log" || op == "log1p" || op == "expm1" || op == "sin" || op == "cos" || op == "tanh" ||
-      op == "erf") {
-    return fn(absl::StrCat("kiln_", op));
-  }
-  if (op == "rsqrt") return absl::StrCat("(", T, "(1) / ", d.ns, "sqrt(", x(0), "))");
-  if (op == "reciprocal") return absl::StrCat("(", T, "(1) / ", x(0), ")");
-  if (op == "sigmoid" || op == "gelu" || op == "gelu_tanh" || op == "silu") {
-    return fn(absl::StrCat("kiln_", op));
-  }
-  if (op == "neg") {
-    if (boolean) return refuse();
-    return absl::StrCat("(-", x(0), ")");
-  }
-  if (op == "abs") {
-    if (flt) return fn(absl::StrCat(d.ns, "abs"));
-    if (boolean || rt == CType::kU8) return x(0);
-    return absl::StrCat("(", x(0), " < 0 ? -", x(0), " : ", x(0), ")");
-  }
-  if (op == "relu") {
-    if (boolean) return x(0);
-    return absl::StrCat("(", x(0), " < ", T, "(0) ? ", T, "(0) : ", x(0), ")");
-  }
-  if (op == "sign") return boolean ? x(0) : fn("kiln_sign");
-  if (op == "floor" || op == "ceil") return flt ? fn(absl::StrCat(d.ns, op)) : x(0);
-  if (op == "not") return absl::StrCat("!", Cast(s.args[0], CType::kBool));
-  if (op == "isnan") {
-    const int a = s.args[0];
-    if (!IsFloat(type_[a])) return std::string("false");
-    return absl::StrCat("(", Val(a), " != ", Val(a), ")");
-  }
-  if (op == "add") return boolean ? bin("||") : bin("+");
-  if (op == "sub") {
-    if (boolean) return refuse();
-    return bin("-");
-  }
-  if (op == "mul") return boolean ? bin("&&") : bin("*");
-  if (op == "div") return bin("/");
-  if (op == "div_floor") {
-    if (boolean) return refuse();
-    return call2(flt ? "kiln_floordiv_float" : "kiln_floordiv");
-  }
-  if (op == "div_trunc") {
-    if (boolean) return refuse();
-    return flt ? absl::StrCat(d.ns, "trunc(", x(0), " / ", x(1), ")") : call2("kiln_truncdiv");
-  }
-  if (op == "pow") {
-    if (boolean) return refuse();
-    return call2(flt ? absl::StrCat(d.ns, "pow") : std::string("kiln_pow_int"));
-  }
-  if (op == "max" || op == "min") {
-    if (flt) return call2(op == "max" ? "kiln_maximum" : "kiln_minimum");
-    return call2(op == "max" ? absl::StrCat(d.ns, "max") : absl::StrCat(d.ns, "min"));
-  }
-  if (op == "eq" || op == "ne" || op == "lt" || op == "le" || op == "gt" || op == "ge") {
-    const int a = s.args[0], b = s.args[1];
-    const CType common = Rank(type_[a]) >= Rank(type_[b]) ? type_[a] : type_[b];
-    static const std::map<std::string, const char*> kCmp = {
-        {"eq", "=="}, {"ne", "!="}, {"lt", "<"}, {"le", "<="}, {"gt", ">"}, {"ge", ">="}};
-    return absl::StrCat("(", Cast(a, common), " ", kCmp.at(op), " ", Cast(b, common), ")");
-  }
-  if (op == "and" || op == "or" || op == "xor") {
-    if (flt) return refuse();
-    if (boolean) {
-      const char* o = op == "and" ? "&&" : op == "or" ? "||" : "!=";
-      return bin(o);
+  switch (s.op) {
+    case ScalarOp::kExp:
+      return fn("kiln_exp");
+    case ScalarOp::kSqrt:
+      return fn(absl::StrCat(d.ns, "sqrt"));
+    case ScalarOp::kLog:
+    case ScalarOp::kLog1p:
+    case ScalarOp::kExpm1:
+    case ScalarOp::kSin:
+    case ScalarOp::kCos:
+    case ScalarOp::kTanh:
+    case ScalarOp::kErf:
+    case ScalarOp::kSigmoid:
+    case ScalarOp::kGelu:
+    case ScalarOp::kGeluTanh:
+    case ScalarOp::kSilu:
+      return fn(absl::StrCat("kiln_", name));
+    case ScalarOp::kRsqrt:
+      return absl::StrCat("(", T, "(1) / ", d.ns, "sqrt(", x(0), "))");
+    case ScalarOp::kReciprocal:
+      return absl::StrCat("(", T, "(1) / ", x(0), ")");
+    case ScalarOp::kNeg:
+      if (boolean) return refuse();
+      return absl::StrCat("(-", x(0), ")");
+    case ScalarOp::kAbs:
+      if (flt) return fn(absl::StrCat(d.ns, "abs"));
+      if (boolean || rt == CType::kU8) return x(0);
+      return absl::StrCat("(", x(0), " < 0 ? -", x(0), " : ", x(0), ")");
+    case ScalarOp::kRelu:
+      if (boolean) return x(0);
+      return absl::StrCat("(", x(0), " < ", T, "(0) ? ", T, "(0) : ", x(0), ")");
+    case ScalarOp::kSign:
+      return boolean ? x(0) : fn("kiln_sign");
+    case ScalarOp::kFloor:
+    case ScalarOp::kCeil:
+      return flt ? fn(absl::StrCat(d.ns, name)) : x(0);
+    case ScalarOp::kNot:
+      return absl::StrCat("!", Cast(s.args[0], CType::kBool));
+    case ScalarOp::kIsnan: {
+      const int a = s.args[0];
+      if (!IsFloat(type_[a])) return std::string("false");
+      return absl::StrCat("(", Val(a), " != ", Val(a), ")");
     }
-    return bin(op == "and" ? "&" : op == "or" ? "|" : "^");
+    case ScalarOp::kAdd:
+      return boolean ? bin("||") : bin("+");
+    case ScalarOp::kSub:
+      if (boolean) return refuse();
+      return bin("-");
+    case ScalarOp::kMul:
+      return boolean ? bin("&&") : bin("*");
+    case ScalarOp::kDiv:
+      return bin("/");
+    case ScalarOp::kDivFloor:
+      if (boolean) return refuse();
+      return call2(flt ? "kiln_floordiv_float" : "kiln_floordiv");
+    case ScalarOp::kDivTrunc:
+      if (boolean) return refuse();
+      return flt ? absl::StrCat(d.ns, "trunc(", x(0), " / ", x(1), ")") : call2("kiln_truncdiv");
+    case ScalarOp::kPow:
+      if (boolean) return refuse();
+      return call2(flt ? absl::StrCat(d.ns, "pow") : std::string("kiln_pow_int"));
+    case ScalarOp::kMax:
+      return call2(flt ? std::string("kiln_maximum") : absl::StrCat(d.ns, "max"));
+    case ScalarOp::kMin:
+      return call2(flt ? std::string("kiln_minimum") : absl::StrCat(d.ns, "min"));
+    case ScalarOp::kEq:
+      return compare("==");
+    case ScalarOp::kNe:
+      return compare("!=");
+    case ScalarOp::kLt:
+      return compare("<");
+    case ScalarOp::kLe:
+      return compare("<=");
+    case ScalarOp::kGt:
+      return compare(">");
+    case ScalarOp::kGe:
+      return compare(">=");
+    case ScalarOp::kAnd:
+      if (flt) return refuse();
+      return bin(boolean ? "&&" : "&");
+    case ScalarOp::kOr:
+      if (flt) return refuse();
+      return bin(boolean ? "||" : "|");
+    case ScalarOp::kXor:
+      if (flt) return refuse();
+      return bin(boolean ? "!=" : "^");
+    case ScalarOp::kWhere:
+      return absl::StrCat("(", Cast(s.args[0], CType::kBool), " ? ", x(1), " : ", x(2), ")");
+    case ScalarOp::kCast:
+      if (s.dtype == v1::FLOAT16) return absl::StrCat("kiln_round_f16(", x(0), ")");
+      if (s.dtype == v1::BFLOAT16) return absl::StrCat("kiln_round_bf16(", x(0), ")");
+      return x(0);
   }
-  if (op == "where") {
-    return absl::StrCat("(", Cast(s.args[0], CType::kBool), " ? ", x(1), " : ", x(2), ")");
-  }
-  if (op == "cast") {
-    if (s.dtype == v1::FLOAT16) return absl::StrCat("kiln_round_f16(", x(0), ")");
-    if (s.dtype == v1::BFLOAT16) return absl::StrCat("kiln_round_bf16(", x(0), ")");
-    return x(0);
-  }
-  return StmtError(k_, j, absl::StrCat("unknown op '", op, "'"));
+  return StmtError(k_, j, absl::StrCat("unknown op ", static_cast<int>(s.op)));
 }
 
 }  // namespace kiln::codegen

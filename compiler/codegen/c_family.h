@@ -107,13 +107,6 @@ absl::StatusOr<std::string> TranslateExpr(absl::string_view text, const SymbolTa
 bool IsZero(const ir::SymInt& s);
 bool IsOne(const ir::SymInt& s);
 
-struct OpInfo {
-  int arity;
-  bool needs_float;  // result must be a floating type
-};
-// The scalar ops of loop::Stmt by name.
-const std::map<std::string, OpInfo>& Ops();
-
 // A kernel's statements, checked: each one's compute type, and for
 // outer-level statements whether they come after their pass's sweep.
 struct KernelCheck {

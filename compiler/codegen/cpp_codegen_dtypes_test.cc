@@ -36,13 +36,13 @@ TEST(CppCodegen, Int64AndBoolBuffers) {
   const int lx = kb.Load(x, Idx({C(N)}, {C(1)}));
   const int ly = kb.Load(y, Idx({C(N)}, {C(1)}));
   const int lm = kb.Load(mask, Idx({C(N)}, {C(1)}));
-  const int gt = kb.Op("gt", {lx, ly}, v1::BOOL);
-  const int both = kb.Op("and", {gt, lm}, v1::BOOL);
+  const int gt = kb.Op(ScalarOp::kGt, {lx, ly}, v1::BOOL);
+  const int both = kb.Op(ScalarOp::kAnd, {gt, lm}, v1::BOOL);
   kb.Store(gt_out, Idx({C(N)}, {C(1)}), both);
-  const int q = kb.Op("div_floor", {lx, kb.Const(-3, v1::INT64)}, v1::INT64);
-  const int sel = kb.Op("where", {lm, q, ly}, v1::INT64);
+  const int q = kb.Op(ScalarOp::kDivFloor, {lx, kb.Const(-3, v1::INT64)}, v1::INT64);
+  const int sel = kb.Op(ScalarOp::kWhere, {lm, q, ly}, v1::INT64);
   kb.Store(sel_out, Idx({C(N)}, {C(1)}), sel);
-  const int as_int = kb.Op("cast", {lm}, v1::INT64);
+  const int as_int = kb.Op(ScalarOp::kCast, {lm}, v1::INT64);
   const int count = kb.Reduce(ReduceOp::kSum, as_int, v1::INT64);
   kb.At(0, false).Store(cnt_out, Idx({C(1)}, {}), count);
   auto module = Build({kb.kernel()});
@@ -97,7 +97,7 @@ TEST(CppCodegen, HalfAndBfloat16) {
     const int osum = k1.Buffer("osum", v1::FLOAT32, true);
     const int lx = k1.Load(x, Idx({C(N)}, {C(1)}));
     const int ly = k1.Load(y, Idx({C(N)}, {C(1)}));
-    const int s = k1.Op("add", {lx, ly}, v1::FLOAT16);
+    const int s = k1.Op(ScalarOp::kAdd, {lx, ly}, v1::FLOAT16);
     k1.Store(o16, Idx({C(N)}, {C(1)}), s);
     k1.Store(obf, Idx({C(N)}, {C(1)}), s);
     const int total = k1.Reduce(ReduceOp::kSum, s, v1::FLOAT32);
@@ -113,7 +113,7 @@ TEST(CppCodegen, HalfAndBfloat16) {
     const int lx = k2.Load(x, Idx({}, {C(1)}));
     k2.Store(o16, Idx({}, {C(1)}), lx);
     k2.Store(obf, Idx({}, {C(1)}), lx);
-    k2.Store(back, Idx({}, {C(1)}), k2.Op("cast", {lx}, v1::FLOAT16));
+    k2.Store(back, Idx({}, {C(1)}), k2.Op(ScalarOp::kCast, {lx}, v1::FLOAT16));
   }
   auto module = Build({k1.kernel(), k2.kernel()});
   ASSERT_NE(module, nullptr);

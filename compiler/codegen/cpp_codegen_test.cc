@@ -60,12 +60,12 @@ TEST(CppCodegen, ChainWithCast) {
   const int y = kb.Buffer("y", v1::FLOAT64);
   const int out = kb.Buffer("out", v1::FLOAT32, true);
   const int lx = kb.Load(x, Idx({C(N)}, {C(1)}));
-  const int e = kb.Op("exp", {lx});
-  const int c = kb.Op("cast", {e}, v1::FLOAT64);
+  const int e = kb.Op(ScalarOp::kExp, {lx});
+  const int c = kb.Op(ScalarOp::kCast, {e}, v1::FLOAT64);
   const int ly = kb.Load(y, Idx({C(N)}, {C(1)}));
-  const int m = kb.Op("mul", {c, ly}, v1::FLOAT64);
+  const int m = kb.Op(ScalarOp::kMul, {c, ly}, v1::FLOAT64);
   const int one = kb.Const(1, v1::FLOAT64);
-  const int a = kb.Op("add", {m, one}, v1::FLOAT64);
+  const int a = kb.Op(ScalarOp::kAdd, {m, one}, v1::FLOAT64);
   kb.Store(out, Idx({C(N)}, {C(1)}), a);
   auto module = Build({kb.kernel()});
   ASSERT_NE(module, nullptr);
@@ -86,7 +86,7 @@ TEST(CppCodegen, TransposedLoad) {
   const int out = kb.Buffer("out", v1::FLOAT32, true);
   const int lx = kb.Load(x, Idx({C(1)}, {C(N)}));
   const int two = kb.Const(2);
-  const int m = kb.Op("mul", {lx, two});
+  const int m = kb.Op(ScalarOp::kMul, {lx, two});
   kb.Store(out, Idx({C(M)}, {C(1)}), m);
   std::string source;
   auto module = Build({kb.kernel()}, {}, &source);
@@ -120,7 +120,7 @@ TEST(CppCodegen, SumOverInnerDims) {
     const int x = k2.Buffer("x", v1::FLOAT32);
     const int out = k2.Buffer("out", v1::FLOAT32, true);
     const int lx = k2.Load(x, Idx({C(500), C(100)}, {C(25), C(1)}));
-    const int sq = k2.Op("mul", {lx, lx});
+    const int sq = k2.Op(ScalarOp::kMul, {lx, lx});
     const int s = k2.Reduce(ReduceOp::kSum, sq);
     k2.At(0, false).Store(out, Idx({C(5), C(1)}, {}), s);
   }
@@ -248,8 +248,8 @@ TEST(CppCodegen, ProductsAreRoundedBeforeTheyAreSubtracted) {
   const int y = kb.Buffer("y", v1::FLOAT32);
   const int c = kb.Buffer("c", v1::FLOAT32);
   const int out = kb.Buffer("out", v1::FLOAT32, true);
-  const int p = kb.Op("mul", {kb.Load(x, Idx({}, {C(1)})), kb.Load(y, Idx({}, {C(1)}))});
-  kb.Store(out, Idx({}, {C(1)}), kb.Op("sub", {p, kb.Load(c, Idx({}, {C(1)}))}));
+  const int p = kb.Op(ScalarOp::kMul, {kb.Load(x, Idx({}, {C(1)})), kb.Load(y, Idx({}, {C(1)}))});
+  kb.Store(out, Idx({}, {C(1)}), kb.Op(ScalarOp::kSub, {p, kb.Load(c, Idx({}, {C(1)}))}));
   std::string source;
   auto module = Build({kb.kernel()}, {}, &source);
   ASSERT_NE(module, nullptr);
@@ -270,7 +270,7 @@ TEST(CppCodegen, FloatExpIsWithinOneAndAThirdUlp) {
   KernelBuilder kb("exp_sweep", {}, {C(N + 6)});
   const int x = kb.Buffer("x", v1::FLOAT32);
   const int out = kb.Buffer("out", v1::FLOAT32, true);
-  kb.Store(out, Idx({}, {C(1)}), kb.Op("exp", {kb.Load(x, Idx({}, {C(1)}))}));
+  kb.Store(out, Idx({}, {C(1)}), kb.Op(ScalarOp::kExp, {kb.Load(x, Idx({}, {C(1)}))}));
   std::string source;
   auto module = Build({kb.kernel()}, {}, &source);
   ASSERT_NE(module, nullptr);
@@ -338,8 +338,8 @@ TEST(CppCodegen, DivisionByARowValueIsOneReciprocalPerRow) {
   kb.At(0, true);
   const int sum = kb.Reduce(ReduceOp::kSum, kb.Load(x, Idx({C(N)}, {C(1)})));
   kb.At(1, true);
-  const int q = kb.Op("div", {kb.Load(x, Idx({C(N)}, {C(1)})), sum});
-  kb.Store(out, Idx({C(N)}, {C(1)}), kb.Op("div", {q, kb.Load(y, Idx({C(N)}, {C(1)}))}));
+  const int q = kb.Op(ScalarOp::kDiv, {kb.Load(x, Idx({C(N)}, {C(1)})), sum});
+  kb.Store(out, Idx({C(N)}, {C(1)}), kb.Op(ScalarOp::kDiv, {q, kb.Load(y, Idx({C(N)}, {C(1)}))}));
   std::string source;
   auto module = Build({kb.kernel()}, {}, &source);
   ASSERT_NE(module, nullptr);
@@ -434,8 +434,8 @@ TEST(CppCodegen, SymbolicSizesAtThreeSizes) {
     const int x = k1.Buffer("x", v1::FLOAT32);
     const int out = k1.Buffer("out", v1::FLOAT32, true);
     const int lx = k1.Load(x, Idx({E("s1")}, {C(1)}));
-    const int r = k1.Op("relu", {lx});
-    const int y = k1.Op("mul", {r, k1.Const(2)});
+    const int r = k1.Op(ScalarOp::kRelu, {lx});
+    const int y = k1.Op(ScalarOp::kMul, {r, k1.Const(2)});
     k1.Store(out, Idx({E("s1")}, {C(1)}), y);
   }
   KernelBuilder k2("slice2", {E("s0")}, {E("(s1 - 1)//2 + 1")});

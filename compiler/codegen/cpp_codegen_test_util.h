@@ -30,6 +30,7 @@ namespace kiln::codegen::cpp_test {
 using loop::Index;
 using loop::Kernel;
 using loop::ReduceOp;
+using loop::ScalarOp;
 using loop::Stmt;
 using loop::StmtKind;
 
@@ -158,7 +159,7 @@ inline Kernel BroadcastAdd(const std::string& name, int64_t A, int64_t B, int64_
   const int out = kb.Buffer("out", v1::FLOAT32, true);
   const int lx = kb.Load(x, Idx({C(B * Cn), C(Cn)}, {C(1)}));
   const int ly = kb.Load(y, Idx({C(0), C(Cn)}, {C(1)}));
-  const int sum = kb.Op("add", {lx, ly});
+  const int sum = kb.Op(ScalarOp::kAdd, {lx, ly});
   kb.Store(out, Idx({C(B * Cn), C(Cn)}, {C(1)}), sum);
   return kb.kernel();
 }
@@ -174,16 +175,16 @@ inline Kernel Softmax(const std::string& name, ir::SymInt rows, ir::SymInt cols,
   const int mx = kb.Reduce(ReduceOp::kMax, l0);
   kb.At(1, true);
   const int l1 = kb.Load(x, Idx({row_stride}, {C(1)}));
-  const int d1 = kb.Op("sub", {l1, mx});
-  const int e1 = kb.Op("exp", {d1});
+  const int d1 = kb.Op(ScalarOp::kSub, {l1, mx});
+  const int e1 = kb.Op(ScalarOp::kExp, {d1});
   const int sum = kb.Reduce(ReduceOp::kSum, e1);
   kb.At(2, false);
-  const int inv = kb.Op("reciprocal", {sum});
+  const int inv = kb.Op(ScalarOp::kReciprocal, {sum});
   kb.At(2, true);
   const int l2 = kb.Load(x, Idx({row_stride}, {C(1)}));
-  const int d2 = kb.Op("sub", {l2, mx});
-  const int e2 = kb.Op("exp", {d2});
-  const int p = kb.Op("mul", {e2, inv});
+  const int d2 = kb.Op(ScalarOp::kSub, {l2, mx});
+  const int e2 = kb.Op(ScalarOp::kExp, {d2});
+  const int p = kb.Op(ScalarOp::kMul, {e2, inv});
   kb.Store(out, Idx({row_stride}, {C(1)}), p);
   return kb.kernel();
 }
@@ -206,10 +207,10 @@ inline Kernel LayerNorm(const std::string& name, int64_t N, bool two_pass = fals
   if (two_pass) {
     const int sum = kb.Reduce(ReduceOp::kSum, l0);
     kb.At(0, false);
-    mean = kb.Op("div", {sum, kb.Const(static_cast<double>(N))});
+    mean = kb.Op(ScalarOp::kDiv, {sum, kb.Const(static_cast<double>(N))});
     kb.At(1, true);
-    const int d = kb.Op("sub", {kb.Load(x, Idx({C(N)}, {C(1)})), mean});
-    m2 = kb.Reduce(ReduceOp::kSum, kb.Op("mul", {d, d}));
+    const int d = kb.Op(ScalarOp::kSub, {kb.Load(x, Idx({C(N)}, {C(1)})), mean});
+    m2 = kb.Reduce(ReduceOp::kSum, kb.Op(ScalarOp::kMul, {d, d}));
     kb.At(1, false);
   } else {
     mean = kb.Reduce(ReduceOp::kWelfordMean, l0);
@@ -217,19 +218,19 @@ inline Kernel LayerNorm(const std::string& name, int64_t N, bool two_pass = fals
     kb.At(0, false);
   }
   const int n = kb.Const(static_cast<double>(N));
-  const int var = kb.Op("div", {m2, n});
+  const int var = kb.Op(ScalarOp::kDiv, {m2, n});
   const int eps = kb.Const(1e-5);
-  const int ve = kb.Op("add", {var, eps});
-  const int rstd = kb.Op("rsqrt", {ve});
+  const int ve = kb.Op(ScalarOp::kAdd, {var, eps});
+  const int rstd = kb.Op(ScalarOp::kRsqrt, {ve});
   kb.Store(mean_out, Idx({C(1)}, {}), mean);
   kb.Store(rstd_out, Idx({C(1)}, {}), rstd);
   kb.At(two_pass ? 2 : 1, true);
   const int l1 = kb.Load(x, Idx({C(N)}, {C(1)}));
-  const int d = kb.Op("sub", {l1, mean});
-  const int nrm = kb.Op("mul", {d, rstd});
+  const int d = kb.Op(ScalarOp::kSub, {l1, mean});
+  const int nrm = kb.Op(ScalarOp::kMul, {d, rstd});
   const int lw = kb.Load(w, Idx({C(0)}, {C(1)}));
   const int lb = kb.Load(b, Idx({C(0)}, {C(1)}));
-  const int y = kb.Op("add", {kb.Op("mul", {nrm, lw}), lb});
+  const int y = kb.Op(ScalarOp::kAdd, {kb.Op(ScalarOp::kMul, {nrm, lw}), lb});
   kb.Store(out, Idx({C(N)}, {C(1)}), y);
   return kb.kernel();
 }

@@ -28,7 +28,7 @@ std::string KernelEmitter::Cast(int a, CType to) const {
 
 absl::StatusOr<std::string> KernelEmitter::OpExpr(int j) const {
   const Stmt& s = k_.stmts[j];
-  if (s.op == "div" && reciprocal_.count(j)) {
+  if (s.op == loop::ScalarOp::kDiv && reciprocal_.count(j)) {
     return absl::StrCat("(", Cast(s.args[0], type_[j]), " * rc", j, ")");
   }
   return ScalarOpExpr(k_, type_, j, kCppDialect);

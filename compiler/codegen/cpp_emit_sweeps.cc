@@ -15,6 +15,64 @@
 #include "compiler/codegen/cpp_codegen_internal.h"
 
 namespace kiln::codegen::cpp_internal {
+namespace {
+
+using loop::ScalarOp;
+
+// Whether `op` calls a transcendental function (tens of cycles per element):
+// a sweep computing one is bound by arithmetic rather than by memory.
+bool IsTranscendental(ScalarOp op) {
+  switch (op) {
+    case ScalarOp::kExp:
+    case ScalarOp::kLog:
+    case ScalarOp::kLog1p:
+    case ScalarOp::kExpm1:
+    case ScalarOp::kSin:
+    case ScalarOp::kCos:
+    case ScalarOp::kTanh:
+    case ScalarOp::kErf:
+    case ScalarOp::kSigmoid:
+    case ScalarOp::kSilu:
+    case ScalarOp::kGelu:
+    case ScalarOp::kGeluTanh:
+      return true;
+    case ScalarOp::kNeg:
+    case ScalarOp::kAbs:
+    case ScalarOp::kSqrt:
+    case ScalarOp::kRsqrt:
+    case ScalarOp::kReciprocal:
+    case ScalarOp::kRelu:
+    case ScalarOp::kSign:
+    case ScalarOp::kFloor:
+    case ScalarOp::kCeil:
+    case ScalarOp::kNot:
+    case ScalarOp::kIsnan:
+    case ScalarOp::kAdd:
+    case ScalarOp::kSub:
+    case ScalarOp::kMul:
+    case ScalarOp::kDiv:
+    case ScalarOp::kDivFloor:
+    case ScalarOp::kDivTrunc:
+    case ScalarOp::kPow:
+    case ScalarOp::kMax:
+    case ScalarOp::kMin:
+    case ScalarOp::kEq:
+    case ScalarOp::kNe:
+    case ScalarOp::kLt:
+    case ScalarOp::kLe:
+    case ScalarOp::kGt:
+    case ScalarOp::kGe:
+    case ScalarOp::kAnd:
+    case ScalarOp::kOr:
+    case ScalarOp::kXor:
+    case ScalarOp::kWhere:
+    case ScalarOp::kCast:
+      return false;
+  }
+  return false;
+}
+
+}  // namespace
 
 // Whether pass `pass` may take the fast path: every inner access has a
 // constant inner stride of 0 or 1 (stores: 1).
@@ -221,7 +279,7 @@ absl::Status KernelEmitter::EmitSweep(const Pass& pass, int depth, std::string* 
 void KernelEmitter::DeclareReciprocals(const Pass& pass, int depth, std::string* out) {
   for (int j : pass.inner) {
     const Stmt& s = k_.stmts[j];
-    if (s.kind != StmtKind::kOp || s.op != "div" || !IsFloat(type_[j])) continue;
+    if (s.kind != StmtKind::kOp || s.op != ScalarOp::kDiv || !IsFloat(type_[j])) continue;
     // Row-invariant: an outer-level value, or a reduction finished by an
     // earlier pass.
     const Stmt& d = k_.stmts[s.args[1]];
@@ -250,14 +308,11 @@ absl::StatusOr<std::vector<std::string>> KernelEmitter::DeclarePrefetches(const 
                                                                           std::string* out) {
   std::vector<std::string> names;
   if (pass.number == 0 || k_.outer.empty() || k_.inner.size() != 1) return names;
-  static const std::set<std::string> kHeavy = {"exp",     "log",  "log1p", "expm1",
-                                               "sin",     "cos",  "tanh",  "erf",
-                                               "sigmoid", "silu", "gelu",  "gelu_tanh"};
   auto spare_bandwidth = [&](const Pass& p) {
     bool heavy = false, stores = false;
     for (int j : p.inner) {
       const Stmt& s = k_.stmts[j];
-      heavy = heavy || (s.kind == StmtKind::kOp && kHeavy.count(s.op) > 0);
+      heavy = heavy || (s.kind == StmtKind::kOp && IsTranscendental(s.op));
       stores = stores || s.kind == StmtKind::kStore;
     }
     return heavy || !stores;

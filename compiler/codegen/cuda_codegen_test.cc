@@ -15,6 +15,7 @@ namespace {
 
 using loop::Kernel;
 using loop::ReduceOp;
+using loop::ScalarOp;
 using loop::testing::C;
 using loop::testing::E;
 using loop::testing::Idx;
@@ -35,7 +36,7 @@ Kernel Pointwise(ir::SymInt rows, int64_t cols, v1::DType dtype = v1::FLOAT32) {
   const int lx = kb.Load(x, Idx({C(cols)}, {C(1)}));
   const int ly = kb.Load(y, Idx({C(0)}, {C(1)}));
   const int two = kb.Const(2);
-  const int r = kb.Op("add", {kb.Op("mul", {lx, two}), ly});
+  const int r = kb.Op(ScalarOp::kAdd, {kb.Op(ScalarOp::kMul, {lx, two}), ly});
   kb.Store(out, Idx({C(cols)}, {C(1)}), r);
   return kb.kernel();
 }
@@ -49,11 +50,13 @@ Kernel Softmax(int64_t rows, int64_t cols, ir::SymInt row_stride, ir::SymInt col
   kb.At(0, true);
   const int mx = kb.Reduce(ReduceOp::kMax, kb.Load(x, Idx({row_stride}, {col_stride})));
   kb.At(1, true);
-  const int e1 = kb.Op("exp", {kb.Op("sub", {kb.Load(x, Idx({row_stride}, {col_stride})), mx})});
+  const int e1 = kb.Op(ScalarOp::kExp,
+                       {kb.Op(ScalarOp::kSub, {kb.Load(x, Idx({row_stride}, {col_stride})), mx})});
   const int sum = kb.Reduce(ReduceOp::kSum, e1);
   kb.At(2, true);
-  const int e2 = kb.Op("exp", {kb.Op("sub", {kb.Load(x, Idx({row_stride}, {col_stride})), mx})});
-  kb.Store(out, Idx({row_stride}, {col_stride}), kb.Op("div", {e2, sum}));
+  const int e2 = kb.Op(ScalarOp::kExp,
+                       {kb.Op(ScalarOp::kSub, {kb.Load(x, Idx({row_stride}, {col_stride})), mx})});
+  kb.Store(out, Idx({row_stride}, {col_stride}), kb.Op(ScalarOp::kDiv, {e2, sum}));
   return kb.kernel();
 }
 
@@ -89,7 +92,7 @@ TEST(CudaCodegen, PointwiseFollowsTheOutputsMemoryOrder) {
   const int x = kb.Buffer("x", v1::FLOAT32);
   const int y = kb.Buffer("y", v1::FLOAT32, true);
   const int l = kb.Load(x, Idx({C(1)}, {C(512)}));
-  kb.Store(y, Idx({C(1)}, {C(512)}), kb.Op("mul", {l, kb.Const(2)}));
+  kb.Store(y, Idx({C(1)}, {C(512)}), kb.Op(ScalarOp::kMul, {l, kb.Const(2)}));
   auto source = Backend()->Generate({kb.kernel()}, {});
   ASSERT_TRUE(source.ok()) << source.status();
   EXPECT_TRUE(absl::StrContains(*source, "const int32_t i0 = x / 512;")) << *source;

@@ -1,5 +1,6 @@
 #include "compiler/loop/kernel.h"
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -10,6 +11,65 @@
 
 namespace kiln::loop {
 namespace {
+
+// The scalar ops, in the enum's order: name, arity, whether the result must
+// be floating.
+constexpr ScalarOpInfo kScalarOps[] = {
+    {ScalarOp::kNeg, "neg", 1, false},
+    {ScalarOp::kAbs, "abs", 1, false},
+    {ScalarOp::kExp, "exp", 1, true},
+    {ScalarOp::kLog, "log", 1, true},
+    {ScalarOp::kLog1p, "log1p", 1, true},
+    {ScalarOp::kExpm1, "expm1", 1, true},
+    {ScalarOp::kSqrt, "sqrt", 1, true},
+    {ScalarOp::kRsqrt, "rsqrt", 1, true},
+    {ScalarOp::kReciprocal, "reciprocal", 1, true},
+    {ScalarOp::kSin, "sin", 1, true},
+    {ScalarOp::kCos, "cos", 1, true},
+    {ScalarOp::kTanh, "tanh", 1, true},
+    {ScalarOp::kSigmoid, "sigmoid", 1, true},
+    {ScalarOp::kRelu, "relu", 1, false},
+    {ScalarOp::kErf, "erf", 1, true},
+    {ScalarOp::kSign, "sign", 1, false},
+    {ScalarOp::kFloor, "floor", 1, false},
+    {ScalarOp::kCeil, "ceil", 1, false},
+    {ScalarOp::kNot, "not", 1, false},
+    {ScalarOp::kGelu, "gelu", 1, true},
+    {ScalarOp::kGeluTanh, "gelu_tanh", 1, true},
+    {ScalarOp::kSilu, "silu", 1, true},
+    {ScalarOp::kIsnan, "isnan", 1, false},
+    {ScalarOp::kAdd, "add", 2, false},
+    {ScalarOp::kSub, "sub", 2, false},
+    {ScalarOp::kMul, "mul", 2, false},
+    {ScalarOp::kDiv, "div", 2, true},
+    {ScalarOp::kDivFloor, "div_floor", 2, false},
+    {ScalarOp::kDivTrunc, "div_trunc", 2, false},
+    {ScalarOp::kPow, "pow", 2, false},
+    {ScalarOp::kMax, "max", 2, false},
+    {ScalarOp::kMin, "min", 2, false},
+    {ScalarOp::kEq, "eq", 2, false},
+    {ScalarOp::kNe, "ne", 2, false},
+    {ScalarOp::kLt, "lt", 2, false},
+    {ScalarOp::kLe, "le", 2, false},
+    {ScalarOp::kGt, "gt", 2, false},
+    {ScalarOp::kGe, "ge", 2, false},
+    {ScalarOp::kAnd, "and", 2, false},
+    {ScalarOp::kOr, "or", 2, false},
+    {ScalarOp::kXor, "xor", 2, false},
+    {ScalarOp::kWhere, "where", 3, false},
+    {ScalarOp::kCast, "cast", 1, false},
+};
+constexpr int kScalarOpCount = static_cast<int>(sizeof(kScalarOps) / sizeof(kScalarOps[0]));
+static_assert(kScalarOpCount == static_cast<int>(ScalarOp::kCast) + 1,
+              "kScalarOps has one row per ScalarOp");
+
+constexpr bool InEnumOrder() {
+  for (int k = 0; k < kScalarOpCount; ++k) {
+    if (static_cast<int>(kScalarOps[k].op) != k) return false;
+  }
+  return true;
+}
+static_assert(InEnumOrder(), "kScalarOps is in the order of ScalarOp");
 
 bool IsZero(const ir::SymInt& s) { return s.is_constant() && s.constant() == 0; }
 
@@ -74,6 +134,25 @@ std::string BufferName(const Kernel& kernel, int buffer) {
 
 }  // namespace
 
+absl::Span<const ScalarOpInfo> ScalarOps() { return kScalarOps; }
+
+const ScalarOpInfo* FindScalarOp(ScalarOp op) {
+  const int k = static_cast<int>(op);
+  return k >= 0 && k < kScalarOpCount ? &kScalarOps[k] : nullptr;
+}
+
+const char* ScalarOpName(ScalarOp op) {
+  const ScalarOpInfo* info = FindScalarOp(op);
+  return info != nullptr ? info->name : "?";
+}
+
+std::optional<ScalarOp> ParseScalarOp(absl::string_view name) {
+  for (const ScalarOpInfo& info : kScalarOps) {
+    if (name == info.name) return info.op;
+  }
+  return std::nullopt;
+}
+
 std::string PrintKernel(const Kernel& kernel) {
   std::string out =
       absl::StrCat("kernel ", kernel.name, ": outer ", SizeList(kernel.outer), " inner ",
@@ -103,8 +182,8 @@ std::string PrintKernel(const Kernel& kernel) {
                         where);
         break;
       case StmtKind::kOp:
-        absl::StrAppend(&out, "%", j, " = ", s.op, s.args.empty() ? "" : " ", ArgList(s.args), type,
-                        where);
+        absl::StrAppend(&out, "%", j, " = ", ScalarOpName(s.op), s.args.empty() ? "" : " ",
+                        ArgList(s.args), type, where);
         break;
       case StmtKind::kReduce:
         absl::StrAppend(&out, "%", j, " = reduce ", ReduceName(s.reduce), " ", ArgList(s.args),

@@ -32,9 +32,12 @@
 #ifndef KILN_COMPILER_LOOP_KERNEL_H_
 #define KILN_COMPILER_LOOP_KERNEL_H_
 
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
 #include "compiler/ir/graph.h"
 
 namespace kiln::loop {
@@ -54,6 +57,76 @@ enum class StmtKind {
   kStore,     // buffer[index] = args[0]
 };
 
+// The scalar ops of kOp statements. Operands are converted to the
+// statement's dtype unless said otherwise; conversions between dtypes are
+// explicit kCast statements.
+enum class ScalarOp {
+  // Unary.
+  kNeg,
+  kAbs,
+  kExp,
+  kLog,
+  kLog1p,
+  kExpm1,
+  kSqrt,
+  kRsqrt,
+  kReciprocal,
+  kSin,
+  kCos,
+  kTanh,
+  kSigmoid,
+  kRelu,
+  kErf,
+  kSign,
+  kFloor,
+  kCeil,
+  kNot,  // of its operand as a bool
+  kGelu,
+  kGeluTanh,
+  kSilu,
+  kIsnan,  // of its operand in its own dtype
+  // Binary.
+  kAdd,
+  kSub,
+  kMul,
+  kDiv,
+  kDivFloor,
+  kDivTrunc,
+  kPow,
+  kMax,
+  kMin,
+  kEq,  // comparisons: in the operands' promoted dtype
+  kNe,
+  kLt,
+  kLe,
+  kGt,
+  kGe,
+  kAnd,
+  kOr,
+  kXor,
+  // Ternary.
+  kWhere,  // where(cond, a, b): cond as a bool
+  // Conversion of its operand to the statement's dtype.
+  kCast,
+};
+
+// What the code generators and the checks need to know of a scalar op.
+struct ScalarOpInfo {
+  ScalarOp op;
+  const char* name;  // as printed: "add", "div_floor", "gelu_tanh"
+  int arity;         // operand count
+  bool needs_float;  // the result must be of a floating dtype
+};
+
+// Every scalar op's row, in the enum's order.
+absl::Span<const ScalarOpInfo> ScalarOps();
+// `op`'s row; nullptr for a value outside the enum.
+const ScalarOpInfo* FindScalarOp(ScalarOp op);
+// The printed name ("div_floor"); "?" for a value outside the enum.
+const char* ScalarOpName(ScalarOp op);
+// The op printed as `name`; nullopt for any other text.
+std::optional<ScalarOp> ParseScalarOp(absl::string_view name);
+
 // Reductions. Welford's three results come from one accumulation:
 // kWelfordMean and kWelfordM2 name the same accumulator (args[0] equal) and
 // read its mean and its sum of squared deviations; the count is the inner
@@ -65,15 +138,8 @@ struct Stmt {
   int pass = 0;
   bool inner = true;              // inside the sweep (false: outer level, after it)
   v1::DType dtype = v1::FLOAT32;  // of the result (loads: the buffer's)
-  // kOp: one of the scalar ops below; args are statement indices.
-  //   unary:  neg abs exp log log1p expm1 sqrt rsqrt reciprocal sin cos tanh
-  //           sigmoid relu erf sign floor ceil not gelu gelu_tanh silu isnan
-  //   binary: add sub mul div div_floor div_trunc pow max min eq ne lt le gt ge
-  //           and or xor
-  //   ternary: where(cond, a, b)
-  //   cast (to `dtype`)
-  std::string op;
-  std::vector<int> args;
+  ScalarOp op = ScalarOp::kCast;  // kOp only
+  std::vector<int> args;          // statement indices
   double constant = 0;
   int buffer = -1;  // kLoad / kStore: index into Kernel::buffers
   Index index;

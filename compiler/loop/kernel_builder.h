@@ -55,9 +55,9 @@ class KernelBuilder {
     s.constant = value;
     return Add(std::move(s));
   }
-  int Op(std::string op, std::vector<int> args, v1::DType dtype = v1::FLOAT32) {
+  int Op(ScalarOp op, std::vector<int> args, v1::DType dtype = v1::FLOAT32) {
     Stmt s = Base(StmtKind::kOp, dtype);
-    s.op = std::move(op);
+    s.op = op;
     s.args = std::move(args);
     return Add(std::move(s));
   }

@@ -648,9 +648,9 @@ absl::StatusOr<bool> Lowerer::TryReduction(int node_index) {
     const v1::DType xt = Compute(in.dtype);
     Builder keep = make(Level::kRowKeep);
     const int sum = reduce(x, ReduceOp::kSum, Level::kRowKeep);
-    const int mean = keep.Op("div", {sum, count(keep, Level::kRowKeep)}, xt);
-    const int dev = full.Op("sub", {x, mean}, xt);
-    return {mean, reduce(full.Op("mul", {dev, dev}, xt), ReduceOp::kSum, level)};
+    const int mean = keep.Op(ScalarOp::kDiv, {sum, count(keep, Level::kRowKeep)}, xt);
+    const int dev = full.Op(ScalarOp::kSub, {x, mean}, xt);
+    return {mean, reduce(full.Op(ScalarOp::kMul, {dev, dev}, xt), ReduceOp::kSum, level)};
   };
   if (node.target == "aten.sum.dim_IntList" || node.target == "aten.sum.default") {
     finish({{node.outputs[0], {reduce(full.Cast(x, ct), ReduceOp::kSum, row), row}}});
@@ -663,7 +663,7 @@ absl::StatusOr<bool> Lowerer::TryReduction(int node_index) {
     // Welford update would make it NaN).
     Builder r = make(row);
     const int sum = reduce(full.Cast(x, ct), ReduceOp::kSum, row);
-    finish({{node.outputs[0], {r.Op("div", {sum, count(r, row)}, ct), row}}});
+    finish({{node.outputs[0], {r.Op(ScalarOp::kDiv, {sum, count(r, row)}, ct), row}}});
   } else if (node.target == "aten.var.correction") {
     double correction = 1;
     if (!call.IsNone("correction")) {
@@ -672,21 +672,23 @@ absl::StatusOr<bool> Lowerer::TryReduction(int node_index) {
     int m2 = moments(row).second;
     Builder r = make(row);
     int n = count(r, row);
-    int denom = r.Op("max", {r.Op("sub", {n, r.C(correction, ct)}, ct), r.C(0, ct)}, ct);
-    finish({{node.outputs[0], {r.Op("div", {m2, denom}, ct), row}}});
+    int denom =
+        r.Op(ScalarOp::kMax, {r.Op(ScalarOp::kSub, {n, r.C(correction, ct)}, ct), r.C(0, ct)}, ct);
+    finish({{node.outputs[0], {r.Op(ScalarOp::kDiv, {m2, denom}, ct), row}}});
   } else if (node.target == "aten._softmax.default" || node.target == "aten._log_softmax.default") {
     // Rows are kept as size-1 dims: the results broadcast back over them.
     int mx = reduce(x, ReduceOp::kMax, Level::kRowKeep);
-    int shifted = full.Op("sub", {x, mx}, Compute(in.dtype));
-    int e = full.Op("exp", {shifted}, Compute(in.dtype));
+    int shifted = full.Op(ScalarOp::kSub, {x, mx}, Compute(in.dtype));
+    int e = full.Op(ScalarOp::kExp, {shifted}, Compute(in.dtype));
     int s = reduce(e, ReduceOp::kSum, Level::kRowKeep);
     int out;
     if (node.target == "aten._softmax.default") {
-      out = full.Op("div", {e, s}, Compute(in.dtype));
+      out = full.Op(ScalarOp::kDiv, {e, s}, Compute(in.dtype));
       if (Compute(in.dtype) == out_t) grp.keep_in_output.push_back({e, out, node.outputs[0]});
     } else {
       Builder r = make(Level::kRowKeep);
-      out = full.Op("sub", {shifted, r.Op("log", {s}, Compute(in.dtype))}, Compute(in.dtype));
+      out = full.Op(ScalarOp::kSub, {shifted, r.Op(ScalarOp::kLog, {s}, Compute(in.dtype))},
+                    Compute(in.dtype));
     }
     finish({{node.outputs[0], {full.Cast(out, ct), Level::kFull}}});
   } else {  // native_layer_norm
@@ -695,15 +697,17 @@ absl::StatusOr<bool> Lowerer::TryReduction(int node_index) {
     const auto [mean, m2] = moments(Level::kRowKeep);
     Builder r = make(Level::kRowKeep);
     int n = count(r, Level::kRowKeep);
-    int rstd = r.Op("rsqrt", {r.Op("add", {r.Op("div", {m2, n}, ct), r.C(eps, ct)}, ct)}, ct);
-    int y = full.Op("mul", {full.Op("sub", {x, mean}, ct), rstd}, ct);
+    int rstd =
+        r.Op(ScalarOp::kRsqrt,
+             {r.Op(ScalarOp::kAdd, {r.Op(ScalarOp::kDiv, {m2, n}, ct), r.C(eps, ct)}, ct)}, ct);
+    int y = full.Op(ScalarOp::kMul, {full.Op(ScalarOp::kSub, {x, mean}, ct), rstd}, ct);
     if (!call.IsNone("weight")) {
       ASSIGN_OR_RETURN(int w, full.T("weight"));
-      y = full.Ar("mul", {y, w}, out_t);
+      y = full.Ar(ScalarOp::kMul, {y, w}, out_t);
     }
     if (!call.IsNone("bias")) {
       ASSIGN_OR_RETURN(int b, full.T("bias"));
-      y = full.Ar("add", {y, b}, out_t);
+      y = full.Ar(ScalarOp::kAdd, {y, b}, out_t);
     }
     // mean and rstd: one value per row, [.., 1] in the graph. (Shaped like
     // the whole space when the normalized dims have size 1: rows all the

@@ -37,7 +37,7 @@ enum class Level { kFull, kRowKeep, kRowFlat };
 // A value inside a fused kernel, before it is emitted as statements.
 struct GVal {
   StmtKind kind = StmtKind::kOp;
-  std::string op;
+  ScalarOp op = ScalarOp::kCast;  // kOp
   std::vector<int> args;
   double constant = 0;
   v1::DType dtype = v1::FLOAT32;
@@ -214,9 +214,9 @@ class Builder {
   }
   int Cast(int id, v1::DType t) {
     if (D(id) == t) return id;
-    return Op("cast", {id}, t);
+    return Op(ScalarOp::kCast, {id}, t);
   }
-  int Op(const std::string& op, std::vector<int> args, v1::DType t) {
+  int Op(ScalarOp op, std::vector<int> args, v1::DType t) {
     GVal v;
     v.kind = StmtKind::kOp;
     v.op = op;
@@ -226,11 +226,11 @@ class Builder {
     return Add(std::move(v));
   }
   // Arithmetic in `t`'s computation type.
-  int Ar(const std::string& op, std::vector<int> args, v1::DType t) {
+  int Ar(ScalarOp op, std::vector<int> args, v1::DType t) {
     for (int& a : args) a = Cast(a, Compute(t));
     return Op(op, std::move(args), Compute(t));
   }
-  int Compare(const std::string& op, int a, int b) {
+  int Compare(ScalarOp op, int a, int b) {
     const v1::DType t = ops::PromoteTypes(D(a), D(b));
     return Op(op, {Cast(a, Compute(t)), Cast(b, Compute(t))}, v1::BOOL);
   }

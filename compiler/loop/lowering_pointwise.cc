@@ -17,28 +17,46 @@ namespace kiln::loop::lowering_internal {
 const std::map<std::string, PointwiseRule>& PointwiseRules() {
   static const auto* rules = [] {
     auto* m = new std::map<std::string, PointwiseRule>();
-    auto unary = [m](const std::string& target, const std::string& op) {
-      (*m)[target] = [op](Builder& b, const ops::OpCall&, v1::DType t) -> absl::StatusOr<int> {
+    // Unary ops over `self`, by ATen op.
+    const std::pair<const char*, ScalarOp> kUnary[] = {
+        {"aten.neg.default", ScalarOp::kNeg},
+        {"aten.abs.default", ScalarOp::kAbs},
+        {"aten.exp.default", ScalarOp::kExp},
+        {"aten.log.default", ScalarOp::kLog},
+        {"aten.log1p.default", ScalarOp::kLog1p},
+        {"aten.expm1.default", ScalarOp::kExpm1},
+        {"aten.sqrt.default", ScalarOp::kSqrt},
+        {"aten.rsqrt.default", ScalarOp::kRsqrt},
+        {"aten.reciprocal.default", ScalarOp::kReciprocal},
+        {"aten.sin.default", ScalarOp::kSin},
+        {"aten.cos.default", ScalarOp::kCos},
+        {"aten.tanh.default", ScalarOp::kTanh},
+        {"aten.sigmoid.default", ScalarOp::kSigmoid},
+        {"aten.relu.default", ScalarOp::kRelu},
+        {"aten.erf.default", ScalarOp::kErf},
+        {"aten.sign.default", ScalarOp::kSign},
+        {"aten.floor.default", ScalarOp::kFloor},
+        {"aten.ceil.default", ScalarOp::kCeil},
+        {"aten.silu.default", ScalarOp::kSilu},
+    };
+    for (const auto& [target, op] : kUnary) {
+      (*m)[target] = [op = op](Builder& b, const ops::OpCall&, v1::DType t) -> absl::StatusOr<int> {
         ASSIGN_OR_RETURN(int x, b.T("self"));
         return b.Ar(op, {x}, t);
       };
-    };
-    for (const char* op :
-         {"neg", "abs", "exp", "log", "log1p", "expm1", "sqrt", "rsqrt", "reciprocal", "sin", "cos",
-          "tanh", "sigmoid", "relu", "erf", "sign", "floor", "ceil", "silu"}) {
-      unary(absl::StrCat("aten.", op, ".default"), op);
     }
     (*m)["aten.logical_not.default"] = [](Builder& b, const ops::OpCall&,
                                           v1::DType) -> absl::StatusOr<int> {
       ASSIGN_OR_RETURN(int x, b.T("self"));
-      return b.Op("not", {b.Cast(x, v1::BOOL)}, v1::BOOL);
+      return b.Op(ScalarOp::kNot, {b.Cast(x, v1::BOOL)}, v1::BOOL);
     };
     (*m)["aten.gelu.default"] = [](Builder& b, const ops::OpCall& c,
                                    v1::DType t) -> absl::StatusOr<int> {
       ASSIGN_OR_RETURN(int x, b.T("self"));
       const ir::Argument* a = c.Find("approximate");
       const std::string* approx = a ? std::get_if<std::string>(&a->kind) : nullptr;
-      return b.Ar(approx != nullptr && *approx == "tanh" ? "gelu_tanh" : "gelu", {x}, t);
+      return b.Ar(approx != nullptr && *approx == "tanh" ? ScalarOp::kGeluTanh : ScalarOp::kGelu,
+                  {x}, t);
     };
     for (const char* id : {"clone", "alias", "detach", "lift_fresh_copy"}) {
       (*m)[absl::StrCat("aten.", id, ".default")] = [](Builder& b, const ops::OpCall&,
@@ -56,7 +74,7 @@ const std::map<std::string, PointwiseRule>& PointwiseRules() {
       return b.Cast(x, t);
     };
     // Binary ops over two tensors or a tensor and a Scalar, with `alpha`.
-    auto binary = [m](const std::string& name, const std::string& op, bool alpha, bool reverse) {
+    auto binary = [m](const std::string& name, ScalarOp op, bool alpha, bool reverse) {
       for (const char* overload : {"Tensor", "Scalar"}) {
         const bool scalar = std::string(overload) == "Scalar";
         (*m)[absl::StrCat("aten.", name, ".", overload)] = [op, alpha, reverse, scalar](
@@ -72,49 +90,52 @@ const std::map<std::string, PointwiseRule>& PointwiseRules() {
           }
           if (alpha && !c.IsNone("alpha")) {
             ASSIGN_OR_RETURN(double a, c.Double("alpha"));
-            if (a != 1.0) y = b.Ar("mul", {y, b.C(a, t)}, t);
+            if (a != 1.0) y = b.Ar(ScalarOp::kMul, {y, b.C(a, t)}, t);
           }
           if (reverse) std::swap(x, y);
           return b.Ar(op, {x, y}, t);
         };
       }
     };
-    binary("add", "add", true, false);
-    binary("sub", "sub", true, false);
-    binary("rsub", "sub", true, true);
-    binary("mul", "mul", false, false);
-    binary("div", "div", false, false);
+    binary("add", ScalarOp::kAdd, true, false);
+    binary("sub", ScalarOp::kSub, true, false);
+    binary("rsub", ScalarOp::kSub, true, true);
+    binary("mul", ScalarOp::kMul, false, false);
+    binary("div", ScalarOp::kDiv, false, false);
     (*m)["aten.maximum.default"] = [](Builder& b, const ops::OpCall&,
                                       v1::DType t) -> absl::StatusOr<int> {
       ASSIGN_OR_RETURN(int x, b.T("self"));
       ASSIGN_OR_RETURN(int y, b.T("other"));
-      return b.Ar("max", {x, y}, t);
+      return b.Ar(ScalarOp::kMax, {x, y}, t);
     };
     (*m)["aten.minimum.default"] = [](Builder& b, const ops::OpCall&,
                                       v1::DType t) -> absl::StatusOr<int> {
       ASSIGN_OR_RETURN(int x, b.T("self"));
       ASSIGN_OR_RETURN(int y, b.T("other"));
-      return b.Ar("min", {x, y}, t);
+      return b.Ar(ScalarOp::kMin, {x, y}, t);
     };
     (*m)["aten.pow.Tensor_Scalar"] = [](Builder& b, const ops::OpCall&,
                                         v1::DType t) -> absl::StatusOr<int> {
       ASSIGN_OR_RETURN(int x, b.T("self"));
       ASSIGN_OR_RETURN(double e, b.S("exponent"));
-      if (e == 2.0) return b.Ar("mul", {x, x}, t);
-      return b.Ar("pow", {x, b.C(e, t)}, t);
+      if (e == 2.0) return b.Ar(ScalarOp::kMul, {x, x}, t);
+      return b.Ar(ScalarOp::kPow, {x, b.C(e, t)}, t);
     };
     (*m)["aten.pow.Tensor_Tensor"] = [](Builder& b, const ops::OpCall&,
                                         v1::DType t) -> absl::StatusOr<int> {
       ASSIGN_OR_RETURN(int x, b.T("self"));
       ASSIGN_OR_RETURN(int y, b.T("exponent"));
-      return b.Ar("pow", {x, y}, t);
+      return b.Ar(ScalarOp::kPow, {x, y}, t);
     };
-    for (const char* cmp : {"eq", "ne", "lt", "le", "gt", "ge"}) {
+    const std::pair<const char*, ScalarOp> kCompare[] = {
+        {"eq", ScalarOp::kEq}, {"ne", ScalarOp::kNe}, {"lt", ScalarOp::kLt},
+        {"le", ScalarOp::kLe}, {"gt", ScalarOp::kGt}, {"ge", ScalarOp::kGe},
+    };
+    for (const auto& [cmp, op] : kCompare) {
       for (const char* overload : {"Tensor", "Scalar"}) {
         const bool scalar = std::string(overload) == "Scalar";
-        const std::string op = cmp;
         (*m)[absl::StrCat("aten.", cmp, ".", overload)] =
-            [op, scalar](Builder& b, const ops::OpCall&, v1::DType) -> absl::StatusOr<int> {
+            [op = op, scalar](Builder& b, const ops::OpCall&, v1::DType) -> absl::StatusOr<int> {
           ASSIGN_OR_RETURN(int x, b.T("self"));
           int y;
           if (scalar) {
@@ -127,10 +148,13 @@ const std::map<std::string, PointwiseRule>& PointwiseRules() {
         };
       }
     }
-    for (const char* lop : {"and", "or", "xor"}) {
-      const std::string op = lop;
-      (*m)[absl::StrCat("aten.logical_", lop, ".default")] =
-          [op](Builder& b, const ops::OpCall&, v1::DType) -> absl::StatusOr<int> {
+    const std::pair<const char*, ScalarOp> kLogical[] = {
+        {"aten.logical_and.default", ScalarOp::kAnd},
+        {"aten.logical_or.default", ScalarOp::kOr},
+        {"aten.logical_xor.default", ScalarOp::kXor},
+    };
+    for (const auto& [target, op] : kLogical) {
+      (*m)[target] = [op = op](Builder& b, const ops::OpCall&, v1::DType) -> absl::StatusOr<int> {
         ASSIGN_OR_RETURN(int x, b.T("self"));
         ASSIGN_OR_RETURN(int y, b.T("other"));
         return b.Op(op, {b.Cast(x, v1::BOOL), b.Cast(y, v1::BOOL)}, v1::BOOL);
@@ -141,15 +165,16 @@ const std::map<std::string, PointwiseRule>& PointwiseRules() {
       ASSIGN_OR_RETURN(int c, b.T("condition"));
       ASSIGN_OR_RETURN(int x, b.T("self"));
       ASSIGN_OR_RETURN(int y, b.T("other"));
-      return b.Op("where", {b.Cast(c, v1::BOOL), b.Cast(x, Compute(t)), b.Cast(y, Compute(t))},
-                  Compute(t));
+      return b.Op(ScalarOp::kWhere,
+                  {b.Cast(c, v1::BOOL), b.Cast(x, Compute(t)), b.Cast(y, Compute(t))}, Compute(t));
     };
     (*m)["aten.masked_fill.Scalar"] = [](Builder& b, const ops::OpCall&,
                                          v1::DType t) -> absl::StatusOr<int> {
       ASSIGN_OR_RETURN(int x, b.T("self"));
       ASSIGN_OR_RETURN(int mask, b.T("mask"));
       ASSIGN_OR_RETURN(double v, b.S("value"));
-      return b.Op("where", {b.Cast(mask, v1::BOOL), b.C(v, t), b.Cast(x, Compute(t))}, Compute(t));
+      return b.Op(ScalarOp::kWhere, {b.Cast(mask, v1::BOOL), b.C(v, t), b.Cast(x, Compute(t))},
+                  Compute(t));
     };
     (*m)["aten.clamp.default"] = [](Builder& b, const ops::OpCall& c,
                                     v1::DType t) -> absl::StatusOr<int> {
@@ -157,11 +182,11 @@ const std::map<std::string, PointwiseRule>& PointwiseRules() {
       x = b.Cast(x, Compute(t));
       if (!c.IsNone("min")) {
         ASSIGN_OR_RETURN(double lo, c.Double("min"));
-        x = b.Op("max", {x, b.C(lo, t)}, Compute(t));
+        x = b.Op(ScalarOp::kMax, {x, b.C(lo, t)}, Compute(t));
       }
       if (!c.IsNone("max")) {
         ASSIGN_OR_RETURN(double hi, c.Double("max"));
-        x = b.Op("min", {x, b.C(hi, t)}, Compute(t));
+        x = b.Op(ScalarOp::kMin, {x, b.C(hi, t)}, Compute(t));
       }
       return x;
     };
@@ -170,22 +195,22 @@ const std::map<std::string, PointwiseRule>& PointwiseRules() {
       ASSIGN_OR_RETURN(int g, b.T("grad_output"));
       ASSIGN_OR_RETURN(int x, b.T("self"));
       ASSIGN_OR_RETURN(double th, b.S("threshold"));
-      int keep = b.Op("le", {b.Cast(x, Compute(t)), b.C(th, t)}, v1::BOOL);
-      return b.Op("where", {keep, b.C(0, t), b.Cast(g, Compute(t))}, Compute(t));
+      int keep = b.Op(ScalarOp::kLe, {b.Cast(x, Compute(t)), b.C(th, t)}, v1::BOOL);
+      return b.Op(ScalarOp::kWhere, {keep, b.C(0, t), b.Cast(g, Compute(t))}, Compute(t));
     };
     (*m)["aten.tanh_backward.default"] = [](Builder& b, const ops::OpCall&,
                                             v1::DType t) -> absl::StatusOr<int> {
       ASSIGN_OR_RETURN(int g, b.T("grad_output"));
       ASSIGN_OR_RETURN(int y, b.T("output"));
-      int yy = b.Ar("mul", {y, y}, t);
-      return b.Ar("mul", {g, b.Ar("sub", {b.C(1, t), yy}, t)}, t);
+      int yy = b.Ar(ScalarOp::kMul, {y, y}, t);
+      return b.Ar(ScalarOp::kMul, {g, b.Ar(ScalarOp::kSub, {b.C(1, t), yy}, t)}, t);
     };
     (*m)["aten.sigmoid_backward.default"] = [](Builder& b, const ops::OpCall&,
                                                v1::DType t) -> absl::StatusOr<int> {
       ASSIGN_OR_RETURN(int g, b.T("grad_output"));
       ASSIGN_OR_RETURN(int y, b.T("output"));
-      int one_minus = b.Ar("sub", {b.C(1, t), y}, t);
-      return b.Ar("mul", {g, b.Ar("mul", {y, one_minus}, t)}, t);
+      int one_minus = b.Ar(ScalarOp::kSub, {b.C(1, t), y}, t);
+      return b.Ar(ScalarOp::kMul, {g, b.Ar(ScalarOp::kMul, {y, one_minus}, t)}, t);
     };
     (*m)["aten.gelu_backward.default"] = [](Builder& b, const ops::OpCall& c,
                                             v1::DType t) -> absl::StatusOr<int> {
@@ -199,39 +224,50 @@ const std::map<std::string, PointwiseRule>& PointwiseRules() {
       if (approx != nullptr && *approx == "tanh") {
         // d/dx 0.5 x (1 + tanh(k (x + 0.044715 x^3))), k = sqrt(2 / pi)
         const double k = 0.7978845608028654, kappa = 0.044715;
-        int x2 = b.Op("mul", {x, x}, ct);
+        int x2 = b.Op(ScalarOp::kMul, {x, x}, ct);
         int inner = b.Op(
-            "mul",
-            {b.C(k, ct),
-             b.Op("add", {x, b.Op("mul", {b.C(kappa, ct), b.Op("mul", {x2, x}, ct)}, ct)}, ct)},
+            ScalarOp::kMul,
+            {b.C(k, ct), b.Op(ScalarOp::kAdd,
+                              {x, b.Op(ScalarOp::kMul,
+                                       {b.C(kappa, ct), b.Op(ScalarOp::kMul, {x2, x}, ct)}, ct)},
+                              ct)},
             ct);
-        int th = b.Op("tanh", {inner}, ct);
-        int left = b.Op("mul", {b.C(0.5, ct), b.Op("add", {b.C(1, ct), th}, ct)}, ct);
-        int sech2 = b.Op("sub", {b.C(1, ct), b.Op("mul", {th, th}, ct)}, ct);
-        int dinner = b.Op(
-            "mul",
-            {b.C(k, ct), b.Op("add", {b.C(1, ct), b.Op("mul", {b.C(3 * kappa, ct), x2}, ct)}, ct)},
-            ct);
-        int right =
-            b.Op("mul", {b.Op("mul", {b.C(0.5, ct), x}, ct), b.Op("mul", {sech2, dinner}, ct)}, ct);
-        d = b.Op("add", {left, right}, ct);
+        int th = b.Op(ScalarOp::kTanh, {inner}, ct);
+        int left =
+            b.Op(ScalarOp::kMul, {b.C(0.5, ct), b.Op(ScalarOp::kAdd, {b.C(1, ct), th}, ct)}, ct);
+        int sech2 = b.Op(ScalarOp::kSub, {b.C(1, ct), b.Op(ScalarOp::kMul, {th, th}, ct)}, ct);
+        int dinner =
+            b.Op(ScalarOp::kMul,
+                 {b.C(k, ct),
+                  b.Op(ScalarOp::kAdd,
+                       {b.C(1, ct), b.Op(ScalarOp::kMul, {b.C(3 * kappa, ct), x2}, ct)}, ct)},
+                 ct);
+        int right = b.Op(ScalarOp::kMul,
+                         {b.Op(ScalarOp::kMul, {b.C(0.5, ct), x}, ct),
+                          b.Op(ScalarOp::kMul, {sech2, dinner}, ct)},
+                         ct);
+        d = b.Op(ScalarOp::kAdd, {left, right}, ct);
       } else {
         // Phi(x) + x phi(x)
-        int cdf = b.Op("mul",
-                       {b.C(0.5, ct),
-                        b.Op("add",
-                             {b.C(1, ct),
-                              b.Op("erf", {b.Op("mul", {x, b.C(0.7071067811865476, ct)}, ct)}, ct)},
-                             ct)},
-                       ct);
-        int pdf =
-            b.Op("mul",
-                 {b.Op("exp", {b.Op("mul", {b.C(-0.5, ct), b.Op("mul", {x, x}, ct)}, ct)}, ct),
-                  b.C(0.3989422804014327, ct)},
+        int cdf =
+            b.Op(ScalarOp::kMul,
+                 {b.C(0.5, ct),
+                  b.Op(ScalarOp::kAdd,
+                       {b.C(1, ct),
+                        b.Op(ScalarOp::kErf,
+                             {b.Op(ScalarOp::kMul, {x, b.C(0.7071067811865476, ct)}, ct)}, ct)},
+                       ct)},
                  ct);
-        d = b.Op("add", {cdf, b.Op("mul", {x, pdf}, ct)}, ct);
+        int pdf = b.Op(
+            ScalarOp::kMul,
+            {b.Op(ScalarOp::kExp,
+                  {b.Op(ScalarOp::kMul, {b.C(-0.5, ct), b.Op(ScalarOp::kMul, {x, x}, ct)}, ct)},
+                  ct),
+             b.C(0.3989422804014327, ct)},
+            ct);
+        d = b.Op(ScalarOp::kAdd, {cdf, b.Op(ScalarOp::kMul, {x, pdf}, ct)}, ct);
       }
-      return b.Ar("mul", {g, d}, t);
+      return b.Ar(ScalarOp::kMul, {g, d}, t);
     };
     (*m)["aten.native_dropout_backward.default"] = [](Builder& b, const ops::OpCall&,
                                                       v1::DType t) -> absl::StatusOr<int> {
@@ -239,7 +275,7 @@ const std::map<std::string, PointwiseRule>& PointwiseRules() {
       ASSIGN_OR_RETURN(int mask, b.T("mask"));
       ASSIGN_OR_RETURN(double scale, b.S("scale"));
       int kept = b.Cast(b.Cast(mask, v1::BOOL), Compute(t));
-      return b.Ar("mul", {b.Ar("mul", {g, kept}, t), b.C(scale, t)}, t);
+      return b.Ar(ScalarOp::kMul, {b.Ar(ScalarOp::kMul, {g, kept}, t), b.C(scale, t)}, t);
     };
     (*m)["aten.fill.Scalar"] = [](Builder& b, const ops::OpCall& c,
                                   v1::DType t) -> absl::StatusOr<int> {

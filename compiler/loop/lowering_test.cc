@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_join.h"
 #include "compiler/ir/builder.h"
+#include "compiler/loop/kernel.h"
 
 namespace kiln::loop {
 namespace {
@@ -246,6 +247,25 @@ TEST(LoweringTest, EveryDecisionIsRecorded) {
   EXPECT_NE(all.find("extern: "), std::string::npos) << all;
   EXPECT_NE(all.find("new kernel_0"), std::string::npos) << all;
   EXPECT_NE(all.find("not fused"), std::string::npos) << all;  // the sum's space differs
+}
+
+TEST(ScalarOps, NamesParseBackAndTheTableIsInEnumOrder) {
+  int k = 0;
+  for (const ScalarOpInfo& info : ScalarOps()) {
+    EXPECT_EQ(static_cast<int>(info.op), k++);
+    EXPECT_EQ(ScalarOpName(info.op), std::string(info.name));
+    EXPECT_EQ(FindScalarOp(info.op), &info);
+    EXPECT_EQ(ParseScalarOp(info.name), info.op) << info.name;
+  }
+  EXPECT_EQ(k, static_cast<int>(ScalarOp::kCast) + 1);
+  EXPECT_EQ(ParseScalarOp("frobnicate"), std::nullopt);
+  EXPECT_EQ(ParseScalarOp(""), std::nullopt);
+  EXPECT_EQ(FindScalarOp(static_cast<ScalarOp>(k)), nullptr);
+  EXPECT_EQ(std::string(ScalarOpName(static_cast<ScalarOp>(k))), "?");
+  EXPECT_EQ(FindScalarOp(ScalarOp::kDiv)->arity, 2);
+  EXPECT_TRUE(FindScalarOp(ScalarOp::kDiv)->needs_float);
+  EXPECT_EQ(FindScalarOp(ScalarOp::kWhere)->arity, 3);
+  EXPECT_FALSE(FindScalarOp(ScalarOp::kCast)->needs_float);
 }
 
 }  // namespace
