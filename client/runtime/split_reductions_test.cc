@@ -64,7 +64,8 @@ struct Case {
   std::string name;
   std::vector<ir::TensorMeta> inputs;
   std::function<void(ir::GraphBuilder&, const std::vector<ir::ValueId>&)> body;
-  int splits;  // kernels the policy must split
+  int splits;      // kernels the policy must split
+  int added = -1;  // kernels the splits add (-1: one per split)
 };
 
 void Check(const Case& c) {
@@ -89,7 +90,7 @@ void Check(const Case& c) {
   int splits = 0;
   for (const std::string& d : lowered->decisions) splits += absl::StartsWith(d, "split: ");
   EXPECT_EQ(splits, c.splits) << absl::StrJoin(lowered->decisions, "\n");
-  EXPECT_EQ(lowered->kernels.size(), before + splits);
+  EXPECT_EQ(lowered->kernels.size(), before + (c.added < 0 ? splits : c.added));
   EXPECT_EQ(lowered->plan.kernels(), static_cast<int>(lowered->kernels.size()));
 
   v1::CompiledGraph cg;
@@ -196,6 +197,58 @@ TEST(SplitReductionsTest, BFloat16AccumulatesInFloat) {
            b.AddOutput(Op(b, "aten.sum.dim_IntList", {Ref(in[0]), Dims({0})}));
          },
          1});
+}
+
+ir::ValueId Var(ir::GraphBuilder& b, ir::ValueId x, std::vector<int64_t> dims, bool keep) {
+  return Op(b, "aten.var.correction", {Ref(x), Dims(std::move(dims))},
+            {ir::Kwarg("correction", ir::Int(0)), ir::Kwarg("keepdim", ir::Bool(keep))});
+}
+
+ir::ValueId Mean(ir::GraphBuilder& b, ir::ValueId x, std::vector<int64_t> dims, bool keep) {
+  return Op(b, "aten.mean.dim", {Ref(x), Dims(std::move(dims)), ir::Bool(keep)});
+}
+
+// Rows longer than the two-pass limit use Welford: the slices' means and
+// M2s merge by Chan's formula.
+TEST(SplitReductionsTest, WelfordVarianceAndMeanOfLongRows) {
+  Check({"welford rows",
+         {Meta({4, 32768})},
+         [](ir::GraphBuilder& b, const std::vector<ir::ValueId>& in) {
+           b.AddOutput(Op(b, "aten.add.Tensor",
+                          {Ref(Var(b, in[0], {-1}, false)), Ref(Mean(b, in[0], {-1}, false))}));
+         },
+         1});
+}
+
+// Batch norm's statistics per channel, then every element normalized with
+// them: a second pass, run over the whole space by its own kernel.
+TEST(SplitReductionsTest, BatchNormStatisticsThenTheNormalizedSpace) {
+  Check({"batch norm",
+         {Meta({32, 4, 32, 32})},
+         [](ir::GraphBuilder& b, const std::vector<ir::ValueId>& in) {
+           ir::ValueId m = Mean(b, in[0], {0, 2, 3}, true);
+           ir::ValueId v = Var(b, in[0], {0, 2, 3}, true);
+           ir::ValueId centered = Op(b, "aten.sub.Tensor", {Ref(in[0]), Ref(m)});
+           ir::ValueId rstd = Op(b, "aten.rsqrt.default",
+                                 {Ref(Op(b, "aten.add.Scalar", {Ref(v), ir::Float(1e-5)}))});
+           b.AddOutput(Op(b, "aten.mul.Tensor", {Ref(centered), Ref(rstd)}));
+           b.AddOutput(m);
+           b.AddOutput(v);
+         },
+         1,
+         2});
+}
+
+TEST(SplitReductionsTest, RowSumThenEveryElementDivided) {
+  Check({"row sum then divide",
+         {Meta({4, 4096})},
+         [](ir::GraphBuilder& b, const std::vector<ir::ValueId>& in) {
+           ir::ValueId e = Op(b, "aten.exp.default", {Ref(in[0])});
+           ir::ValueId s = Op(b, "aten.sum.dim_IntList", {Ref(e), Dims({-1}), ir::Bool(true)});
+           b.AddOutput(Op(b, "aten.div.Tensor", {Ref(e), Ref(s)}));
+         },
+         1,
+         2});
 }
 
 TEST(SplitReductionsTest, MultiPassKernelsStayWhole) {

@@ -1,24 +1,33 @@
 // Pass "split-reductions": a reduction kernel with too few rows to fill the
-// device becomes two kernels. The first reduces S slices of each row into a
-// partial result per slice ([S, rows] in a new float32-or-wider buffer), the
-// second reduces the S partials of each row and runs the kernel's epilogue
-// (the statements after the sweep, its per-row stores):
+// device is split. A partial kernel reduces S slices of each row into a
+// partial result per slice ([S, rows] in a new buffer of the reduction's
+// type); a finishing kernel reduces the S partials of each row and runs the
+// epilogue (the statements after the sweep, its per-row stores):
 //
 //   kernel_0: outer [4096] inner [16384]        sum over 16384 rows, 128 blocks
 //   ->  kernel_0_partial: outer [4, 4096] inner [4096]   512 blocks
 //       kernel_0: outer [4096] inner [4]                 the epilogue
 //
-// Legal for a kernel of one pass whose reductions are sums, maxima or
-// minima, whose sizes are constants, and whose first inner dimension S
-// divides; the slices then partition each row, and sums, maxima and minima
-// of partials are those of the row. (Floating-point sums are reassociated,
-// as a block reduction already does.) Welford and multi-pass kernels (whose
-// later passes read the row again after a reduction) are left as they are.
+// A kernel of several passes (batch norm: the channel's mean and variance,
+// then every element normalized with them) also gets a pointwise kernel
+// that runs the later passes over the whole space, reading the per-row
+// values the finishing kernel stored ([rows] buffers).
+//
+// Legal for kernels whose reductions are sums, maxima, minima or Welford
+// means and M2s, all in the first pass; whose later passes read only that
+// pass's per-row values; whose sizes and strides are constants; and whose
+// first inner dimension divides into S slices. The slices partition each
+// row: sums, maxima and minima of partials are the row's; Welford's merge
+// by Chan's formula for equal counts (the mean of the slices' means; the
+// sum of their M2s plus the count times the squared deviations of their
+// means). Floating-point sums are reassociated, as a block reduction
+// already does. Kernels with reductions in later passes (softmax) stay
+// whole.
 //
 // Profitability is the target's: `SplitPolicy` says how many blocks a
-// kernel launches and how many the device wants. The plan gets the
-// partials' allocation before the first launch and their free after the
-// second.
+// kernel launches and how many the device wants. The plan gets the new
+// buffers' allocations before the first launch and their frees after the
+// last.
 //
 // Every split and every refusal of a kernel that had too few blocks is in
 // `decisions` ("split: ...", "no split: ...").

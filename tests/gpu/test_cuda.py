@@ -220,6 +220,10 @@ SPLIT = {
     "channel_sum": (lambda x: x.sum((0, 2, 3)), (64, 8, 32, 32)),
     "column_amax_amin": (lambda x: x.amax(0) - x.amin(0), (32768, 128)),
     "column_mean_epilogue": (lambda x: torch.sqrt(x.mean(0).abs() + 1.0), (16384, 64)),
+    "welford_rows": (lambda x: x.var(-1) + x.mean(-1), (8, 65536)),
+    "batch_norm_normalize": (lambda x: (x - x.mean((0, 2, 3), keepdim=True)) * torch.rsqrt(
+        x.var((0, 2, 3), correction=0, keepdim=True) + 1e-5), (64, 8, 64, 64)),
+    "row_sum_then_divide": (lambda x: x.exp() / x.exp().sum(-1, keepdim=True), (16, 65536)),
 }
 
 
