@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -57,8 +58,14 @@ KilndProcess::KilndProcess(const std::string& data_dir, std::vector<std::string>
   std::vector<std::string> args = {binary != nullptr && *binary != '\0' ? binary : KILND_PATH,
                                    "--listen=127.0.0.1:0", "--data_dir=" + data_dir};
   args.insert(args.end(), extra.begin(), extra.end());
+  const pid_t parent = getpid();
   pid_ = fork();
   if (pid_ == 0) {
+    // kilnd dies with the test: a test ended by a crash or by a sanitizer
+    // report (halt_on_error) would otherwise leave it running, holding
+    // ctest's output pipe open until the test's timeout.
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent) _exit(127);
     dup2(out[1], STDOUT_FILENO);
     close(out[0]);
     close(out[1]);

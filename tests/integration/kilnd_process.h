@@ -34,6 +34,8 @@ class KilndProcess {
   // Starts `kilnd --listen=127.0.0.1:0 --data_dir=DIR extra...` ($KILND when
   // set, else the build's kilnd) and waits for
   // its "kilnd listening on ADDR" line. Aborts the test binary on failure.
+  // kilnd is killed when the thread that started it exits (PR_SET_PDEATHSIG),
+  // so it never outlives a test that crashed.
   KilndProcess(const std::string& data_dir, std::vector<std::string> extra_flags = {});
   // SIGKILLs the process if it still runs.
   ~KilndProcess();
