@@ -16,6 +16,8 @@ using ir::ValueId;
 
 constexpr int64_t kInf = std::numeric_limits<int64_t>::max() / 4;
 
+int64_t SaturatingDouble(int64_t x) { return x > kInf / 4 ? kInf / 2 : 2 * x; }
+
 // Dinic's max-flow over a small adjacency-list network.
 class FlowNetwork {
  public:
@@ -247,11 +249,19 @@ absl::StatusOr<Partition> PartitionJointGraph(const JointGraph& joint,
   } else {
     const int S = 2 * nv, T = 2 * nv + 1;
     FlowNetwork net(2 * nv + 2);
+    // Saving a value costs the backward's read of it, and for a value that
+    // exists only because it is saved, the forward's write too: a primal or
+    // a forward output costs its bytes once, anything else twice. (RMS
+    // norm's backward then reads x and the per-row rstd rather than a saved
+    // x * rstd that the forward would have to write.)
+    std::vector<bool> exists(nv, false);
+    for (int i = 0; i < joint.num_forward_outputs; ++i) exists[g.outputs()[i]] = true;
     for (ValueId v = 0; v < nv; ++v) {
       if (backward[v]) continue;
       const ir::Value& val = g.value(v);
+      const int64_t bytes = std::max<int64_t>(1, ValueBytes(val.meta, options.symbolic_size_hint));
       net.AddEdge(2 * v, 2 * v + 1,
-                  std::max<int64_t>(1, ValueBytes(val.meta, options.symbolic_size_hint)));
+                  val.producer < 0 || exists[v] ? bytes : SaturatingDouble(bytes));
       bool recomputable = false;
       if (val.producer >= 0) {
         const ir::Node& node = g.nodes()[val.producer];

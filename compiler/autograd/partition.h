@@ -4,8 +4,11 @@
 // tangents and returns the gradients.
 //
 // Construction. Every joint-graph value v that can be computed without
-// tangents becomes two vertices v_in -> v_out whose capacity is v's size in
-// bytes: cutting that edge means saving v. Each use u -> w adds u_out -> w_in
+// tangents becomes two vertices v_in -> v_out: cutting that edge means
+// saving v. Its capacity is what saving v costs in memory traffic: v's size
+// in bytes for a value that exists anyway (a primal, a forward output),
+// which the backward reads; twice that for any other, which the forward
+// must also write. Each use u -> w adds u_out -> w_in
 // with infinite capacity. The source feeds, with infinite capacity, the
 // primals, every value the forward outputs need (it is computed in the
 // forward anyway), and every value that must not be recomputed (anything but
@@ -19,10 +22,11 @@
 //   forward-able: a = relu(x), b = a * w, y = sum(b)
 //   backward:     gb = expand(ty); ga = gb * w; gw = gb * a; gx = threshold_backward(ga, a, 0)
 //   backward reads: w, a   (x is not read)
-//   Saving a and w costs |a| + |w|; recomputing a = relu(x) instead needs x:
-//   |x| + |w|. Both cost the same here, and the cut saves the one it finds
-//   first; with a = relu(x) followed by several pointwise ops whose results
-//   backward reads, saving x alone wins over saving each of them.
+//   Saving a and w costs 2|a| + |w| (the forward would write a only to
+//   save it); recomputing a = relu(x) instead needs x, a primal: |x| + |w|.
+//   The cut saves x and w, and the backward recomputes relu(x). With
+//   several pointwise ops after relu whose results the backward reads,
+//   saving x alone wins over saving each of them all the more.
 //
 // Pure functions; thread-safe.
 #ifndef KILN_COMPILER_AUTOGRAD_PARTITION_H_

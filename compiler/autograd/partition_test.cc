@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
@@ -75,6 +76,25 @@ TEST(PartitionTest, RecomputesCheapChainsInsteadOfSavingEachStep) {
   // Backward: the saved value and one tangent in, one gradient out.
   EXPECT_EQ(cut.backward.inputs().size(), 2u);
   EXPECT_EQ(cut.backward.outputs().size(), 1u);
+}
+
+// RMS norm's weight gradient reads x * rstd. Saving it costs the forward a
+// write of the whole tensor; saving x (which exists anyway) and the per-row
+// mean, and recomputing x * rstd in the backward, does not.
+TEST(PartitionTest, SavesAPrimalAndAPerRowValueRatherThanANewWholeTensor) {
+  ir::GraphBuilder b("rmsnorm");
+  ir::ValueId w = b.AddInput(Meta({256}, true), v1::Placeholder::PARAMETER, "w");
+  ir::ValueId x = b.AddInput(Meta({128, 256}), v1::Placeholder::USER_INPUT, "x");
+  ir::ValueId sq = Op(b, "aten.mul.Tensor", {Ref(x), Ref(x)});
+  ir::ValueId mean = Op(b, "aten.mean.dim", {Ref(sq), ir::Ints({-1}), ir::Bool(true)});
+  ir::ValueId rstd =
+      Op(b, "aten.rsqrt.default", {Ref(Op(b, "aten.add.Scalar", {Ref(mean), ir::Float(1e-6)}))});
+  ir::ValueId normed = Op(b, "aten.mul.Tensor", {Ref(x), Ref(rstd)});
+  b.AddOutput(Op(b, "aten.mul.Tensor", {Ref(normed), Ref(w)}));
+  Partition p = Split(std::move(b).Build());
+  EXPECT_EQ(p.saved_bytes, (128 * 256 + 128) * 4) << absl::StrJoin(p.saved, ", ");
+  EXPECT_NE(std::find(p.saved.begin(), p.saved.end(), "x"), p.saved.end())
+      << absl::StrJoin(p.saved, ", ");
 }
 
 TEST(PartitionTest, NeverRecomputesMatmulsOrReductions) {
