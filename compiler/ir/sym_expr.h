@@ -138,8 +138,9 @@ class SymExpr {
 // ("4*s0*s1 + s1 - 2"). Equal polynomials print equal text. Constants
 // saturate at the int64 bounds instead of overflowing, so that a bad size
 // from a request fails the checks that follow instead of wrapping.
-// Products of sums are expanded up to 64 monomials; beyond, the product stays
-// one factor.
+// Products are expanded up to 64 monomials of up to 64 factors each; beyond,
+// the product stays one factor, so that simplifying a hostile expression
+// stays cheap.
 SymExpr Simplify(const SymExpr& e);
 SymExpr SymPlus(const SymExpr& a, const SymExpr& b);
 SymExpr SymMinus(const SymExpr& a, const SymExpr& b);

@@ -1,6 +1,8 @@
 // SymExpr's canonical polynomial form and the arithmetic on it (sym_expr.h).
 #include <algorithm>
+#include <iterator>
 #include <limits>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -14,6 +16,7 @@ namespace {
 using Op = SymOp;
 
 constexpr size_t kMaxTerms = 64;
+constexpr size_t kMaxFactors = 64;
 
 int64_t SaturatingAdd(int64_t a, int64_t b) {
   int64_t r;
@@ -80,10 +83,25 @@ struct Poly {
 Monomial Times(const Monomial& a, const Monomial& b) {
   Monomial m;
   m.coeff = SaturatingMul(a.coeff, b.coeff);
-  m.factors = a.factors;
-  m.factors.insert(m.factors.end(), b.factors.begin(), b.factors.end());
-  std::sort(m.factors.begin(), m.factors.end());
+  m.factors.reserve(a.factors.size() + b.factors.size());
+  std::merge(a.factors.begin(), a.factors.end(), b.factors.begin(), b.factors.end(),
+             std::back_inserter(m.factors));
   return m;
+}
+
+// p * q expanded, or nullopt past kMaxTerms monomials or kMaxFactors factors
+// in one (then the product stays one factor, and simplifying stays cheap).
+std::optional<Poly> Product(const Poly& p, const Poly& q) {
+  const std::vector<Monomial> x = p.AllTerms(), y = q.AllTerms();
+  if (x.size() * y.size() > kMaxTerms) return std::nullopt;
+  Poly out;
+  for (const Monomial& m : x) {
+    for (const Monomial& k : y) {
+      if (m.factors.size() + k.factors.size() > kMaxFactors) return std::nullopt;
+      out.Add(Times(m, k));
+    }
+  }
+  return out;
 }
 
 Poly Scaled(const Poly& p, int64_t k) {
@@ -116,14 +134,9 @@ Poly ToPoly(const SymExpr::Tree& tree, int32_t node) {
       return p;
     }
     case Op::kMul: {
-      const Poly p = ToPoly(tree, n.a), q = ToPoly(tree, n.b);
-      const std::vector<Monomial> x = p.AllTerms(), y = q.AllTerms();
-      if (x.size() * y.size() > kMaxTerms) return Opaque(tree, node);
-      Poly out;
-      for (const Monomial& m : x) {
-        for (const Monomial& k : y) out.Add(Times(m, k));
-      }
-      return out;
+      std::optional<Poly> product = Product(ToPoly(tree, n.a), ToPoly(tree, n.b));
+      if (!product) return Opaque(tree, node);
+      return *std::move(product);
     }
     default:
       return Opaque(tree, node);  // a symbol, or what the form does not look into
@@ -223,13 +236,9 @@ SymExpr SymTimes(const SymExpr& a, const SymExpr& b) {
     return SymExpr::Constant(SaturatingMul(*a.constant(), *b.constant()));
   if (a.constant() == 1) return b;
   if (b.constant() == 1) return a;
-  const std::vector<Monomial> x = ToPoly(a).AllTerms(), y = ToPoly(b).AllTerms();
-  if (x.size() * y.size() > kMaxTerms) return Written(Op::kMul, a, b);
-  Poly out;
-  for (const Monomial& m : x) {
-    for (const Monomial& k : y) out.Add(Times(m, k));
-  }
-  return FromPoly(out);
+  std::optional<Poly> product = Product(ToPoly(a), ToPoly(b));
+  if (!product) return Written(Op::kMul, a, b);
+  return FromPoly(*product);
 }
 
 SymExpr SymFloorDivide(const SymExpr& a, const SymExpr& b) {
