@@ -24,11 +24,11 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
-#include "compiler/ir/sym_expr.h"
 #include "client/runtime/cuda_module.h"
 #include "client/runtime/interpreter.h"
 #include "client/runtime/module_loader.h"
 #include "common/status_macros.h"
+#include "compiler/ir/sym_expr.h"
 #include "kiln/v1/artifact.pb.h"
 
 namespace kiln::runtime::plan_internal {
@@ -90,7 +90,7 @@ class Dim {
   }
 
   int64_t constant_ = 0;
-  int symbol_ = -1;                     // index into the symbol values
+  int symbol_ = -1;                  // index into the symbol values
   std::optional<ir::SymExpr> expr_;  // set for an expression
 };
 
