@@ -64,8 +64,9 @@ struct Case {
   std::string name;
   std::vector<ir::TensorMeta> inputs;
   std::function<void(ir::GraphBuilder&, const std::vector<ir::ValueId>&)> body;
-  int splits;      // kernels the policy must split
-  int added = -1;  // kernels the splits add (-1: one per split)
+  int splits;                           // kernels the policy must split
+  int added = -1;                       // kernels the splits add (-1: one per split)
+  std::vector<std::string> names = {};  // input names (default in0, in1, ...)
 };
 
 void Check(const Case& c) {
@@ -74,7 +75,8 @@ void Check(const Case& c) {
   std::vector<ir::ValueId> ins;
   std::vector<at::Tensor> inputs;
   for (size_t i = 0; i < c.inputs.size(); ++i) {
-    ins.push_back(b.AddInput(c.inputs[i], v1::Placeholder::USER_INPUT, "in" + std::to_string(i)));
+    const std::string name = i < c.names.size() ? c.names[i] : "in" + std::to_string(i);
+    ins.push_back(b.AddInput(c.inputs[i], v1::Placeholder::USER_INPUT, name));
     std::vector<int64_t> sizes;
     for (const ir::SymInt& s : c.inputs[i].sizes) sizes.push_back(s.constant());
     const bool bf16 = c.inputs[i].dtype == v1::BFLOAT16;
@@ -249,6 +251,20 @@ TEST(SplitReductionsTest, RowSumThenEveryElementDivided) {
          },
          1,
          2});
+}
+
+// The new buffers take names no value of the plan has.
+TEST(SplitReductionsTest, NewBuffersDoNotTakeTheNamesOfGraphValues) {
+  Check({"names taken",
+         {Meta({64, 48}), Meta({48}), Meta({48})},
+         [](ir::GraphBuilder& b, const std::vector<ir::ValueId>& in) {
+           ir::ValueId s = Op(b, "aten.sum.dim_IntList", {Ref(in[0]), Dims({0})});
+           b.AddOutput(Op(b, "aten.add.Tensor",
+                          {Ref(Op(b, "aten.add.Tensor", {Ref(s), Ref(in[1])})), Ref(in[2])}));
+         },
+         1,
+         -1,
+         {"x", "kernel_0_partial0", "kernel_0_partial0_1"}});
 }
 
 TEST(SplitReductionsTest, MultiPassKernelsStayWhole) {

@@ -1,7 +1,9 @@
 #include "compiler/loop/split_reductions.h"
 
 #include <algorithm>
+#include <functional>
 #include <map>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -19,9 +21,11 @@ std::string Illegal(const Kernel& k) {
   if (k.inner.empty()) return "no inner dimensions";
   for (const ir::SymInt& s : k.outer) {
     if (!s.is_constant()) return "symbolic sizes";
+    if (s.constant() <= 0) return "an empty space";
   }
   for (const ir::SymInt& s : k.inner) {
     if (!s.is_constant()) return "symbolic sizes";
+    if (s.constant() <= 0) return "an empty space";
   }
   bool reduces = false;
   for (const Stmt& s : k.stmts) {
@@ -67,10 +71,12 @@ std::string Illegal(const Kernel& k) {
 }
 
 // How many slices to cut a first inner dimension of `n` into: the smallest
-// divisor of `n` that is at least `want` and at most `most`, else the
-// largest divisor up to `most`; 0 or 1 when there is none.
+// divisor of `n` that is at least `want` and at most `most` (and 4 * want),
+// else the largest divisor up to `want`; 0 or 1 when there is none.
 int64_t Slices(int64_t n, int64_t want, int64_t most) {
-  for (int64_t d = std::max<int64_t>(want, 2); d <= std::min(n, most); ++d) {
+  // Upwards no further than 4 * want: the search stays short for a huge
+  // dimension of few divisors (a prime), whatever the request.
+  for (int64_t d = std::max<int64_t>(want, 2); d <= std::min({n, most, 4 * want}); ++d) {
     if (n % d == 0) return d;
   }
   for (int64_t d = std::min({want, most, n}); d >= 2; --d) {
@@ -169,7 +175,8 @@ int Append(Kernel* k, Stmt s) {
 // reductions, then the first pass's epilogue) and, for a kernel of several
 // passes, a pointwise kernel that runs the later passes over the whole
 // space with the per-row values the finishing kernel stored.
-Split SplitKernel(const Kernel& k, int64_t slices) {
+Split SplitKernel(const Kernel& k, int64_t slices,
+                  const std::function<std::string(const std::string&)>& fresh) {
   Split out;
   const int64_t slice = k.inner[0].constant() / slices;
   const int64_t per_slice = Product(k.inner) / slices;  // elements each partial reduced
@@ -191,8 +198,8 @@ Split SplitKernel(const Kernel& k, int64_t slices) {
     for (int a : s.args) {
       if (k.stmts[a].pass != 0 || row_of[a] >= 0) continue;
       row_of[a] = static_cast<int>(out.rows.size());
-      out.rows.push_back(
-          KernelBuffer{absl::StrCat(k.name, "_row", out.rows.size()), k.stmts[a].dtype, true});
+      out.rows.push_back(KernelBuffer{fresh(absl::StrCat(k.name, "_row", out.rows.size())),
+                                      k.stmts[a].dtype, true});
     }
   }
   const int first_row = first_partial + n_reductions;
@@ -217,14 +224,17 @@ Split SplitKernel(const Kernel& k, int64_t slices) {
     Stmt s = k.stmts[j];
     for (int& arg : s.args) arg = at[arg];
     if (s.kind == StmtKind::kLoad || s.kind == StmtKind::kStore) {
-      const int64_t step = s.index.inner_strides.empty() ? 0 : s.index.inner_strides[0].constant();
+      // Statements after the sweep read no inner index: the slice does not
+      // move them.
+      const int64_t step =
+          !s.inner || s.index.inner_strides.empty() ? 0 : s.index.inner_strides[0].constant();
       s.index.outer_strides.insert(s.index.outer_strides.begin(), Const(step * slice));
     }
     at[j] = Append(&a, std::move(s));
     if (k.stmts[j].kind != StmtKind::kReduce) continue;
     const int buffer = first_partial + static_cast<int>(out.partials.size());
-    out.partials.push_back(KernelBuffer{absl::StrCat(k.name, "_partial", out.partials.size()),
-                                        k.stmts[j].dtype, true});
+    out.partials.push_back(KernelBuffer{
+        fresh(absl::StrCat(k.name, "_partial", out.partials.size())), k.stmts[j].dtype, true});
     Stmt store = Access(StmtKind::kStore, false, k.stmts[j].dtype, buffer, partial_strides,
                         std::vector<ir::SymInt>(a.inner.size(), Const(0)));
     store.args = {at[j]};
@@ -362,12 +372,24 @@ std::string Sizes(const std::vector<ir::SymInt>& sizes) {
 // allocations, the partial kernel's launch, the finishing launch, the
 // partials' frees.
 void RewritePlan(const Split& split, v1::ExecutionPlan* plan) {
+  // The new buffers live where the kernel's own do: the device of a buffer
+  // the plan allocates or takes as an input.
+  std::set<std::string> own;
+  for (const KernelBuffer& b : split.finish.buffers) own.insert(b.value);
   v1::Device device;
   device.set_type("cuda");
+  bool found = false;
   for (const v1::PlanStep& s : plan->steps()) {
-    if (s.has_alloc()) {
+    if (s.has_alloc() && own.count(s.alloc().value()) > 0) {
       device = s.alloc().device();
+      found = true;
       break;
+    }
+  }
+  for (int i = 0; !found && i < plan->inputs_size(); ++i) {
+    if (own.count(plan->inputs(i).value().name()) > 0) {
+      device = plan->inputs(i).value().meta().device();
+      found = true;
     }
   }
   google::protobuf::RepeatedPtrField<v1::PlanStep> steps;
@@ -405,15 +427,39 @@ void RewritePlan(const Split& split, v1::ExecutionPlan* plan) {
   *plan->mutable_steps() = std::move(steps);
 }
 
+// Every value name the plan uses.
+std::set<std::string> PlanNames(const v1::ExecutionPlan& plan) {
+  std::set<std::string> names;
+  for (const v1::Placeholder& p : plan.inputs()) names.insert(p.value().name());
+  for (const v1::PlanStep& s : plan.steps()) {
+    if (s.has_alloc()) names.insert(s.alloc().value());
+    if (s.has_view()) names.insert(s.view().value());
+    if (s.has_launch()) names.insert(s.launch().buffers().begin(), s.launch().buffers().end());
+    if (s.has_extern_call()) {
+      for (const v1::Value& o : s.extern_call().node().outputs()) names.insert(o.name());
+    }
+  }
+  for (const std::string& o : plan.outputs()) names.insert(o);
+  return names;
+}
+
 }  // namespace
 
 void SplitReductions(const SplitPolicy& policy, LoweredGraph* lowered) {
+  std::set<std::string> taken = PlanNames(lowered->plan);
+  // A name no plan value has: `base`, or `base` with a suffix.
+  auto fresh = [&taken](const std::string& base) {
+    std::string name = base;
+    for (int n = 1; taken.count(name) > 0; ++n) name = absl::StrCat(base, "_", n);
+    taken.insert(name);
+    return name;
+  };
   std::vector<Kernel> kernels;
   for (Kernel& k : lowered->kernels) {
     const std::optional<int64_t> blocks = policy.blocks(k);
     bool reduces = false;
     for (const Stmt& s : k.stmts) reduces = reduces || s.kind == StmtKind::kReduce;
-    if (!reduces || !blocks || *blocks >= policy.split_below) {
+    if (!reduces || !blocks || *blocks <= 0 || *blocks >= policy.split_below) {
       kernels.push_back(std::move(k));
       continue;
     }
@@ -434,7 +480,7 @@ void SplitReductions(const SplitPolicy& policy, LoweredGraph* lowered) {
       kernels.push_back(std::move(k));
       continue;
     }
-    Split split = SplitKernel(k, slices);
+    Split split = SplitKernel(k, slices, fresh);
     const bool apply = !split.apply.name.empty();
     lowered->decisions.push_back(absl::StrCat(
         "split: ", k.name, " (", *blocks, " blocks) reduces ", slices, " slices of each row in ",

@@ -25,9 +25,10 @@
 // whole.
 //
 // Profitability is the target's: `SplitPolicy` says how many blocks a
-// kernel launches and how many the device wants. The plan gets the new
-// buffers' allocations before the first launch and their frees after the
-// last.
+// kernel launches and how many the device wants. Where the plan launched
+// the kernel, it now allocates the new buffers (on the device of the
+// kernel's own buffers, under names no plan value has), launches the new
+// kernels and frees the buffers.
 //
 // Every split and every refusal of a kernel that had too few blocks is in
 // `decisions` ("split: ...", "no split: ...").
