@@ -190,9 +190,17 @@ absl::StatusOr<ir::Graph> Extract(const ir::Graph& g, const std::string& name,
 }  // namespace
 
 int64_t ValueBytes(const ir::TensorMeta& meta, int64_t hint) {
-  int64_t n = 1;
-  for (const auto& s : meta.sizes) n *= s.is_constant() ? s.constant() : hint;
-  return n * DTypeBytes(meta.dtype);
+  // Saturates at 1 TiB, far below kInf, so that a huge value (many
+  // symbolic dimensions at the hint) is an expensive cut, never an infinite
+  // or a negative one, and the flow's sum of cuts cannot overflow.
+  constexpr int64_t kMaxBytes = int64_t{1} << 40;
+  int64_t n = DTypeBytes(meta.dtype);
+  for (const auto& s : meta.sizes) {
+    const int64_t d = s.is_constant() ? s.constant() : hint;
+    if (d <= 0) return 0;
+    if (__builtin_mul_overflow(n, d, &n) || n > kMaxBytes) return kMaxBytes;
+  }
+  return n;
 }
 
 absl::StatusOr<Partition> PartitionJointGraph(const JointGraph& joint,
