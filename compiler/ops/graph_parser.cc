@@ -114,8 +114,14 @@ std::vector<absl::string_view> SplitTopLevel(absl::string_view text) {
 }
 
 // An integer (a constant SymInt) or a size expression.
-absl::StatusOr<SymInt> ParseSymInt(int line, absl::string_view text, absl::string_view what) {
+// Expressions longer than `max_length` are refused before they are parsed.
+absl::StatusOr<SymInt> ParseSymInt(int line, absl::string_view text, absl::string_view what,
+                                   int64_t max_length) {
   if (text.empty()) return Error(line, absl::StrCat("expected ", what, ", got nothing"));
+  if (static_cast<int64_t>(text.size()) > max_length) {
+    return Error(line, absl::StrCat(what, " ", Quote(text), " is longer than ", max_length,
+                                    " characters (GraphLimits.max_expr_length)"));
+  }
   if (IsIntegerLiteral(text)) {
     int64_t value = 0;
     if (!absl::SimpleAtoi(text, &value)) {
@@ -253,7 +259,8 @@ class GraphParser {
         return Error(line, absl::StrCat("more than ", options_.limits.max_rank,
                                         " dimensions (GraphLimits.max_rank)"));
       }
-      ASSIGN_OR_RETURN(SymInt size, ParseSymInt(line, piece, "a size"));
+      ASSIGN_OR_RETURN(SymInt size,
+                       ParseSymInt(line, piece, "a size", options_.limits.max_expr_length));
       meta.sizes.push_back(std::move(size));
     }
     meta.strides = ContiguousStrides(meta.sizes);
@@ -388,6 +395,9 @@ class GraphParser {
       }
     } else if (!names.empty()) {
       if (!absl::ConsumePrefix(&rest, "#")) {
+        if (names.size() == 1) {
+          return Error(n, absl::StrCat("expected '", names[0], ": \"<metadata>\" = ...'"));
+        }
         return Error(n, "expected '# <metadata>, ...' of the outputs after the call");
       }
       for (absl::string_view m : SplitTopLevel(rest)) {
@@ -543,7 +553,8 @@ class GraphParser {
       }
       case Base::kInt:
       case Base::kSymInt: {
-        ASSIGN_OR_RETURN(SymInt s, ParseSymInt(line, text, "an integer"));
+        ASSIGN_OR_RETURN(SymInt s,
+                         ParseSymInt(line, text, "an integer", options_.limits.max_expr_length));
         if (s.is_constant()) return Of(s.constant());
         return Of(std::move(s));
       }
@@ -560,7 +571,8 @@ class GraphParser {
         if (text == "True") return Of(true);
         if (text == "False") return Of(false);
         if (IsIntegerLiteral(text)) {
-          ASSIGN_OR_RETURN(SymInt s, ParseSymInt(line, text, "an integer"));
+          ASSIGN_OR_RETURN(SymInt s,
+                           ParseSymInt(line, text, "an integer", options_.limits.max_expr_length));
           return Of(s.constant());
         }
         double d = 0;
@@ -572,7 +584,8 @@ class GraphParser {
           absl::SimpleAtod(text, &d);
           return Of(d);
         }
-        ASSIGN_OR_RETURN(SymInt s, ParseSymInt(line, text, "a number"));
+        ASSIGN_OR_RETURN(SymInt s,
+                         ParseSymInt(line, text, "a number", options_.limits.max_expr_length));
         return Of(std::move(s));
       }
       case Base::kStr:
@@ -643,7 +656,8 @@ class GraphParser {
         std::vector<SymInt> syms;
         bool constant = true;
         for (absl::string_view item : items) {
-          ASSIGN_OR_RETURN(SymInt s, ParseSymInt(line, item, "an integer"));
+          ASSIGN_OR_RETURN(SymInt s,
+                           ParseSymInt(line, item, "an integer", options_.limits.max_expr_length));
           constant = constant && s.is_constant();
           syms.push_back(std::move(s));
         }
@@ -707,19 +721,18 @@ class GraphParser {
       status = CheckMetadata(*options_.registry, graph);
     }
     if (status.ok()) return graph;
-    // Name the line of the node or value the error names.
+    // Name the line of the node or value the error names (searching a short
+    // prefix of the message, so that this stays linear in the text).
+    const absl::string_view message = status.message().substr(0, 8 * kQuoteLimit);
     for (size_t k = 0; k < graph.nodes().size(); ++k) {
-      const ir::Node& node = graph.nodes()[k];
-      if (absl::StrContains(status.message(), absl::StrCat("'", node.name, "'"))) {
-        return Error(nodes_[k].line, status.message());
+      if (absl::StrContains(message, absl::StrCat("'", graph.nodes()[k].name, "'"))) {
+        return Error(nodes_[k].line, message);
       }
     }
     for (const ParsedValue& v : values_) {
-      if (absl::StrContains(status.message(), absl::StrCat("'", v.name, "'"))) {
-        return Error(v.line, status.message());
-      }
+      if (absl::StrContains(message, absl::StrCat("'", v.name, "'"))) return Error(v.line, message);
     }
-    return absl::InvalidArgumentError(absl::StrCat("the parsed graph: ", status.message()));
+    return absl::InvalidArgumentError(absl::StrCat("the parsed graph: ", message));
   }
 
   const ParseOptions& options_;

@@ -210,6 +210,13 @@ TEST(GraphParser, RefusesMalformedText) {
        "line 3: aten.mul.Tensor returns 1 outputs, the line names 2"},
       {"aten.sum.dim_IntList(mul, [1], False)", "aten.sum.dim_IntList(mul, [1], False) junk",
        "line 4: expected the end of the line"},
+      {"sum_1: \"f32[4]\"", "sum_1", "line 4: expected 'sum_1: \"<metadata>\" = ...'"},
+      {"[1]", "[1, 2]",
+       "line 4: aten.sum.dim_IntList: argument 'dim': dimension 2 is out of range"},
+      {"[1]", "[0]", "line 4: node 'sum_1_node' (aten.sum.dim_IntList) output 0 'sum_1': size[0]"},
+      {"f32[4]", absl::StrCat("f32[", std::string(2000, 's'), "]"),
+       "is longer than 1024 characters (GraphLimits.max_expr_length)"},
+      {"(x, w)", "(x, device('cpu'))", "line 3: expected a value for 'other' (Tensor)"},
   };
   for (const BadCase& c : cases) {
     std::string text = kSmall;
