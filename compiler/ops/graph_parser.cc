@@ -426,7 +426,7 @@ class GraphParser {
     return absl::OkStatus();
   }
 
-  // Strides and storage offsets from the op's shape rule, where it has one
+  // Strides, storage offsets and devices from the op's shape rule, where it has one
   // and agrees on the rank; requires_grad from the operands.
   absl::Status ShapeRuleMetas(const ParsedNode& node, std::vector<TensorMeta>* metas) {
     bool requires_grad = false;
@@ -462,6 +462,11 @@ class GraphParser {
       if (want.strides.size() != m.sizes.size()) continue;
       m.strides = want.strides;
       m.storage_offset = want.storage_offset;
+      // Some outputs live elsewhere (attention's philox seed is on the CPU).
+      if (!want.device_type.empty()) {
+        m.device_type = want.device_type;
+        m.device_index = want.device_index;
+      }
     }
     return absl::OkStatus();
   }

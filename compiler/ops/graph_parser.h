@@ -21,7 +21,8 @@
 //   - inputs have contiguous strides and storage offset 0; node outputs get
 //     the strides and offset of the op's shape rule (a permute's output is
 //     not contiguous), contiguous ones where the registry has no rule;
-//   - every value lives on options.device;
+//   - inputs live on options.device, node outputs where the shape rule puts
+//     them (options.device where there is none);
 //   - inputs require grad when options.requires_grad names them, node
 //     outputs when any tensor they read does;
 //   - inputs are USER_INPUT unless options.input_kinds says otherwise;

@@ -6,9 +6,11 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -19,6 +21,8 @@
 #include "compiler/autograd/partition.h"
 #include "compiler/ir/dead_code.h"
 #include "compiler/ir/printer.h"
+#include "compiler/ir/verify.h"
+#include "compiler/pipeline/attention.h"
 #include "google/protobuf/util/json_util.h"
 #include "kiln/v1/service.pb.h"
 
@@ -34,13 +38,44 @@ void ExpectRoundTrip(const ir::Graph& g, const std::string& label) {
     const ir::Value& v = g.value(in.value);
     if (v.meta.requires_grad) options.requires_grad.insert(v.name);
     if (in.kind != v1::Placeholder::USER_INPUT) options.input_kinds[v.name] = in.kind;
+    options.device = v.meta.device_type;
+    if (v.meta.device_index >= 0) absl::StrAppend(&options.device, ":", v.meta.device_index);
   }
+  // A graph the shape rules disagree with (a CPU capture moved to the GPU,
+  // where batch norm's saved statistics have other sizes) is read without
+  // them.
+  if (!CheckMetadata(DefaultRegistry(), g).ok()) options.registry = nullptr;
   absl::StatusOr<ir::Graph> parsed = ParseReadable(text, options);
+  // What the verifier refuses, the parser refuses too.
+  const absl::Status valid = ir::Verify(g);
+  if (!valid.ok()) {
+    EXPECT_FALSE(parsed.ok()) << label;
+    std::cerr << label << " fails ir::Verify (" << valid
+              << "), and the parser says: " << parsed.status() << "\n";
+    return;
+  }
   ASSERT_TRUE(parsed.ok()) << label << ": " << parsed.status() << "\n" << text;
   EXPECT_EQ(ir::PrintReadable(*parsed), text) << label;
   ASSERT_EQ(parsed->inputs().size(), g.inputs().size());
   for (size_t k = 0; k < g.inputs().size(); ++k) {
     EXPECT_EQ(parsed->inputs()[k].kind, g.inputs()[k].kind) << label;
+  }
+}
+
+// The graph as captured with its tensors on the GPU.
+void MoveToCuda(v1::Graph* g) {
+  auto move = [](v1::Device* d) {
+    d->set_type("cuda");
+    d->set_index(0);
+  };
+  for (auto& in : *g->mutable_inputs()) move(in.mutable_value()->mutable_meta()->mutable_device());
+  for (auto& node : *g->mutable_nodes()) {
+    for (auto& out : *node.mutable_outputs()) move(out.mutable_meta()->mutable_device());
+    for (auto* args : {node.mutable_args(), node.mutable_kwargs()}) {
+      for (auto& arg : *args) {
+        if (arg.has_device()) move(arg.mutable_device());
+      }
+    }
   }
 }
 
@@ -54,6 +89,8 @@ std::vector<std::string> GraphFiles() {
   return paths;
 }
 
+// Each graph on the CPU and on the GPU (with the attention rewrite the CUDA
+// pipeline makes), and for training graphs the joint graph and its halves.
 TEST(GraphParser, RoundTripsTheTestGraphsAndTheirAutogradGraphs) {
   const std::vector<std::string> paths = GraphFiles();
   ASSERT_FALSE(paths.empty());
@@ -64,26 +101,42 @@ TEST(GraphParser, RoundTripsTheTestGraphsAndTheirAutogradGraphs) {
     text << f.rdbuf();
     v1::GraphFile file;
     ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(text.str(), &file).ok()) << path;
-    absl::StatusOr<ir::Graph> graph = ir::Graph::FromProto(file.graph());
-    ASSERT_TRUE(graph.ok()) << path << ": " << graph.status();
-    ExpectRoundTrip(*graph, path);
-    ++graphs;
-    bool training = false;
-    for (const auto& in : graph->inputs()) {
-      training = training || graph->value(in.value).meta.requires_grad;
+    for (const std::string device : {"cpu", "cuda"}) {
+      const std::string label = absl::StrCat(path, " ", device);
+      v1::Graph proto = file.graph();
+      if (device == "cuda") MoveToCuda(&proto);
+      absl::StatusOr<ir::Graph> graph = ir::Graph::FromProto(proto);
+      ASSERT_TRUE(graph.ok()) << label << ": " << graph.status();
+      ExpectRoundTrip(*graph, label);
+      ++graphs;
+      bool training = false;
+      for (const auto& in : graph->inputs()) {
+        training = training || graph->value(in.value).meta.requires_grad;
+      }
+      if (device == "cuda") {
+        pipeline::AttentionOptions attention;
+        attention.training = training;
+        absl::StatusOr<int> fused = pipeline::RewriteAttention(*graph, &*graph, attention);
+        ASSERT_TRUE(fused.ok()) << label << ": " << fused.status();
+        if (*fused > 0) {
+          ExpectRoundTrip(*graph, label + " attention");
+          ++graphs;
+        }
+      }
+      if (!training) continue;
+      auto joint = autograd::BuildJointGraph(*graph, autograd::JointOptions());
+      ASSERT_TRUE(joint.ok()) << label << ": " << joint.status();
+      ExpectRoundTrip(joint->graph, label + " joint");
+      auto split = autograd::PartitionJointGraph(*joint);
+      ASSERT_TRUE(split.ok()) << label << ": " << split.status();
+      ExpectRoundTrip(split->forward, label + " forward");
+      ExpectRoundTrip(split->backward, label + " backward");
+      graphs += 3;
     }
-    if (!training) continue;
-    auto joint = autograd::BuildJointGraph(*graph, autograd::JointOptions());
-    ASSERT_TRUE(joint.ok()) << path << ": " << joint.status();
-    ExpectRoundTrip(joint->graph, path + " joint");
-    auto split = autograd::PartitionJointGraph(*joint);
-    ASSERT_TRUE(split.ok()) << path << ": " << split.status();
-    ExpectRoundTrip(split->forward, path + " forward");
-    ExpectRoundTrip(split->backward, path + " backward");
-    graphs += 3;
   }
-  // Six graphs, some of them training graphs.
-  EXPECT_GT(graphs, 6);
+  // Six graphs on two devices, five of them training graphs, one with
+  // attention.
+  EXPECT_GE(graphs, 6 * 2 + 5 * 2 * 3 + 1);
 }
 
 // Every kind of argument the printer writes.
