@@ -132,15 +132,17 @@ class SymExpr {
   std::shared_ptr<const Tree> tree_;  // never null
 };
 
-// Arithmetic that keeps sizes in a canonical polynomial form: a sum of
-// monomials with distinct factors, each a coefficient times symbols and
-// other subexpressions sorted by their text, then a constant
-// ("4*s0*s1 + s1 - 2"). Equal polynomials print equal text. Constants
-// saturate at the int64 bounds instead of overflowing, so that a bad size
-// from a request fails the checks that follow instead of wrapping.
-// Products are expanded up to 64 monomials of up to 64 factors each; beyond,
-// the product stays one factor, so that simplifying a hostile expression
-// stays cheap.
+// Arithmetic that keeps sizes in a polynomial form: a sum of monomials with
+// distinct factors, each a coefficient times symbols and other
+// subexpressions sorted by their text, then a constant ("4*s0*s1 + s1 - 2").
+// Terms keep the order they first appear in, so "s0 + s1" and "s1 + s0"
+// stay different texts. Constants alone saturate at the int64 bounds instead
+// of overflowing, so that a bad size from a request fails the checks that
+// follow instead of wrapping; a polynomial whose coefficient would saturate,
+// or whose form would nest deeper than kMaxSymExprDepth, is left as
+// written. Products are expanded up to 64 monomials of up to 64 factors
+// each; beyond, the product stays one factor, so that simplifying a hostile
+// expression stays cheap.
 SymExpr Simplify(const SymExpr& e);
 SymExpr SymPlus(const SymExpr& a, const SymExpr& b);
 SymExpr SymMinus(const SymExpr& a, const SymExpr& b);

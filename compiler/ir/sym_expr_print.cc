@@ -52,9 +52,11 @@ class TextPrinter {
       case Op::kSymbol:
         return tree_.symbols[n.value];
       case Op::kNeg: {
-        // "-s0", "-s0*s1", "-(s0//2)", "--s0". A negation of a negation is
-        // not parenthesized, so that the text nests no deeper than the tree.
-        const bool bare = Bare(n.a) || SymPrecedence(tree_.nodes[n.a]) == 7;
+        // "-s0", "-(s0*s1)", "-(s0//2)", "--s0". A product keeps its
+        // parentheses ("-s0*s1" would parse as (-s0)*s1, which overflows
+        // where the negated product need not); a negation of a negation
+        // does not take any, so that the text nests no deeper than the tree.
+        const bool bare = Atom(n.a) || SymPrecedence(tree_.nodes[n.a]) == 7;
         return absl::StrCat("-", Wrap(n.a, !bare));
       }
       case Op::kNot:
@@ -72,10 +74,12 @@ class TextPrinter {
                             n.op == Op::kAdd ? " + " : " - ",
                             Wrap(n.b, SymPrecedence(tree_.nodes[n.b]) <= 5));
       case Op::kMul:
-        // A leading negative coefficient stays bare: "-2*s0". A product on
-        // the right keeps its parentheses, so that the text parses back to
-        // the same tree (and no deeper one): "a*(b*c)".
-        return absl::StrCat(Wrap(n.a, !Bare(n.a) && !IsConstant(n.a)), "*", Wrap(n.b, !Atom(n.b)));
+        // A leading negation or negative coefficient stays bare, as unary
+        // minus binds tighter: "-2*s0", "-s0*s1" (that is (-s0)*s1). A
+        // product on the right keeps its parentheses, so that the text
+        // parses back to the same tree (and no deeper one): "a*(b*c)".
+        return absl::StrCat(Wrap(n.a, !Bare(n.a) && SymPrecedence(tree_.nodes[n.a]) != 7), "*",
+                            Wrap(n.b, !Atom(n.b)));
       case Op::kFloorDiv:
       case Op::kExactDiv:
       case Op::kMod: {
@@ -174,7 +178,9 @@ class CppPrinter {
 // Fully parenthesized, so that Python's precedence never matters.
 std::string PrintPython(const SymExpr::Tree& tree, int32_t i) {
   const Node& n = tree.nodes[i];
-  if (n.op == Op::kConst) return absl::StrCat(n.value);
+  if (n.op == Op::kConst) {
+    return n.value < 0 ? absl::StrCat("(", n.value, ")") : absl::StrCat(n.value);
+  }
   if (n.op == Op::kSymbol) return tree.symbols[n.value];
   const std::string a = PrintPython(tree, n.a);
   switch (n.op) {

@@ -18,15 +18,18 @@ using Op = SymOp;
 constexpr size_t kMaxTerms = 64;
 constexpr size_t kMaxFactors = 64;
 
-int64_t SaturatingAdd(int64_t a, int64_t b) {
+// Saturating arithmetic; `*saturated` is set when it saturates.
+int64_t SaturatingAdd(int64_t a, int64_t b, bool* saturated = nullptr) {
   int64_t r;
   if (!__builtin_add_overflow(a, b, &r)) return r;
+  if (saturated != nullptr) *saturated = true;
   return b > 0 ? std::numeric_limits<int64_t>::max() : std::numeric_limits<int64_t>::min();
 }
 
-int64_t SaturatingMul(int64_t a, int64_t b) {
+int64_t SaturatingMul(int64_t a, int64_t b, bool* saturated = nullptr) {
   int64_t r;
   if (!__builtin_mul_overflow(a, b, &r)) return r;
+  if (saturated != nullptr) *saturated = true;
   return (a < 0) == (b < 0) ? std::numeric_limits<int64_t>::max()
                             : std::numeric_limits<int64_t>::min();
 }
@@ -46,22 +49,27 @@ bool operator==(const Factor& a, const Factor& b) { return a.text == b.text; }
 struct Monomial {
   int64_t coeff = 1;
   std::vector<Factor> factors;
+  bool saturated = false;  // the coefficient saturated on the way
 };
 
 // A sum of monomials with distinct factor lists, plus a constant.
 struct Poly {
   std::vector<Monomial> terms;
   int64_t constant = 0;
+  // A coefficient saturated: the form no longer computes what the
+  // expression does (a saturated term could cancel into a plausible value).
+  bool saturated = false;
 
   void Add(Monomial m) {
+    saturated = saturated || m.saturated;
     if (m.coeff == 0) return;
     if (m.factors.empty()) {
-      constant = SaturatingAdd(constant, m.coeff);
+      constant = SaturatingAdd(constant, m.coeff, &saturated);
       return;
     }
     for (auto it = terms.begin(); it != terms.end(); ++it) {
       if (it->factors == m.factors) {
-        it->coeff = SaturatingAdd(it->coeff, m.coeff);
+        it->coeff = SaturatingAdd(it->coeff, m.coeff, &saturated);
         if (it->coeff == 0) terms.erase(it);
         return;
       }
@@ -69,8 +77,9 @@ struct Poly {
     terms.push_back(std::move(m));
   }
   void Add(const Poly& p) {
+    saturated = saturated || p.saturated;
     for (const Monomial& m : p.terms) Add(m);
-    constant = SaturatingAdd(constant, p.constant);
+    constant = SaturatingAdd(constant, p.constant, &saturated);
   }
   // The terms, with the constant as a monomial of no factors.
   std::vector<Monomial> AllTerms() const {
@@ -82,7 +91,8 @@ struct Poly {
 
 Monomial Times(const Monomial& a, const Monomial& b) {
   Monomial m;
-  m.coeff = SaturatingMul(a.coeff, b.coeff);
+  m.saturated = a.saturated || b.saturated;
+  m.coeff = SaturatingMul(a.coeff, b.coeff, &m.saturated);
   m.factors.reserve(a.factors.size() + b.factors.size());
   std::merge(a.factors.begin(), a.factors.end(), b.factors.begin(), b.factors.end(),
              std::back_inserter(m.factors));
@@ -95,6 +105,7 @@ std::optional<Poly> Product(const Poly& p, const Poly& q) {
   const std::vector<Monomial> x = p.AllTerms(), y = q.AllTerms();
   if (x.size() * y.size() > kMaxTerms) return std::nullopt;
   Poly out;
+  out.saturated = p.saturated || q.saturated;
   for (const Monomial& m : x) {
     for (const Monomial& k : y) {
       if (m.factors.size() + k.factors.size() > kMaxFactors) return std::nullopt;
@@ -106,7 +117,12 @@ std::optional<Poly> Product(const Poly& p, const Poly& q) {
 
 Poly Scaled(const Poly& p, int64_t k) {
   Poly out;
-  for (const Monomial& m : p.AllTerms()) out.Add(Monomial{SaturatingMul(m.coeff, k), m.factors});
+  out.saturated = p.saturated;
+  for (const Monomial& m : p.AllTerms()) {
+    Monomial scaled{0, m.factors, m.saturated};
+    scaled.coeff = SaturatingMul(m.coeff, k, &scaled.saturated);
+    out.Add(std::move(scaled));
+  }
   return out;
 }
 
@@ -149,13 +165,18 @@ int32_t MonomialTree(int64_t coeff, const std::vector<Factor>& factors, SymTreeB
   int32_t product = -1;
   if (coeff != 1 && coeff != -1) product = b->Const(coeff);
   for (const Factor& f : factors) {
-    const int32_t x = b->Copy(*f.tree, f.node);
+    int32_t x = b->Copy(*f.tree, f.node);
+    // -1 negates the first factor: (-s0)*s1, which prints "-s0*s1".
+    if (product < 0 && coeff == -1) x = b->Unary(Op::kNeg, x);
     product = product < 0 ? x : b->Binary(Op::kMul, product, x);
   }
-  return coeff == -1 ? b->Unary(Op::kNeg, product) : product;
+  return product;
 }
 
-SymExpr FromPoly(const Poly& p) {
+// The polynomial as an expression; nullopt when a coefficient saturated or
+// the chain of its terms would nest deeper than an expression may.
+std::optional<SymExpr> FromPoly(const Poly& p) {
+  if (p.saturated) return std::nullopt;
   if (p.terms.empty()) return SymExpr::Constant(p.constant);
   SymTreeBuilder b;
   int32_t sum = -1;
@@ -173,6 +194,7 @@ SymExpr FromPoly(const Poly& p) {
   } else if (p.constant < 0) {
     b.Binary(Op::kSub, sum, b.Const(-p.constant));
   }
+  if (b.tree().depths.back() > kMaxSymExprDepth) return std::nullopt;
   return SymExpr::FromTree(b.Finish());
 }
 
@@ -212,14 +234,15 @@ SymExpr Written(Op op, const SymExpr& a, const SymExpr& b) {
 
 }  // namespace
 
-SymExpr Simplify(const SymExpr& e) { return FromPoly(ToPoly(e)); }
+SymExpr Simplify(const SymExpr& e) { return FromPoly(ToPoly(e)).value_or(e); }
 
 SymExpr SymPlus(const SymExpr& a, const SymExpr& b) {
   if (a.constant() && b.constant())
     return SymExpr::Constant(SaturatingAdd(*a.constant(), *b.constant()));
   Poly p = ToPoly(a);
   p.Add(ToPoly(b));
-  return FromPoly(p);
+  if (std::optional<SymExpr> r = FromPoly(p)) return *std::move(r);
+  return Written(Op::kAdd, a, b);
 }
 
 SymExpr SymMinus(const SymExpr& a, const SymExpr& b) {
@@ -228,7 +251,8 @@ SymExpr SymMinus(const SymExpr& a, const SymExpr& b) {
   }
   Poly p = ToPoly(a);
   p.Add(Scaled(ToPoly(b), -1));
-  return FromPoly(p);
+  if (std::optional<SymExpr> r = FromPoly(p)) return *std::move(r);
+  return Written(Op::kSub, a, b);
 }
 
 SymExpr SymTimes(const SymExpr& a, const SymExpr& b) {
@@ -238,7 +262,8 @@ SymExpr SymTimes(const SymExpr& a, const SymExpr& b) {
   if (b.constant() == 1) return a;
   std::optional<Poly> product = Product(ToPoly(a), ToPoly(b));
   if (!product) return Written(Op::kMul, a, b);
-  return FromPoly(*product);
+  if (std::optional<SymExpr> r = FromPoly(*product)) return *std::move(r);
+  return Written(Op::kMul, a, b);
 }
 
 SymExpr SymFloorDivide(const SymExpr& a, const SymExpr& b) {
@@ -260,7 +285,9 @@ SymExpr SymFloorDivide(const SymExpr& a, const SymExpr& b) {
       }
       out.Add(*r);
     }
-    if (exact) return FromPoly(out);
+    if (exact) {
+      if (std::optional<SymExpr> q = FromPoly(out)) return *std::move(q);
+    }
   }
   return Written(Op::kFloorDiv, a, b);
 }

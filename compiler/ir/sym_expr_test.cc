@@ -11,6 +11,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 
@@ -334,11 +335,12 @@ TEST(SymExprTest, PrintsCanonicalText) {
   EXPECT_EQ(Text("((s0 - 1)//2) + 1"), "(s0 - 1)//2 + 1");
   EXPECT_EQ(Text("4 * s0 * s1+s1-2"), "4*s0*s1 + s1 - 2");
   EXPECT_EQ(Text("-(s0 // 2)"), "-(s0//2)");
-  EXPECT_EQ(Text("-(s0 * s1)"), "-s0*s1");
+  EXPECT_EQ(Text("-(s0 * s1)"), "-(s0*s1)");
+  EXPECT_EQ(Text("-s0 * s1"), "-s0*s1");
   EXPECT_EQ(Text("-(-s0)"), "--s0");
   EXPECT_EQ(Text("a*(b*c)"), "a*(b*c)");
   EXPECT_EQ(Text("(a*b)*c"), "a*b*c");
-  EXPECT_EQ(Text("-(-2*s0)"), "-(-2)*s0");
+  EXPECT_EQ(Text("-(-2*s0)"), "-(-2*s0)");
   // The text nests no deeper than the tree, so it parses again.
   const std::string deep = "s0*a" + std::string(250, '-') + "s1";
   EXPECT_EQ(Text(deep), "s0*a - " + std::string(249, '-') + "s1");
@@ -407,6 +409,30 @@ TEST(SymExprTest, SimplifiesToCanonicalPolynomials) {
   const std::string big = "(a + b + c + d + e + f + g + h + i)*(a + b + c + d + e + f + g + h + i)";
   EXPECT_EQ(Simplified(big),
             "(a + b + c + d + e + f + g + h + i)*(a + b + c + d + e + f + g + h + i)");
+}
+
+TEST(SymExprTest, SimplifyLeavesWhatItCannotKeepFaithful) {
+  // A coefficient that would saturate: the difference is not 0, it
+  // overflows wherever s0 != 0.
+  EXPECT_EQ(Simplified("s0*9223372036854775807*2 - s0*9223372036854775807"),
+            "s0*9223372036854775807*2 - s0*9223372036854775807");
+  // 300 terms in a balanced sum parse at a depth of 10; as one chain of
+  // terms they would nest 300 deep, so the sum stays as written.
+  std::vector<std::string> terms;
+  for (int i = 0; i < 300; ++i) terms.push_back(absl::StrCat("s", i));
+  while (terms.size() > 1) {
+    std::vector<std::string> next;
+    for (size_t i = 0; i + 1 < terms.size(); i += 2) {
+      next.push_back(absl::StrCat("(", terms[i], " + ", terms[i + 1], ")"));
+    }
+    if (terms.size() % 2 == 1) next.push_back(terms.back());
+    terms = std::move(next);
+  }
+  absl::StatusOr<SymExpr> wide = SymExpr::Parse(terms[0]);
+  ASSERT_TRUE(wide.ok()) << wide.status();
+  EXPECT_TRUE(SymExpr::Parse(Simplify(*wide).ToText()).ok());
+  // Python prints negative constants in parentheses: (-2)**2 is 4.
+  EXPECT_EQ(SymExpr::Constant(-3).ToPython(), "(-3)");
 }
 
 TEST(SymExprTest, ArithmeticFoldsAndSaturates) {

@@ -54,6 +54,10 @@ class SymExprTest(unittest.TestCase):
                         e.evaluate(values)
                     self.assertIn(error, str(caught.exception))
 
+    def test_values_outside_int64_are_refused(self):
+        with self.assertRaisesRegex(ValueError, "outside int64"):
+            SymExpr("s0 + 1").evaluate({"s0": 2 ** 63})
+
     def test_symbols_in_order_of_first_appearance(self):
         self.assertEqual(SymExpr("Max(s1, s0) + s1").symbols, ("s1", "s0"))
         self.assertEqual(SymExpr("42").symbols, ())

@@ -122,7 +122,11 @@ class SymExpr:
     def evaluate(self, values):
         """The value with `values` (symbol name -> int) bound."""
         names = [s for s in self.symbols if s in values]
-        return self._expr.evaluate(names, [int(values[s]) for s in names])
+        bound = [int(values[s]) for s in names]
+        for name, v in zip(names, bound):
+            if not -2 ** 63 <= v < 2 ** 63:
+                raise ValueError(f"cannot evaluate '{self.text}': {name} = {v} is outside int64")
+        return self._expr.evaluate(names, bound)
 
     def to_text(self):
         """The canonical text (SymExpr::ToText)."""
