@@ -26,7 +26,8 @@
 //   - inputs require grad when options.requires_grad names them, node
 //     outputs when any tensor they read does;
 //   - inputs are USER_INPUT unless options.input_kinds says otherwise;
-//   - a node is named after its first output.
+//   - a node is named after its first output ("mm" -> "mm_node"; node and
+//     value names share the builder's namespace).
 // What cannot be recovered: a float argument that prints as an integer
 // ("2" for 2.0) reads as an int where the parameter is a Scalar; strings
 // holding a quote.

@@ -175,6 +175,20 @@ TEST(GraphParser, ReadsEveryArgumentKind) {
   EXPECT_TRUE(std::holds_alternative<int64_t>(add.kwargs[0].kind));
 }
 
+TEST(GraphParser, ReadsTheHeadersExample) {
+  constexpr const char* kExample = R"(# graph 'rmsnorm'
+def forward(self, x: "f32[s0, 16]", w: "f32[16]"):
+    pow_1: "f32[s0, 16]" = aten.pow.Tensor_Scalar(x, 2)
+    mean: "f32[s0, 1]" = aten.mean.dim(pow_1, [-1], True)
+    add: "f32[s0, 1]" = aten.add.Scalar(mean, 1e-06)
+    var_mean_1, var_mean_2 = aten.var_mean.correction(x, [1])  # f32[s0], f32[s0]
+    return (add,)
+)";
+  absl::StatusOr<ir::Graph> g = ParseReadable(kExample);
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_EQ(ir::PrintReadable(*g), kExample);
+}
+
 TEST(GraphParser, RebuildsWhatThePrinterLeavesOut) {
   ParseOptions options;
   options.device = "cuda:0";
