@@ -220,7 +220,7 @@ class GraphParser {
       const Line& line = lines[i];
       if (absl::StartsWith(line.text, "#")) continue;
       if (returned) return Error(line.number, "expected nothing after the return");
-      if (absl::StartsWith(line.text, "return")) {
+      if (absl::StartsWith(line.text, "return ") || line.text == "return") {
         RETURN_IF_ERROR(Return(line));
         returned = true;
         continue;

@@ -152,11 +152,11 @@ def forward(self, x: "f32[s0, 16]", w: "f32[16, 16]", i: "i64[s0]"):
     cat: "f32[2*s0, 16]" = aten.cat.default([x, gelu])
     copy: "f16[s0, 16]" = aten._to_copy.default(gelu, dtype=torch.float16, layout=torch.strided, device=device('cpu'))
     clone: "f32[s0, 16]" = aten.clone.default(gelu, memory_format=torch.contiguous_format)
-    sum_1: "f32[16]" = aten.sum.dim_IntList(mm, [0], False)
+    returned: "f32[16]" = aten.sum.dim_IntList(mm, [0], False)
     var_mean_1, var_mean_2 = aten.var_mean.correction(x, [1], correction=0, keepdim=True)  # f32[s0, 1], f32[s0, 1]
     index: "f32[s0, 16]" = aten.index.Tensor(x, [i, None])
     full: "f32[s0]" = aten.full.default([s0], 0.5, dtype=torch.float32)
-    return (view, permute, cat, copy, clone, sum_1, var_mean_1, var_mean_2, index, full)
+    return (view, permute, cat, copy, clone, returned, var_mean_1, var_mean_2, index, full)
 )";
 
 TEST(GraphParser, ReadsEveryArgumentKind) {
