@@ -298,17 +298,18 @@ bool Notification::WaitForNotificationWithDeadline(absl::Time deadline) const {
 }
 
 // absl::Status shares its message between copies under a reference count:
-// Ref() is inline (instrumented), but the decrement and the delete are
-// Abseil's UnrefNonInlined(), which TSan does not see, so a copy's read of the
-// message looked unordered with the delete by the thread that drops the last
-// copy. This is Abseil 20220623's UnrefNonInlined() (status.cc), compiled
-// here so that TSan sees the acquire and the release.
+// Ref() is inline (instrumented), but the decrement and the delete happen in
+// the library's UnrefNonInlined(), which TSan does not see, so a copy's read
+// of the message looked unordered with the delete by the thread that drops
+// the last copy. Defined here instead, with the same contract (drop one
+// reference; the last one deletes the representation), in instrumented code.
 void Status::UnrefNonInlined(uintptr_t rep) {
-  status_internal::StatusRep* r = RepToPointer(rep);
-  if (r->ref.load(std::memory_order_acquire) == 1 ||
-      r->ref.fetch_sub(1, std::memory_order_acq_rel) - 1 == 0) {
-    delete r;
-  }
+  status_internal::StatusRep* shared = RepToPointer(rep);
+  // The sole owner needs no atomic decrement; anyone else takes one, and the
+  // thread that takes the count to zero deletes.
+  const bool last = shared->ref.load(std::memory_order_acquire) == 1 ||
+                    shared->ref.fetch_sub(1, std::memory_order_acq_rel) == 1;
+  if (last) delete shared;
 }
 
 ABSL_NAMESPACE_END
