@@ -56,9 +56,9 @@ struct Compiled {
   loop::LoweredGraph lowered;
 };
 
-Compiled Compile(const ir::Graph& g) {
+Compiled Compile(const ir::Graph& g, const loop::FusionPolicy& policy = loop::FusionPolicy()) {
   Compiled c;
-  auto lowered = loop::LowerGraph(g);
+  auto lowered = loop::LowerGraph(g, ops::DefaultRegistry(), policy);
   EXPECT_TRUE(lowered.ok()) << lowered.status();
   if (!lowered.ok()) return c;
   c.lowered = *lowered;
@@ -702,13 +702,29 @@ ir::Graph RandomGraph(const std::vector<RandomStep>& steps, int partner, ir::Sym
   return std::move(b).Build();
 }
 
+// The first seeds also under the fusion policies a target may set: no
+// fusion at all, and kernels of at most two nodes with no recomputation
+// and Welford for every row; the results are the same.
 TEST(KilnBackendTest, RandomGraphsOverASymbolicBatch) {
-  for (uint32_t seed = 1; seed <= 30; ++seed) {
+  loop::FusionPolicy none, small;
+  none.fuse = false;
+  small.max_kernel_nodes = 2;
+  small.max_recompute_nodes = 0;
+  small.two_pass_max_row = 0;
+  for (uint32_t run = 1; run <= 40; ++run) {
+    const uint32_t seed = run <= 30 ? run : run - 30;
+    const loop::FusionPolicy policy = run <= 30 ? loop::FusionPolicy() : run <= 35 ? none : small;
     std::mt19937 rng(seed);
     const int partner = static_cast<int>(rng() % 3);
     const std::vector<RandomStep> steps = RandomSteps(rng, partner);
-    const std::string what = "seed " + std::to_string(seed);
-    Compiled c = Compile(RandomGraph(steps, partner, ir::SymInt{std::string("s0")}));
+    const std::string what = "seed " + std::to_string(seed) + " policy " + std::to_string(run);
+    Compiled c = Compile(RandomGraph(steps, partner, ir::SymInt{std::string("s0")}), policy);
+    for (const loop::Kernel& k : c.lowered.kernels) {
+      EXPECT_LE(k.nodes.size(), !policy.fuse                  ? 1u
+                                : policy.max_kernel_nodes > 0 ? 2u
+                                                              : 1000u)
+          << what;
+    }
     for (int64_t batch : {1, 2, 5}) {
       const std::vector<std::vector<int64_t>> y_sizes = {{6, 1}, {8}, {batch, 6, 1}};
       ExpectSame(c, RandomGraph(steps, partner, ir::SymInt{batch}),

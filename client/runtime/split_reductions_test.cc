@@ -89,6 +89,8 @@ void Check(const Case& c) {
   ASSERT_TRUE(lowered.ok()) << lowered.status();
   const size_t before = lowered->kernels.size();
   loop::SplitReductions(Eager(), &*lowered);
+  // As the pipeline does: the memory plan again, to free the partials.
+  loop::PlanMemory(&lowered->plan);
   int splits = 0;
   for (const std::string& d : lowered->decisions) splits += absl::StartsWith(d, "split: ");
   EXPECT_EQ(splits, c.splits) << absl::StrJoin(lowered->decisions, "\n");

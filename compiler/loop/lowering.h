@@ -1,69 +1,41 @@
-// Lowering, fusion and memory planning for the `kiln` backend (pass names
-// "lower", "fuse", "plan"): from a graph of registry ops to fused loop-level
-// kernels (compiler/loop/kernel.h) and the execution plan that runs them
-// (v1::ExecutionPlan), with every op that has no lowering left as an extern
-// call through ATen (matmul, convolution, pooling, embedding, ...).
+// The kiln backend's loop passes, from a graph of registry ops to fused
+// loop-level kernels (compiler/loop/kernel.h) and the execution plan that
+// runs them (v1::ExecutionPlan), every op without a lowering left as an
+// extern call through ATen (matmul, convolution, pooling, embedding, ...).
+// Each pass is a file with one entry point and a dump:
 //
-// Lowering: pointwise ops become scalar expressions; reductions (sum, mean,
-// amax, amin, var, softmax, log_softmax, layer norm) become accumulations
-// with init/combine (variance and layer norm: a sum and then the squared
-// deviations over short rows, Welford over long ones); views become
-// index remaps over their base's storage and never copy.
+//   lower         lower.h         LowerNodes   PrintNodeLowerings
+//   fuse          fuse.h          Fuse         PrintFused
+//   (cuda: split-reductions, split_reductions.h, between plan and memory plan)
+//   plan          plan_build.h    BuildPlan    PrintLowered
+//   memory-plan   memory_plan.h   PlanMemory   PrintSteps
 //
-// Fusion is decided greedily in topological order, legality apart from
-// profitability:
-//   - legal: a node may join an open kernel when its output lies in the
-//     kernel's iteration space (the whole space, or one value per row for
-//     reduction results), every operand it reads from outside the kernel was
-//     produced by a step scheduled before the kernel (so no cycle can form),
-//     and nothing it reads is memory the kernel itself writes;
-//   - vertical: a pointwise chain, and a reduction with its pointwise
-//     prologue and epilogue (softmax and layer norm are one kernel, in
-//     several passes over each row);
-//   - horizontal: siblings over the same iteration space land in the same
-//     kernel (they read the same inputs once per point);
-//   - profitability: always fuse when legal (every fusion removes a store
-//     and a load of a whole tensor);
-//   - recomputation: a kernel reading a pointwise value another kernel
-//     computes computes it again from what that value reads (a few nodes,
-//     at most two whole-space tensors it does not read yet) instead of
-//     reading it from memory, so the other kernel need not store it and the
-//     reader can fuse what follows (a norm's backward: the products feeding
-//     both the weight's gradient over the rows and the input's within each
-//     row); and a broadcast of a per-row value is that value inside its
-//     kernel.
-// Every decision and refusal is recorded with its reason for the debug trace.
+// LowerGraph runs them in that order, for callers that want the result
+// only; the compile pipeline (compiler/pipeline/pipeline.h) runs them one by
+// one, timing each and keeping its dump in the debug trace.
 //
-// Memory planning: a buffer is allocated for each value a kernel stores
-// that something outside the kernel reads; it is freed after its last use,
-// and a later allocation of the same dtype and size reuses its storage.
-//
-// Pure function; thread-safe.
+// Pure functions; thread-safe.
 #ifndef KILN_COMPILER_LOOP_LOWERING_H_
 #define KILN_COMPILER_LOOP_LOWERING_H_
 
 #include <string>
-#include <vector>
 
 #include "absl/status/statusor.h"
 #include "compiler/ir/graph.h"
-#include "compiler/loop/kernel.h"
+#include "compiler/loop/fuse.h"
+#include "compiler/loop/lower.h"
+#include "compiler/loop/memory_plan.h"
+#include "compiler/loop/plan_build.h"
 #include "compiler/ops/registry.h"
-#include "kiln/v1/artifact.pb.h"
 
 namespace kiln::loop {
 
-struct LoweredGraph {
-  std::vector<Kernel> kernels;
-  v1::ExecutionPlan plan;              // modules not filled in; launches name kernels by symbol
-  std::vector<std::string> symbols;    // symbol order of the kernel ABI
-  std::vector<std::string> decisions;  // "fuse: ...", "refuse: ...", "extern: ..."
-};
-
+// lower, fuse, plan and memory-plan.
 absl::StatusOr<LoweredGraph> LowerGraph(const ir::Graph& graph,
-                                        const ops::Registry& registry = ops::DefaultRegistry());
+                                        const ops::Registry& registry = ops::DefaultRegistry(),
+                                        const FusionPolicy& policy = FusionPolicy());
 
-// The plan and kernels as readable text (for the debug trace).
+// The decisions, kernels and plan as readable text (for the debug trace).
 std::string PrintLowered(const LoweredGraph& lowered);
 
 }  // namespace kiln::loop

@@ -369,8 +369,8 @@ std::string Sizes(const std::vector<ir::SymInt>& sizes) {
 }
 
 // Replaces the launch of `split.finish.name` in `plan` by: the partials'
-// allocations, the partial kernel's launch, the finishing launch, the
-// partials' frees.
+// allocations, the partial kernel's launch and the finishing launch (the
+// memory plan, which runs next, frees the partials).
 void RewritePlan(const Split& split, v1::ExecutionPlan* plan) {
   // The new buffers live where the kernel's own do: the device of a buffer
   // the plan allocates or takes as an input.
@@ -421,8 +421,6 @@ void RewritePlan(const Split& split, v1::ExecutionPlan* plan) {
     launch(split.partial);
     launch(split.finish);
     if (!split.apply.name.empty()) launch(split.apply);
-    for (const KernelBuffer& p : split.partials) steps.Add()->mutable_free()->set_value(p.value);
-    for (const KernelBuffer& p : split.rows) steps.Add()->mutable_free()->set_value(p.value);
   }
   *plan->mutable_steps() = std::move(steps);
 }

@@ -27,8 +27,9 @@
 // Profitability is the target's: `SplitPolicy` says how many blocks a
 // kernel launches and how many the device wants. Where the plan launched
 // the kernel, it now allocates the new buffers (on the device of the
-// kernel's own buffers, under names no plan value has), launches the new
-// kernels and frees the buffers.
+// kernel's own buffers, under names no plan value has) and launches the new
+// kernels. It runs after the plan is built and before the memory plan
+// (memory_plan.h), which frees the new buffers after their last reader.
 //
 // Every split and every refusal of a kernel that had too few blocks is in
 // `decisions` ("split: ...", "no split: ...").

@@ -1,7 +1,9 @@
 #include "compiler/pipeline/pipeline.h"
 
 #include <memory>
+#include <optional>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -12,6 +14,7 @@
 #include "compiler/ir/printer.h"
 #include "compiler/loop/lowering.h"
 #include "compiler/loop/split_reductions.h"
+#include "compiler/ops/registry.h"
 #include "compiler/pipeline/attention.h"
 
 namespace kiln::pipeline {
@@ -65,9 +68,17 @@ absl::StatusOr<v1::CompiledGraph> CompileGraph(const ir::Graph& graph, const std
                                                Trace* trace) {
   (*trace)[prefix + "ir_before_fusion.txt"] = ir::PrintReadable(graph);
   ASSIGN_OR_RETURN(const ir::Graph faulty, ApplyFault(graph, options.fault));
-  ASSIGN_OR_RETURN(loop::LoweredGraph lowered, times->Time(prefix + "lower-fuse-plan", [&] {
-    return loop::LowerGraph(faulty);
+  // The loop passes (compiler/loop/lowering.h), each timed and dumped.
+  ASSIGN_OR_RETURN(std::vector<loop::NodeLowering> nodes, times->Time(prefix + "lower", [&] {
+    return loop::LowerNodes(faulty, ops::DefaultRegistry());
   }));
+  (*trace)[prefix + "loop_lower.txt"] = loop::PrintNodeLowerings(faulty, nodes);
+  ASSIGN_OR_RETURN(loop::FusedGraph fused, times->Time(prefix + "fuse", [&] {
+    return loop::Fuse(faulty, nodes, target.fusion_policy());
+  }));
+  (*trace)[prefix + "loop_fuse.txt"] = loop::PrintFused(faulty, fused);
+  loop::LoweredGraph lowered =
+      times->Time(prefix + "plan", [&] { return loop::BuildPlan(faulty, std::move(fused)); });
   if (target.multiprocessors() > 0) {
     // Split what leaves SMs idle into two blocks per SM, so that each has a
     // second block to switch to while the first waits on memory.
@@ -79,8 +90,10 @@ absl::StatusOr<v1::CompiledGraph> CompileGraph(const ir::Graph& graph, const std
       if (!size.ok() || !size->grid.is_constant()) return std::nullopt;
       return size->grid.constant();
     };
-    loop::SplitReductions(policy, &lowered);
+    times->Time(prefix + "split-reductions", [&] { loop::SplitReductions(policy, &lowered); });
   }
+  times->Time(prefix + "memory-plan", [&] { loop::PlanMemory(&lowered.plan); });
+  (*trace)[prefix + "memory_plan.txt"] = loop::PrintSteps(lowered.plan);
   (*trace)[prefix + "ir_after_fusion.txt"] = loop::PrintLowered(lowered);
   v1::CompiledGraph out;
   *out.mutable_plan() = lowered.plan;

@@ -5,14 +5,17 @@
 //   aot_eager:  canonicalize, joint graph, min-cut partition
 //   kiln:       choose the target (compiler/target/target.h) from the options
 //               and the graph's devices; for training, joint graph and
-//               partition; then for the graph (or each half): lower, fuse,
-//               plan (compiler/loop/lowering.h), generate, compile with the
-//               target's toolchain, and size the GPU launches.
+//               partition; then for the graph (or each half): the loop
+//               passes lower, fuse, plan, split-reductions (cuda) and
+//               memory-plan (compiler/loop/lowering.h), generate, compile
+//               with the target's toolchain, and size the GPU launches.
 //
 // kilnd's backends (server/backend.h) call these and add nothing but the
 // artifact's common fields. Every stage is timed in `times` and leaves its
 // output in `trace` as it finishes, so a failed compile still shows how far
-// it got.
+// it got: for each graph "[forward_|backward_]" ir_before_fusion.txt,
+// loop_lower.txt, loop_fuse.txt, ir_after_fusion.txt (the kernels and plan
+// after every loop pass), memory_plan.txt and generated_code.<cc|cu>.
 //
 // Thread-safe: pure functions of their arguments.
 #ifndef KILN_COMPILER_PIPELINE_PIPELINE_H_

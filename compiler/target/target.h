@@ -20,6 +20,7 @@
 #include "absl/time/time.h"
 #include "compiler/codegen/codegen.h"
 #include "compiler/ir/graph.h"
+#include "compiler/loop/fuse.h"
 #include "kiln/v1/artifact.pb.h"
 
 namespace kiln::target {
@@ -45,6 +46,8 @@ class Target {
   // The code generator, writing into and running from `options`.
   virtual std::unique_ptr<codegen::CodegenBackend> MakeCodegen(
       const ToolchainOptions& options) const = 0;
+  // Which legal fusions are taken (compiler/loop/fuse.h).
+  virtual loop::FusionPolicy fusion_policy() const { return loop::FusionPolicy(); }
   // Reduction kernels that launch fewer blocks than the device has
   // multiprocessors are split to launch at least twice as many
   // (compiler/loop/split_reductions.h). 0: never split.

@@ -1,11 +1,11 @@
-// Internal to compiler/loop: what the files of the lowering share. The
-// Lowerer's member functions are defined by phase: lowering.cc drives it,
-// lowering_fusion.cc decides which kernel each node joins and lowers it into
-// that kernel's values, lowering_pointwise.cc holds the pointwise ops'
-// expressions, lowering_emit.cc writes a kernel's statements, and
-// lowering_plan.cc the execution plan with its memory plan.
-#ifndef KILN_COMPILER_LOOP_LOWERING_INTERNAL_H_
-#define KILN_COMPILER_LOOP_LOWERING_INTERNAL_H_
+// Internal to compiler/loop: what the files of the "fuse" pass (fuse.h)
+// share. The Fuser's member functions are defined by phase: fuse.cc places
+// each node (legality, then the policy), fuse_values.cc checks what a kernel
+// may read and builds a node's values in the kernel it joins,
+// fuse_pointwise.cc holds the pointwise ops' expressions (also read by the
+// "lower" pass), and fuse_emit.cc writes a kernel's statements.
+#ifndef KILN_COMPILER_LOOP_FUSE_INTERNAL_H_
+#define KILN_COMPILER_LOOP_FUSE_INTERNAL_H_
 
 #include <functional>
 #include <map>
@@ -18,12 +18,13 @@
 #include "absl/status/statusor.h"
 #include "common/status_macros.h"
 #include "compiler/ir/graph.h"
+#include "compiler/loop/fuse.h"
 #include "compiler/loop/kernel.h"
-#include "compiler/loop/lowering.h"
+#include "compiler/loop/lower.h"
 #include "compiler/ops/registry.h"
 #include "compiler/ops/shape_util.h"
 
-namespace kiln::loop::lowering_internal {
+namespace kiln::loop::fuse_internal {
 
 using ir::SymInt;
 using ir::ValueId;
@@ -78,7 +79,7 @@ struct Group {
   std::vector<KeepInOutput> keep_in_output;
   // Strides over `full` of values computed in a shape other than `full`
   // (before the kernel took the shape of a view of them, see
-  // Lowerer::ReshapeFor); other values are stored with their graph strides.
+  // Fuser::ReshapeFor); other values are stored with their graph strides.
   std::map<ValueId, SymSizes> strides_of;
 };
 
@@ -86,11 +87,18 @@ inline v1::DType Compute(v1::DType t) {
   return (t == v1::FLOAT16 || t == v1::BFLOAT16) ? v1::FLOAT32 : t;
 }
 
-class Lowerer {
- public:
-  Lowerer(const ir::Graph& g, const ops::Registry& r) : g_(g), r_(r) {}
+// The dtypes kernels compute in and read.
+inline bool SupportedDType(v1::DType t) {
+  return t == v1::FLOAT32 || t == v1::FLOAT64 || t == v1::FLOAT16 || t == v1::BFLOAT16 ||
+         t == v1::INT64 || t == v1::INT32 || t == v1::BOOL;
+}
 
-  absl::StatusOr<LoweredGraph> Run();
+class Fuser {
+ public:
+  Fuser(const ir::Graph& g, const std::vector<NodeLowering>& nodes, const FusionPolicy& policy)
+      : g_(g), nodes_(nodes), policy_(policy) {}
+
+  absl::StatusOr<FusedGraph> Run();
 
  private:
   struct Item {
@@ -105,16 +113,23 @@ class Lowerer {
     SymInt offset;  // storage offset minus the root's
   };
 
-  // --- classification ---
-  bool IsView(const ir::Node& n) const {
-    const ops::OpDef* d = r_.Find(n.target);
-    return d != nullptr && d->traits.view;
-  }
-  absl::StatusOr<bool> TryPointwise(int node_index);
-  absl::StatusOr<bool> TryReduction(int node_index);
+  // --- placement (fuse.cc) ---
+  void PlaceView(int node_index);
+  absl::StatusOr<bool> PlacePointwise(int node_index);
+  absl::StatusOr<bool> PlaceReduction(int node_index);
+  // The refusals of the kernels a node did not join, for its decision.
+  static std::string NotFused(const std::vector<std::string>& refusals);
 
-  // --- groups ---
+  // --- legality and values (fuse_values.cc) ---
   absl::StatusOr<Level> Classify(const Group& grp, const SymSizes& sizes) const;
+  // Whether a node whose output (level `level`, sizes `out`) lies in `grp`
+  // may read each of its tensor operands there; the first one it may not,
+  // with the reason. Changes nothing. Conservative for an op that reads an
+  // operand for its shape only (fill): that operand must be readable too.
+  absl::Status Legal(const Group& grp, int node_index, Level level, const SymSizes& out) const;
+  absl::Status Readable(const Group& grp, ValueId v, Level level, const SymSizes& out) const;
+  // Reading `v` (whose chain of views ends at `root`) from memory.
+  absl::Status MemoryReadable(const Group& grp, ValueId v, ValueId root, const SymSizes& out) const;
   // The GVal reading `v` at a node whose output (level `level`, sizes
   // `out`) lies in `grp`; an error string when `v` may not be read there.
   absl::StatusOr<int> Operand(Group& grp, ValueId v, Level level, const SymSizes& out);
@@ -145,16 +160,20 @@ class Lowerer {
     return static_cast<int>(grp.vals.size()) - 1;
   }
   int BufferOf(Group& grp, ValueId root, bool written);
+  // What a group holds before a node's values are added, to take them back
+  // when building them fails after all.
+  struct Mark {
+    size_t vals, buffers, recomputed;
+  };
+  Mark MarkOf(const Group& grp) const {
+    return {grp.vals.size(), grp.buffers.size(), recomputed_.size()};
+  }
+  void Rollback(Group& grp, const Mark& mark);
   // Recomputation: a pointwise value another kernel computes is computed
   // again in the kernel reading it, rather than stored there and read here,
-  // when that takes at most kMaxRecomputeNodes nodes and reads at most
-  // kMaxRecomputeLoads whole-space tensors the kernel does not read yet
-  // (reading two where the stored value would be one: the producer then
-  // need not write it, and the reader can fuse what follows it). The
-  // decision is recorded; recomputed values of an attempt that fails are
-  // forgotten (ForgetRecomputed).
-  static constexpr int kMaxRecomputeNodes = 8;
-  static constexpr int kMaxRecomputeLoads = 2;
+  // within the policy's limits (nodes, and whole-space tensors the kernel
+  // does not read yet). The decision is recorded; recomputed values of an
+  // attempt that fails are forgotten (ForgetRecomputed).
   static constexpr int kMaxRecomputeDepth = 8;
   struct RecomputeCount {
     int nodes = 0;
@@ -162,6 +181,9 @@ class Lowerer {
   };
   bool RecomputeCost(const Group& grp, ValueId v, Level level, int depth,
                      RecomputeCount* count) const;
+  // Whether `v` is a value of another kernel that the policy lets `grp`
+  // compute again.
+  bool WorthRecomputing(const Group& grp, ValueId v, Level level) const;
   absl::StatusOr<std::optional<int>> Recompute(Group& grp, ValueId v, Level level);
   void ForgetRecomputed(size_t mark);
   void MarkStored(ValueId v);
@@ -169,13 +191,16 @@ class Lowerer {
     auto it = producer_item_.find(v);
     return it == producer_item_.end() ? -1 : it->second;
   }
+  // The values of reduction node `node_index` in group `gi` (fresh: a
+  // kernel opened for it), and its decision.
+  absl::Status BuildReduction(int gi, int node_index, bool fresh, const std::string& not_fused);
 
-  // --- emission ---
+  // --- emission (fuse_emit.cc) ---
   absl::StatusOr<Kernel> EmitKernel(int group_id);
-  void BuildPlan(LoweredGraph* out);
 
   const ir::Graph& g_;
-  const ops::Registry& r_;
+  const std::vector<NodeLowering>& nodes_;
+  const FusionPolicy& policy_;
   std::vector<Item> items_;
   std::vector<Group> groups_;
   std::map<ValueId, int> producer_item_;   // graph inputs are absent (-1)
@@ -191,12 +216,9 @@ class Lowerer {
 
 class Builder {
  public:
-  Builder(Lowerer* l, Group& grp, Level level, const SymSizes& out,
-          std::function<absl::StatusOr<int>(ValueId)> operand, const ops::OpCall& call)
-      : grp_(grp), level_(level), operand_(std::move(operand)), call_(call) {
-    (void)l;
-    (void)out;
-  }
+  Builder(Group& grp, Level level, std::function<absl::StatusOr<int>(ValueId)> operand,
+          const ops::OpCall& call)
+      : grp_(grp), level_(level), operand_(std::move(operand)), call_(call) {}
 
   absl::StatusOr<int> T(const std::string& param) {
     ASSIGN_OR_RETURN(ValueId v, call_.Tensor(param));
@@ -248,9 +270,9 @@ class Builder {
 
 using PointwiseRule = std::function<absl::StatusOr<int>(Builder&, const ops::OpCall&, v1::DType)>;
 
-// The pointwise ops' lowerings, by target (lowering_pointwise.cc).
+// The pointwise ops' lowerings, by target (fuse_pointwise.cc).
 const std::map<std::string, PointwiseRule>& PointwiseRules();
 
-}  // namespace kiln::loop::lowering_internal
+}  // namespace kiln::loop::fuse_internal
 
-#endif  // KILN_COMPILER_LOOP_LOWERING_INTERNAL_H_
+#endif  // KILN_COMPILER_LOOP_FUSE_INTERNAL_H_

@@ -1,6 +1,7 @@
-// Emission: a fused kernel's values become loop::Kernel statements, pass by
-// pass: whole-space values in each pass's sweep (recomputed in every pass
-// that needs them), per-row values and their stores after it.
+// Pass "fuse" (fuse.h), emission: a fused kernel's values become
+// loop::Kernel statements, pass by pass: whole-space values in each pass's
+// sweep (recomputed in every pass that needs them), per-row values and their
+// stores after it.
 #include <algorithm>
 #include <functional>
 #include <map>
@@ -11,9 +12,9 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
-#include "compiler/loop/lowering_internal.h"
+#include "compiler/loop/fuse_internal.h"
 
-namespace kiln::loop::lowering_internal {
+namespace kiln::loop::fuse_internal {
 namespace {
 
 // Outer dimensions: the non-reduced dims of `full` (all but the last for a
@@ -71,7 +72,7 @@ Stmt StmtOf(const GVal& v, int pass, bool in_sweep, const std::vector<int>& oute
 
 }  // namespace
 
-absl::StatusOr<Kernel> Lowerer::EmitKernel(int gi) {
+absl::StatusOr<Kernel> Fuser::EmitKernel(int gi) {
   Group& grp = groups_[gi];
   Kernel k;
   k.name = absl::StrCat("kernel_", gi);
@@ -235,4 +236,4 @@ absl::StatusOr<Kernel> Lowerer::EmitKernel(int gi) {
   return k;
 }
 
-}  // namespace kiln::loop::lowering_internal
+}  // namespace kiln::loop::fuse_internal

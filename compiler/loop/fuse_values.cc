@@ -1,7 +1,6 @@
-// Fusion: which open kernel a pointwise or reduction node joins (legality
-// apart from profitability, see lowering.h), the node lowered into that
-// kernel's values, and the reshape of a kernel into the shape of a view of a
-// value it computes. Every decision and refusal is recorded.
+// Pass "fuse" (fuse.h): what a kernel may read (the legality of joining
+// it), a node's values built in the kernel it joins, recomputation, and the
+// reshape of a kernel into the shape of a view of a value it computes.
 #include <algorithm>
 #include <map>
 #include <optional>
@@ -15,26 +14,17 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
-#include "compiler/loop/lowering_internal.h"
+#include "compiler/loop/fuse_internal.h"
 #include "compiler/ops/shape_util.h"
 
-namespace kiln::loop::lowering_internal {
+namespace kiln::loop::fuse_internal {
 namespace {
 
 bool SameSizes(const SymSizes& a, const SymSizes& b) { return a == b; }
 
-// Rows whose mean and variance are computed in two sweeps (a sum, then the
-// squared deviations from its mean) rather than in one Welford sweep: rows
-// of the trailing, contiguous dims whose size is a constant of at most this
-// many elements (a norm layer's hidden size). The second sweep reads the row
-// from L1 or L2, so reading it twice costs little, and a plain sum in the
-// sweep that waits on memory is cheaper than Welford's update (whose mean
-// chain is a subtraction and an FMA long). Two-pass is at least as accurate
-// as Welford. A longer row, or one of a symbolic size, would be read twice
-// from memory: those keep Welford.
-constexpr int64_t kTwoPassMaxRow = 16384;
-
-bool TwoPassMoments(const ir::TensorMeta& in, const std::vector<int>& dims) {
+// Whether a row's mean and variance are computed in two sweeps
+// (FusionPolicy::two_pass_max_row).
+bool TwoPassMoments(const ir::TensorMeta& in, const std::vector<int>& dims, int64_t max_row) {
   const int rank = static_cast<int>(in.sizes.size());
   if (dims.empty() || in.strides.size() != in.sizes.size()) return false;
   int64_t n = 1;
@@ -44,12 +34,7 @@ bool TwoPassMoments(const ir::TensorMeta& in, const std::vector<int>& dims) {
     if (in.sizes[d].constant() > 1 && in.strides[d].constant() != n) return false;
     n *= in.sizes[d].constant();
   }
-  return n <= kTwoPassMaxRow;
-}
-
-bool Supported(v1::DType t) {
-  return t == v1::FLOAT32 || t == v1::FLOAT64 || t == v1::FLOAT16 || t == v1::BFLOAT16 ||
-         t == v1::INT64 || t == v1::INT32 || t == v1::BOOL;
+  return n <= max_row;
 }
 
 // Whether `q` is `p` times something (as polynomials in the symbols).
@@ -107,27 +92,17 @@ std::optional<SymSizes> Restride(const SymSizes& from, const SymSizes& strides,
   return out;
 }
 
-std::string ReshapeDecision(int gi, const SymSizes& from, const SymSizes& to) {
-  return absl::StrCat("reshape: kernel_", gi, " from [", ops::SizesToString(from), "] to [",
-                      ops::SizesToString(to), "]: a view keeps its elements and their order");
-}
-
-struct ReductionSpec {
-  std::vector<int> dims;  // reduced dims of the input
-  bool keepdim = false;
-};
-
 }  // namespace
 
 // ---------------------------------------------------------------------------
 // Iteration spaces
 
-absl::StatusOr<Level> Lowerer::Classify(const Group& grp, const SymSizes& sizes) const {
+absl::StatusOr<Level> Fuser::Classify(const Group& grp, const SymSizes& sizes) const {
   if (SameSizes(sizes, grp.full)) return Level::kFull;
   if (grp.reduced.empty()) {
-    return absl::FailedPreconditionError(absl::StrCat("its shape [", ops::SizesToString(sizes),
-                                                      "] is not the kernel's [",
-                                                      ops::SizesToString(grp.full), "]"));
+    return absl::FailedPreconditionError(absl::StrCat("its shape ", ops::SizesToString(sizes),
+                                                      " is not the kernel's ",
+                                                      ops::SizesToString(grp.full)));
   }
   SymSizes keep = grp.full, flat;
   for (int d : grp.reduced) keep[d] = SymInt{int64_t{1}};
@@ -140,11 +115,11 @@ absl::StatusOr<Level> Lowerer::Classify(const Group& grp, const SymSizes& sizes)
   if (SameSizes(sizes, keep)) return Level::kRowKeep;
   if (SameSizes(sizes, flat)) return Level::kRowFlat;
   return absl::FailedPreconditionError(
-      absl::StrCat("its shape [", ops::SizesToString(sizes), "] is neither the kernel's [",
-                   ops::SizesToString(grp.full), "] nor one value per row"));
+      absl::StrCat("its shape ", ops::SizesToString(sizes), " is neither the kernel's ",
+                   ops::SizesToString(grp.full), " nor one value per row"));
 }
 
-int Lowerer::BufferOf(Group& grp, ValueId root, bool written) {
+int Fuser::BufferOf(Group& grp, ValueId root, bool written) {
   const std::string& name = g_.value(root).name;
   auto it = grp.buffer_index.find(name);
   if (it != grp.buffer_index.end()) {
@@ -160,14 +135,98 @@ int Lowerer::BufferOf(Group& grp, ValueId root, bool written) {
   return static_cast<int>(grp.buffers.size()) - 1;
 }
 
-void Lowerer::MarkStored(ValueId v) {
+void Fuser::MarkStored(ValueId v) {
   auto it = group_of_.find(v);
   if (it != group_of_.end()) groups_[it->second].stored.insert(v);
 }
 
-absl::StatusOr<int> Lowerer::Operand(Group& grp, ValueId v, Level level, const SymSizes& out) {
+absl::Status Fuser::Legal(const Group& grp, int node_index, Level level,
+                          const SymSizes& out) const {
+  for (ValueId v : ir::Graph::Operands(g_.nodes()[node_index])) {
+    if (v == ir::kNoValue) continue;
+    RETURN_IF_ERROR(Readable(grp, v, level, out));
+  }
+  return absl::OkStatus();
+}
+
+// The checks of Operand, without building anything. A value the policy
+// lets the kernel recompute counts as readable: should building it fail
+// after all, the node's values are rolled back and the kernel refused.
+absl::Status Fuser::Readable(const Group& grp, ValueId v, Level level, const SymSizes& out) const {
   const ir::TensorMeta& m = g_.value(v).meta;
-  if (!Supported(m.dtype)) {
+  if (!SupportedDType(m.dtype)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("'", g_.value(v).name, "' has dtype ", v1::DType_Name(m.dtype)));
+  }
+  if (auto in = grp.level_of.find(v); in != grp.level_of.end()) {
+    if (in->second == level || (level == Level::kFull && in->second == Level::kRowKeep)) {
+      return absl::OkStatus();
+    }
+    return absl::FailedPreconditionError(absl::StrCat(
+        "'", g_.value(v).name, "' varies differently in this kernel than its reader needs"));
+  }
+  const bool whole = level == Level::kFull && m.sizes == grp.full;
+  if (auto r = reshape_of_.find(v); r != reshape_of_.end() && whole) {
+    auto base = grp.level_of.find(r->second);
+    if (base != grp.level_of.end() && base->second == Level::kFull) return absl::OkStatus();
+  }
+  if (const int p = g_.value(v).producer;
+      whole && p >= 0 && g_.nodes()[p].target == "aten.expand.default") {
+    auto base = grp.level_of.find(ir::Graph::Operands(g_.nodes()[p])[0]);
+    if (base != grp.level_of.end() && base->second != Level::kRowFlat) return absl::OkStatus();
+  }
+  if (WorthRecomputing(grp, v, level)) return absl::OkStatus();
+  ValueId root = v;
+  if (auto a = alias_.find(v); a != alias_.end()) root = a->second.root;
+  return MemoryReadable(grp, v, root, out);
+}
+
+// Produced before this kernel, not written by it, and indexable by the
+// reader's output dims (right-aligned broadcasting).
+absl::Status Fuser::MemoryReadable(const Group& grp, ValueId v, ValueId root,
+                                   const SymSizes& out) const {
+  const ir::TensorMeta& m = g_.value(v).meta;
+  if (ProducerItem(v) >= grp.item || ProducerItem(root) >= grp.item) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("'", g_.value(v).name,
+                     "' is produced after this kernel or by it (fusing would form a cycle)"));
+  }
+  if (auto b = grp.buffer_index.find(g_.value(root).name);
+      b != grp.buffer_index.end() && grp.buffers[b->second].written) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("'", g_.value(v).name, "' is memory this kernel writes"));
+  }
+  if (m.sizes.size() > out.size()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("'", g_.value(v).name, "' has a higher rank"));
+  }
+  const size_t lead = out.size() - m.sizes.size();
+  for (size_t j = 0; j < m.sizes.size(); ++j) {
+    if (ops::IsConstant(m.sizes[j], 1) && !ops::IsConstant(out[lead + j], 1)) continue;
+    // A size the graph only assumed equal to the kernel's (a symbol
+    // broadcast against a constant): the kernel would index past the value
+    // when they differ. Such a node runs through ATen, which checks.
+    if (!(m.sizes[j] == out[lead + j])) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "'", g_.value(v).name, "' has size ", m.sizes[j].ToString(), " at dim ", j,
+          " where the kernel has ", out[lead + j].ToString(), " (equal only by assumption)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+void Fuser::Rollback(Group& grp, const Mark& mark) {
+  grp.vals.resize(mark.vals);
+  for (size_t k = mark.buffers; k < grp.buffers.size(); ++k) {
+    grp.buffer_index.erase(grp.buffers[k].value);
+  }
+  grp.buffers.resize(mark.buffers);
+  ForgetRecomputed(mark.recomputed);
+}
+
+absl::StatusOr<int> Fuser::Operand(Group& grp, ValueId v, Level level, const SymSizes& out) {
+  const ir::TensorMeta& m = g_.value(v).meta;
+  if (!SupportedDType(m.dtype)) {
     return absl::FailedPreconditionError(
         absl::StrCat("'", g_.value(v).name, "' has dtype ", v1::DType_Name(m.dtype)));
   }
@@ -206,42 +265,19 @@ absl::StatusOr<int> Lowerer::Operand(Group& grp, ValueId v, Level level, const S
   // from what it reads, so that the other kernel need not store it.
   ASSIGN_OR_RETURN(std::optional<int> again, Recompute(grp, v, level));
   if (again) return *again;
-  // Read from memory: produced before this kernel, and not written by it.
+  // Read from memory.
   ValueId root = v;
   SymInt offset{int64_t{0}};
   if (auto a = alias_.find(v); a != alias_.end()) {
     root = a->second.root;
     offset = a->second.offset;
   }
-  if (ProducerItem(v) >= grp.item || ProducerItem(root) >= grp.item) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("'", g_.value(v).name,
-                     "' is produced after this kernel or by it (fusing would form a cycle)"));
-  }
-  if (auto b = grp.buffer_index.find(g_.value(root).name);
-      b != grp.buffer_index.end() && grp.buffers[b->second].written) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("'", g_.value(v).name, "' is memory this kernel writes"));
-  }
-  // Strides over the consumer's output dims (right-aligned broadcasting).
-  if (m.sizes.size() > out.size()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("'", g_.value(v).name, "' has a higher rank"));
-  }
+  RETURN_IF_ERROR(MemoryReadable(grp, v, root, out));
   std::vector<SymInt> over(out.size(), SymInt{int64_t{0}});
   const size_t lead = out.size() - m.sizes.size();
   for (size_t j = 0; j < m.sizes.size(); ++j) {
     const bool broadcast = ops::IsConstant(m.sizes[j], 1) && !ops::IsConstant(out[lead + j], 1);
-    if (broadcast) continue;
-    // A size the graph only assumed equal to the kernel's (a symbol
-    // broadcast against a constant): the kernel would index past the value
-    // when they differ. Such a node runs through ATen, which checks.
-    if (!(m.sizes[j] == out[lead + j])) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "'", g_.value(v).name, "' has size ", m.sizes[j].ToString(), " at dim ", j,
-          " where the kernel has ", out[lead + j].ToString(), " (equal only by assumption)"));
-    }
-    over[lead + j] = m.strides[j];
+    if (!broadcast) over[lead + j] = m.strides[j];
   }
   // Whatever kernel computes it stores it.
   MarkStored(v);
@@ -261,8 +297,8 @@ absl::StatusOr<int> Lowerer::Operand(Group& grp, ValueId v, Level level, const S
 // recomputable there: made by something other than a single-output
 // pointwise node of another kernel, at a level the kernel cannot hold, or
 // deeper than kMaxRecomputeDepth.
-bool Lowerer::RecomputeCost(const Group& grp, ValueId v, Level level, int depth,
-                            RecomputeCount* count) const {
+bool Fuser::RecomputeCost(const Group& grp, ValueId v, Level level, int depth,
+                          RecomputeCount* count) const {
   if (depth > kMaxRecomputeDepth) return false;
   if (auto in = grp.value_of.find(v); in != grp.value_of.end()) return true;
   const ir::TensorMeta& m = g_.value(v).meta;
@@ -293,35 +329,35 @@ bool Lowerer::RecomputeCost(const Group& grp, ValueId v, Level level, int depth,
   return true;
 }
 
-absl::StatusOr<std::optional<int>> Lowerer::Recompute(Group& grp, ValueId v, Level level) {
+bool Fuser::WorthRecomputing(const Group& grp, ValueId v, Level level) const {
+  if (!policy_.fuse) return false;
   auto made = group_of_.find(v);
-  if (made == group_of_.end() || &groups_[made->second] == &grp) return std::nullopt;
+  if (made == group_of_.end() || &groups_[made->second] == &grp) return false;
   const int p = g_.value(v).producer;
-  if (p < 0) return std::nullopt;
-  const ir::Node& node = g_.nodes()[p];
-  auto rule = PointwiseRules().find(node.target);
-  if (rule == PointwiseRules().end() || node.outputs.size() != 1) return std::nullopt;
-  RecomputeCount count;
-  if (!RecomputeCost(grp, v, level, 0, &count) || count.nodes > kMaxRecomputeNodes ||
-      static_cast<int>(count.loads.size()) > kMaxRecomputeLoads) {
-    return std::nullopt;
+  if (p < 0 || g_.nodes()[p].outputs.size() != 1 || !PointwiseRules().count(g_.nodes()[p].target)) {
+    return false;
   }
+  RecomputeCount count;
+  return RecomputeCost(grp, v, level, 0, &count) && count.nodes <= policy_.max_recompute_nodes &&
+         static_cast<int>(count.loads.size()) <= policy_.max_recompute_loads;
+}
+
+absl::StatusOr<std::optional<int>> Fuser::Recompute(Group& grp, ValueId v, Level level) {
+  if (!WorthRecomputing(grp, v, level)) return std::nullopt;
+  const int made = group_of_.at(v);
+  const int p = g_.value(v).producer;
+  const ir::Node& node = g_.nodes()[p];
+  const PointwiseRule& rule = PointwiseRules().at(node.target);
+  // A pointwise node that a kernel computes was lowered with its call.
+  const ops::OpCall& call = *nodes_[p].call;
   const ir::TensorMeta& m = g_.value(v).meta;
   ASSIGN_OR_RETURN(Level have, Classify(grp, m.sizes));
-  auto meta_of = [this](ValueId u) -> const ir::TensorMeta& { return g_.value(u).meta; };
-  ASSIGN_OR_RETURN(ops::OpCall call,
-                   ops::OpCall::Bind(node.target, node.args, node.kwargs, meta_of));
-  call.set_node_name(node.name);
-  const size_t mark = grp.vals.size(), bmark = grp.buffers.size(), rmark = recomputed_.size();
+  const Mark mark = MarkOf(grp);
   Builder b(
-      this, grp, have, m.sizes, [&](ValueId u) { return Operand(grp, u, have, m.sizes); }, call);
-  absl::StatusOr<int> result = rule->second(b, call, m.dtype);
+      grp, have, [&](ValueId u) { return Operand(grp, u, have, m.sizes); }, call);
+  absl::StatusOr<int> result = rule(b, call, m.dtype);
   if (!result.ok()) {
-    grp.vals.resize(mark);
-    for (size_t k = bmark; k < grp.buffers.size(); ++k)
-      grp.buffer_index.erase(grp.buffers[k].value);
-    grp.buffers.resize(bmark);
-    ForgetRecomputed(rmark);
+    Rollback(grp, mark);
     if (!absl::IsFailedPrecondition(result.status())) return result.status();
     return std::nullopt;
   }
@@ -329,12 +365,11 @@ absl::StatusOr<std::optional<int>> Lowerer::Recompute(Group& grp, ValueId v, Lev
   grp.level_of[v] = have;
   recomputed_.emplace_back(&grp - groups_.data(), v);
   decisions_.push_back(absl::StrCat("recompute: ", node.name, " (", node.target, ") in kernel_",
-                                    &grp - groups_.data(), " rather than read from kernel_",
-                                    made->second));
+                                    &grp - groups_.data(), " rather than read from kernel_", made));
   return *result;
 }
 
-void Lowerer::ForgetRecomputed(size_t mark) {
+void Fuser::ForgetRecomputed(size_t mark) {
   for (size_t k = mark; k < recomputed_.size(); ++k) {
     Group& grp = groups_[recomputed_[k].first];
     grp.value_of.erase(recomputed_[k].second);
@@ -343,8 +378,8 @@ void Lowerer::ForgetRecomputed(size_t mark) {
   recomputed_.resize(std::min(mark, recomputed_.size()));
 }
 
-std::optional<Lowerer::ReshapeUndo> Lowerer::ReshapeFor(Group& grp, int node_index,
-                                                        const SymSizes& to) {
+std::optional<Fuser::ReshapeUndo> Fuser::ReshapeFor(Group& grp, int node_index,
+                                                    const SymSizes& to) {
   // The node must read an order-preserving view, of shape `to`, of a value
   // of this kernel.
   bool reads_view = false;
@@ -382,212 +417,15 @@ std::optional<Lowerer::ReshapeUndo> Lowerer::ReshapeFor(Group& grp, int node_ind
 }
 
 // ---------------------------------------------------------------------------
-// Scheduling
+// Reductions
 
-absl::StatusOr<bool> Lowerer::TryPointwise(int node_index) {
+absl::Status Fuser::BuildReduction(int gi, int node_index, bool fresh,
+                                   const std::string& not_fused) {
   const ir::Node& node = g_.nodes()[node_index];
-  auto rule = PointwiseRules().find(node.target);
-  if (rule == PointwiseRules().end() || node.outputs.size() != 1) return false;
-  const ir::TensorMeta& out = g_.value(node.outputs[0]).meta;
-  if (!Supported(out.dtype)) return false;
-  auto meta_of = [this](ValueId v) -> const ir::TensorMeta& { return g_.value(v).meta; };
-  ASSIGN_OR_RETURN(ops::OpCall call,
-                   ops::OpCall::Bind(node.target, node.args, node.kwargs, meta_of));
-  call.set_node_name(node.name);
-
-  // Try the open kernels, newest first; the first legal one wins.
-  std::string refusal;
-  for (int gi = static_cast<int>(groups_.size()) - 1; gi >= 0; --gi) {
-    Group& grp = groups_[gi];
-    if (!grp.open) continue;
-    auto level = Classify(grp, out.sizes);
-    std::optional<ReshapeUndo> reshaped;
-    if (!level.ok()) {
-      reshaped = ReshapeFor(grp, node_index, out.sizes);
-      if (reshaped) level = Level::kFull;
-    }
-    if (!level.ok()) {
-      if (refusal.empty()) refusal = absl::StrCat("kernel_", gi, ": ", level.status().message());
-      continue;
-    }
-    const size_t mark = grp.vals.size();
-    const size_t buffers_mark = grp.buffers.size();
-    const size_t recomputed_mark = recomputed_.size();
-    Builder b(
-        this, grp, *level, out.sizes, [&](ValueId v) { return Operand(grp, v, *level, out.sizes); },
-        call);
-    auto result = rule->second(b, call, out.dtype);
-    if (!result.ok()) {
-      if (refusal.empty()) refusal = absl::StrCat("kernel_", gi, ": ", result.status().message());
-      grp.vals.resize(mark);  // undo
-      for (size_t k = buffers_mark; k < grp.buffers.size(); ++k) {
-        grp.buffer_index.erase(grp.buffers[k].value);
-      }
-      grp.buffers.resize(buffers_mark);
-      ForgetRecomputed(recomputed_mark);
-      if (reshaped) Undo(grp, *std::move(reshaped));
-      if (!absl::IsFailedPrecondition(result.status())) return result.status();
-      continue;
-    }
-    if (reshaped) decisions_.push_back(ReshapeDecision(gi, reshaped->full, grp.full));
-    const ValueId v = node.outputs[0];
-    grp.value_of[v] = *result;
-    grp.level_of[v] = *level;
-    grp.nodes.push_back(node.name);
-    group_of_[v] = gi;
-    producer_item_[v] = grp.item;
-    decisions_.push_back(absl::StrCat("fuse: ", node.name, " (", node.target, ") into kernel_", gi,
-                                      *level == Level::kFull ? "" : " (per row)"));
-    return true;
-  }
-  // A new kernel over its own output space.
-  Group grp;
-  grp.item = static_cast<int>(items_.size());
-  grp.full = out.sizes;
-  groups_.push_back(std::move(grp));
-  const int gi = static_cast<int>(groups_.size()) - 1;
-  items_.push_back(Item{Item::kGroup, gi, -1});
-  Group& fresh = groups_[gi];
-  Builder b(
-      this, fresh, Level::kFull, out.sizes,
-      [&](ValueId v) { return Operand(fresh, v, Level::kFull, out.sizes); }, call);
-  auto result = rule->second(b, call, out.dtype);
-  if (!result.ok()) {
-    // Not lowerable after all (an operand dtype, a rank): run it through ATen.
-    groups_.pop_back();
-    items_.pop_back();
-    if (!absl::IsFailedPrecondition(result.status())) return result.status();
-    decisions_.push_back(
-        absl::StrCat("extern: ", node.name, " (", node.target, "): ", result.status().message()));
-    return false;
-  }
-  const ValueId v = node.outputs[0];
-  fresh.value_of[v] = *result;
-  fresh.level_of[v] = Level::kFull;
-  fresh.nodes.push_back(node.name);
-  group_of_[v] = gi;
-  producer_item_[v] = fresh.item;
-  decisions_.push_back(absl::StrCat("new kernel_", gi, ": ", node.name, " (", node.target, ")",
-                                    refusal.empty() ? "" : absl::StrCat("; not fused: ", refusal)));
-  return true;
-}
-
-absl::StatusOr<bool> Lowerer::TryReduction(int node_index) {
-  const ir::Node& node = g_.nodes()[node_index];
-  static const std::set<std::string> kReductions = {"aten.sum.dim_IntList",
-                                                    "aten.sum.default",
-                                                    "aten.mean.dim",
-                                                    "aten.mean.default",
-                                                    "aten.amax.default",
-                                                    "aten.amin.default",
-                                                    "aten.var.correction",
-                                                    "aten._softmax.default",
-                                                    "aten._log_softmax.default",
-                                                    "aten.native_layer_norm.default"};
-  if (!kReductions.count(node.target)) return false;
-  auto meta_of = [this](ValueId v) -> const ir::TensorMeta& { return g_.value(v).meta; };
-  ASSIGN_OR_RETURN(ops::OpCall call,
-                   ops::OpCall::Bind(node.target, node.args, node.kwargs, meta_of));
-  call.set_node_name(node.name);
-  ASSIGN_OR_RETURN(ValueId input,
-                   call.Tensor(node.target == "aten.native_layer_norm.default" ? "input" : "self"));
+  const NodeLowering& spec = nodes_[node_index];
+  const ops::OpCall& call = *spec.call;
+  const ValueId input = spec.input;
   const ir::TensorMeta& in = g_.value(input).meta;
-  const int rank = static_cast<int>(in.sizes.size());
-  if (rank == 0 || !Supported(in.dtype) || ops::IsFloating(in.dtype) == false) return false;
-  for (ValueId o : node.outputs) {
-    if (!Supported(g_.value(o).meta.dtype)) return false;
-  }
-
-  ReductionSpec spec;
-  auto all_dims = [&] {
-    std::vector<int> d(rank);
-    for (int i = 0; i < rank; ++i) d[i] = i;
-    return d;
-  };
-  if (node.target == "aten.sum.default" || node.target == "aten.mean.default") {
-    spec.dims = all_dims();
-  } else if (node.target == "aten._softmax.default" || node.target == "aten._log_softmax.default") {
-    ASSIGN_OR_RETURN(int64_t d, call.Int("dim"));
-    ASSIGN_OR_RETURN(int64_t w, ops::WrapDim(d, rank));
-    spec.dims = {static_cast<int>(w)};
-  } else if (node.target == "aten.native_layer_norm.default") {
-    ASSIGN_OR_RETURN(std::vector<ir::SymInt> shape, call.SymInts("normalized_shape"));
-    for (int i = rank - static_cast<int>(shape.size()); i < rank; ++i) spec.dims.push_back(i);
-  } else {
-    const ir::Argument* dim = call.Find("dim");
-    std::vector<int64_t> dims;
-    if (dim != nullptr && !std::holds_alternative<ir::None>(dim->kind)) {
-      ASSIGN_OR_RETURN(dims, call.Ints("dim"));
-    }
-    if (dims.empty()) {
-      spec.dims = all_dims();
-    } else {
-      for (int64_t d : dims) {
-        ASSIGN_OR_RETURN(int64_t w, ops::WrapDim(d, rank));
-        spec.dims.push_back(static_cast<int>(w));
-      }
-      std::sort(spec.dims.begin(), spec.dims.end());
-      spec.dims.erase(std::unique(spec.dims.begin(), spec.dims.end()), spec.dims.end());
-    }
-    if (call.Find("keepdim") != nullptr) {
-      ASSIGN_OR_RETURN(spec.keepdim, call.Bool("keepdim"));
-    }
-  }
-  if (node.target == "aten.sum.dim_IntList" && !call.IsNone("dtype")) return false;
-
-  // Join an open kernel over the same space, or open one.
-  std::string refusal;
-  int gi = -1;
-  for (int k = static_cast<int>(groups_.size()) - 1; k >= 0; --k) {
-    Group& grp = groups_[k];
-    if (!grp.open) continue;
-    std::optional<ReshapeUndo> reshaped;
-    if (!SameSizes(grp.full, in.sizes)) {
-      reshaped = ReshapeFor(grp, node_index, in.sizes);
-      if (!reshaped) {
-        if (refusal.empty())
-          refusal = absl::StrCat("kernel_", k, ": its space [", ops::SizesToString(grp.full),
-                                 "] differs");
-        continue;
-      }
-    }
-    if (!grp.reduced.empty() && grp.reduced != spec.dims) {
-      if (refusal.empty()) refusal = absl::StrCat("kernel_", k, ": it reduces other dimensions");
-      continue;
-    }
-    bool rows = false;
-    for (const auto& [v, l] : grp.level_of) rows = rows || l != Level::kFull;
-    if (grp.reduced.empty() && rows) continue;
-    // The input must be readable here.
-    const std::vector<int> saved_reduced = grp.reduced;
-    grp.reduced = spec.dims;  // pointwise kernels take the reduction's loop order
-    const size_t mark = grp.vals.size(), bmark = grp.buffers.size(), rmark = recomputed_.size();
-    auto probe = Operand(grp, input, Level::kFull, in.sizes);
-    ForgetRecomputed(rmark);
-    grp.vals.resize(mark);
-    for (size_t j = bmark; j < grp.buffers.size(); ++j)
-      grp.buffer_index.erase(grp.buffers[j].value);
-    grp.buffers.resize(bmark);
-    if (!probe.ok()) {
-      grp.reduced = saved_reduced;
-      if (reshaped) Undo(grp, *std::move(reshaped));
-      if (refusal.empty()) refusal = absl::StrCat("kernel_", k, ": ", probe.status().message());
-      continue;
-    }
-    if (reshaped) decisions_.push_back(ReshapeDecision(k, reshaped->full, grp.full));
-    gi = k;
-    break;
-  }
-  const bool fresh = gi < 0;
-  if (fresh) {
-    Group grp;
-    grp.item = static_cast<int>(items_.size());
-    grp.full = in.sizes;
-    grp.reduced = spec.dims;
-    groups_.push_back(std::move(grp));
-    gi = static_cast<int>(groups_.size()) - 1;
-    items_.push_back(Item{Item::kGroup, gi, -1});
-  }
   Group& grp = groups_[gi];
   const Level row = spec.keepdim ? Level::kRowKeep : Level::kRowFlat;
   const v1::DType out_t = g_.value(node.outputs[0]).meta.dtype;
@@ -595,7 +433,7 @@ absl::StatusOr<bool> Lowerer::TryReduction(int node_index) {
   // Values of this reduction, built with the pointwise helpers.
   auto make = [&](Level level) {
     return Builder(
-        this, grp, level, in.sizes,
+        grp, level,
         [&, level](ValueId v) {
           return Operand(grp, v, level, level == Level::kFull ? in.sizes : g_.value(v).meta.sizes);
         },
@@ -622,8 +460,7 @@ absl::StatusOr<bool> Lowerer::TryReduction(int node_index) {
     }
     grp.nodes.push_back(node.name);
     decisions_.push_back(
-        fresh ? absl::StrCat("new kernel_", gi, ": ", node.name, " (", node.target, ")",
-                             refusal.empty() ? "" : absl::StrCat("; not fused: ", refusal))
+        fresh ? absl::StrCat("new kernel_", gi, ": ", node.name, " (", node.target, ")", not_fused)
               : absl::StrCat("fuse: ", node.name, " (", node.target, ") into kernel_", gi,
                              " (reduction)"));
   };
@@ -642,7 +479,7 @@ absl::StatusOr<bool> Lowerer::TryReduction(int node_index) {
   // Each row's mean and sum of squared deviations from it (M2), the second
   // reduced at `level`.
   auto moments = [&](Level level) -> std::pair<int, int> {
-    if (!TwoPassMoments(in, spec.dims)) {
+    if (!TwoPassMoments(in, spec.dims, policy_.two_pass_max_row)) {
       return {reduce(x, ReduceOp::kWelfordMean, level), reduce(x, ReduceOp::kWelfordM2, level)};
     }
     const v1::DType xt = Compute(in.dtype);
@@ -718,7 +555,7 @@ absl::StatusOr<bool> Lowerer::TryReduction(int node_index) {
             {node.outputs[1], {r.Cast(mean, st), ml}},
             {node.outputs[2], {r.Cast(rstd, st), ml}}});
   }
-  return true;
+  return absl::OkStatus();
 }
 
-}  // namespace kiln::loop::lowering_internal
+}  // namespace kiln::loop::fuse_internal

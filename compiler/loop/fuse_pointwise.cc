@@ -10,9 +10,9 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
-#include "compiler/loop/lowering_internal.h"
+#include "compiler/loop/fuse_internal.h"
 
-namespace kiln::loop::lowering_internal {
+namespace kiln::loop::fuse_internal {
 
 const std::map<std::string, PointwiseRule>& PointwiseRules() {
   static const auto* rules = [] {
@@ -287,4 +287,4 @@ const std::map<std::string, PointwiseRule>& PointwiseRules() {
   return *rules;
 }
 
-}  // namespace kiln::loop::lowering_internal
+}  // namespace kiln::loop::fuse_internal
