@@ -335,7 +335,7 @@ def compile_times(repr="str"):  # noqa: A002 (the name torch._dynamo.utils uses)
     (dynamo: Dynamo's tracing of the frame up to the backend; lower:
     Dynamo's graph to a kiln graph; key: kilnd's verification and key of
     it; lookup; compile: kilnd's, with the round trip; load) and kilnd's own
-    phases of the graph's compile (verify, key, lower-fuse-plan, codegen,
+    phases of the graph's compile (verify, key, lower, fuse, plan, codegen,
     native-compile, ...), in seconds. repr="str" gives a table, "dict" a
     list of records."""
     records = [r for backend in list(_BACKENDS) for r in backend.graph_times]
