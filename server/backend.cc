@@ -52,6 +52,7 @@ class KilnBackend final : public Backend {
     kiln.toolchain.cpp_compiler = options_.native_compiler;
     kiln.toolchain.nvrtc_helper = options_.nvrtc_helper;
     kiln.toolchain.cancel = input.cancel;
+    kiln.tuner = options_.tuner.get();
     for (const auto& o : input.options.options()) {
       if (o.name() != kInjectFaultOption) continue;
       ASSIGN_OR_RETURN(kiln.fault, pipeline::ParseFault(o.value()));

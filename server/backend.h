@@ -17,6 +17,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "compiler/codegen/cuda_tuner.h"
 #include "compiler/ir/graph.h"
 #include "compiler/pipeline/pipeline.h"
 #include "kiln/v1/service.pb.h"
@@ -59,6 +60,9 @@ struct BackendOptions {
   absl::Duration native_compile_timeout = absl::Seconds(120);  // per g++ or NVRTC run
   std::string native_compiler = "g++";                         // searched in PATH
   std::string nvrtc_helper;  // empty: kiln_nvrtc beside kilnd (codegen.h, CudaOptions)
+  // Times cuda kernels' block sizes on a GPU of this process; null: the
+  // schedule's heuristics.
+  std::shared_ptr<codegen::CudaTuner> tuner;
 };
 
 // Backends by name.

@@ -93,6 +93,9 @@ ABSL_FLAG(int32_t, idle_connection_timeout_s, 300,
           "close a client connection with no call for this long (clients reconnect)");
 ABSL_FLAG(std::string, nvrtc_helper, "",
           "the program that runs NVRTC for cuda targets (default: kiln_nvrtc beside kilnd)");
+ABSL_FLAG(std::string, autotune, "auto",
+          "cuda kernels' block sizes timed on this machine's GPU (compiler/codegen/cuda_tuner.h): "
+          "auto (when a GPU and its driver are here), on (refuse to start without them), off");
 ABSL_FLAG(std::string, native_compiler, "g++",
           "the C++ compiler the kiln backend runs on generated code (a path, or a name in PATH)");
 ABSL_FLAG(int32_t, compile_timeout_s, 120,
@@ -212,6 +215,21 @@ absl::Status Serve() {
   backend_options.native_compile_timeout = absl::Seconds(timeout_s);
   backend_options.native_compiler = absl::GetFlag(FLAGS_native_compiler);
   backend_options.nvrtc_helper = absl::GetFlag(FLAGS_nvrtc_helper);
+  if (const std::string autotune = absl::GetFlag(FLAGS_autotune); autotune != "off") {
+    if (autotune != "auto" && autotune != "on") {
+      return absl::InvalidArgumentError(
+          absl::StrCat("autotune: '", autotune.substr(0, 32), "' is not auto, on or off"));
+    }
+    absl::StatusOr<std::unique_ptr<codegen::CudaTuner>> tuner = codegen::CudaTuner::Open(0);
+    if (tuner.ok()) {
+      std::fprintf(stderr, "kilnd: autotuning cuda kernels on %s\n",
+                   (*tuner)->device_name().c_str());
+      backend_options.tuner = std::shared_ptr<codegen::CudaTuner>(*std::move(tuner));
+    } else if (autotune == "on") {
+      return absl::FailedPreconditionError(
+          absl::StrCat("autotune: on, but ", tuner.status().message()));
+    }
+  }
   ASSIGN_OR_RETURN(const LogLevel log_level, ParseLogLevel(absl::GetFlag(FLAGS_log_level)));
   std::unique_ptr<RequestLog> requests, audit;
   if (const std::string path = absl::GetFlag(FLAGS_request_log); !path.empty()) {

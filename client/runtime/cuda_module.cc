@@ -11,150 +11,37 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "common/cuda_driver.h"
 #include "common/hashing.h"
 
 #ifdef KILN_RUNTIME_CUDA
 #include <c10/cuda/CUDAStream.h>
-#include <cuda.h>
-#include <dlfcn.h>
 #endif
 
 namespace kiln::runtime {
 namespace {
 
-struct Arch {
-  int major = 0;
-  int minor = 0;
-  bool exact = false;  // "sm_90a": only 9.0 runs it
-};
-
-absl::StatusOr<Arch> ParseArch(absl::string_view sm_arch) {
-  absl::string_view digits = sm_arch;
-  Arch arch;
-  if (absl::ConsumePrefix(&digits, "sm_")) arch.exact = absl::ConsumeSuffix(&digits, "a");
-  int number = 0;
-  if (digits.size() < 2 || digits.size() > 3 || !absl::c_all_of(digits, absl::ascii_isdigit) ||
-      !absl::StartsWith(sm_arch, "sm_") || !absl::SimpleAtoi(digits, &number)) {
+absl::StatusOr<cuda::SmArch> ParseArch(absl::string_view sm_arch) {
+  absl::StatusOr<cuda::SmArch> arch = cuda::ParseSmArch(sm_arch);
+  if (!arch.ok())
     return absl::InvalidArgumentError(
-        absl::StrCat("the artifact's sm_arch '", sm_arch, "' is not an SM arch like sm_90"));
-  }
-  arch.major = number / 10;
-  arch.minor = number % 10;
+        absl::StrCat("the artifact's sm_arch ", arch.status().message()));
   return arch;
 }
 
 }  // namespace
 
 #ifdef KILN_RUNTIME_CUDA
-namespace {
 
-// The driver functions the runtime calls, from libcuda.so.1. cuda.h maps
-// some names to versioned symbols (cuCtxPushCurrent -> cuCtxPushCurrent_v2):
-// the symbol looked up is the one the name expands to.
-#define KILN_CU_STR2(x) #x
-#define KILN_CU_STR(x) KILN_CU_STR2(x)
-// clang-format off
-#define KILN_CU_FUNCTIONS(X)                                                   \
-  X(cuInit) X(cuGetErrorString) X(cuDeviceGet) X(cuDeviceGetAttribute)         \
-  X(cuDeviceGetName) X(cuDevicePrimaryCtxRetain) X(cuCtxGetCurrent)            \
-  X(cuCtxPushCurrent) X(cuCtxPopCurrent) X(cuModuleLoadData)                   \
-  X(cuModuleGetFunction) X(cuLaunchKernel)
-// clang-format on
-
-struct Driver {
-#define KILN_CU_MEMBER(name) decltype(&::name) name = nullptr;
-  KILN_CU_FUNCTIONS(KILN_CU_MEMBER)
-#undef KILN_CU_MEMBER
-  // Device -> its primary context, retained once (kMaxDevices entries; set
-  // under PrimaryMutex, then read without it).
-  std::atomic<CUcontext> primary[64] = {};
-
-  absl::Status Check(CUresult rc, absl::string_view what) const {
-    if (rc == CUDA_SUCCESS) return absl::OkStatus();
-    const char* text = nullptr;
-    cuGetErrorString(rc, &text);
-    return absl::InternalError(
-        absl::StrCat(what, ": ", text != nullptr ? text : absl::StrCat("error ", rc)));
-  }
-};
-
-// The driver, opened once; UNAVAILABLE (kept) when it cannot be.
-absl::StatusOr<Driver*> GetDriver() {
-  static const absl::StatusOr<Driver*>* const driver = [] {
-    auto* d = new Driver;
-    void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-    if (lib == nullptr) {
-      return new absl::StatusOr<Driver*>(absl::UnavailableError(
-          absl::StrCat("cannot load the CUDA driver (libcuda.so.1): ", dlerror())));
-    }
-#define KILN_CU_LOAD(name)                                                          \
-  d->name = reinterpret_cast<decltype(&::name)>(dlsym(lib, KILN_CU_STR(name)));     \
-  if (d->name == nullptr) {                                                         \
-    return new absl::StatusOr<Driver*>(absl::UnavailableError(                      \
-        absl::StrCat("the CUDA driver (libcuda.so.1) lacks ", KILN_CU_STR(name)))); \
-  }
-    KILN_CU_FUNCTIONS(KILN_CU_LOAD)
-#undef KILN_CU_LOAD
-    if (absl::Status s = d->Check(d->cuInit(0), "cuInit"); !s.ok()) {
-      return new absl::StatusOr<Driver*>(absl::UnavailableError(s.message()));
-    }
-    return new absl::StatusOr<Driver*>(d);
-  }();
-  return *driver;
-}
-
-absl::Mutex& PrimaryMutex() {
-  static absl::Mutex* mu = new absl::Mutex;
-  return *mu;
-}
-
-// The primary context of `device` (torch's), retained once for the process.
-absl::StatusOr<CUcontext> PrimaryContext(Driver& d, int device) {
-  if (device < 0 || device >= 64) {
-    return absl::InvalidArgumentError(absl::StrCat("device ", device, " is out of range"));
-  }
-  if (CUcontext ctx = d.primary[device].load(std::memory_order_acquire)) return ctx;
-  absl::MutexLock lock(&PrimaryMutex());
-  if (CUcontext ctx = d.primary[device].load(std::memory_order_acquire)) return ctx;
-  CUdevice dev;
-  if (absl::Status s = d.Check(d.cuDeviceGet(&dev, device), "cuDeviceGet"); !s.ok()) return s;
-  CUcontext ctx;
-  if (absl::Status s = d.Check(d.cuDevicePrimaryCtxRetain(&ctx, dev), "cuDevicePrimaryCtxRetain");
-      !s.ok()) {
-    return s;
-  }
-  d.primary[device].store(ctx, std::memory_order_release);
-  return ctx;
-}
-
-// Makes `ctx` current for its lifetime when it is not already.
-class ScopedContext {
- public:
-  ScopedContext(Driver& d, CUcontext ctx) : d_(d) {
-    CUcontext current = nullptr;
-    d_.cuCtxGetCurrent(&current);
-    if (current != ctx) pushed_ = d_.cuCtxPushCurrent(ctx) == CUDA_SUCCESS;
-  }
-  ~ScopedContext() {
-    if (pushed_) {
-      CUcontext popped;
-      d_.cuCtxPopCurrent(&popped);
-    }
-  }
-  ScopedContext(const ScopedContext&) = delete;
-  ScopedContext& operator=(const ScopedContext&) = delete;
-
- private:
-  Driver& d_;
-  bool pushed_ = false;
-};
-
-}  // namespace
+using cuda::Driver;
+using cuda::GetDriver;
+using cuda::PrimaryContext;
+using cuda::ScopedContext;
 
 bool CudaRuntimeAvailable() { return true; }
 
 absl::Status CheckCudaArch(absl::string_view sm_arch, int index) {
-  absl::StatusOr<Arch> want = ParseArch(sm_arch);
+  absl::StatusOr<cuda::SmArch> want = ParseArch(sm_arch);
   if (!want.ok()) return want.status();
   absl::StatusOr<Driver*> driver = GetDriver();
   if (!driver.ok()) return driver.status();
@@ -168,9 +55,7 @@ absl::Status CheckCudaArch(absl::string_view sm_arch, int index) {
   int major = 0, minor = 0;
   d.cuDeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev);
   d.cuDeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev);
-  if (major == want->major && minor >= want->minor && (!want->exact || minor == want->minor)) {
-    return absl::OkStatus();
-  }
+  if (cuda::Runs(*want, major, minor)) return absl::OkStatus();
   char name[256] = {};
   d.cuDeviceGetName(name, sizeof(name) - 1, dev);
   return absl::FailedPreconditionError(absl::StrCat(
@@ -254,7 +139,7 @@ absl::Status NoCuda() {
 bool CudaRuntimeAvailable() { return false; }
 
 absl::Status CheckCudaArch(absl::string_view sm_arch, int) {
-  if (absl::StatusOr<Arch> a = ParseArch(sm_arch); !a.ok()) return a.status();
+  if (absl::StatusOr<cuda::SmArch> a = ParseArch(sm_arch); !a.ok()) return a.status();
   return NoCuda();
 }
 
@@ -268,7 +153,7 @@ absl::Status CudaKernel::Launch(int, int64_t, int, const uint64_t*, size_t) cons
 
 absl::StatusOr<std::shared_ptr<CudaModule>> CudaModule::Shared(absl::string_view binary,
                                                                absl::string_view sm_arch) {
-  if (absl::StatusOr<Arch> a = ParseArch(sm_arch); !a.ok()) return a.status();
+  if (absl::StatusOr<cuda::SmArch> a = ParseArch(sm_arch); !a.ok()) return a.status();
   if (binary.empty()) return absl::InvalidArgumentError("the cuda module has no binary");
   if (!CudaRuntimeAvailable()) return CheckCudaArch(sm_arch, 0);
   static absl::Mutex* mu = new absl::Mutex;

@@ -1,11 +1,14 @@
 // The CUDA backend without a GPU: what it generates for hand-built kernels
 // (layouts, vector widths, launch sizes), and that NVRTC (in the kiln_nvrtc
 // helper) compiles it into a CUBIN for sm_90. tests/gpu runs the kernels.
+#include <algorithm>
 #include <string>
 #include <vector>
 
 #include "absl/strings/match.h"
 #include "compiler/codegen/codegen.h"
+#include "compiler/codegen/cuda_schedule.h"
+#include "compiler/codegen/cuda_tuner.h"
 #include "compiler/loop/kernel.h"
 #include "compiler/loop/kernel_builder.h"
 #include "gtest/gtest.h"
@@ -186,6 +189,72 @@ TEST(CudaCodegen, NvrtcBuildsACubinForSm90) {
             "\x7f"
             "ELF");
   EXPECT_TRUE(absl::StrContains(module->compile_command(), "--arch=sm_90"));
+}
+
+// The autotuner's candidates: each block size is taken where the layout
+// allows it, sizes the launch, and compiles; the column layout has none.
+TEST(CudaCodegen, TunedBlockSizesAreTakenAndCompile) {
+  auto backend = Backend();
+  std::vector<Kernel> variants;
+  for (const Kernel& k : {Pointwise(C(64), 4096), Softmax(512, 4096, C(4096), C(1), "rows"),
+                          Softmax(8, 100000, C(100000), C(1), "long_rows")}) {
+    const std::vector<int> candidates = BlockCandidates(k);
+    ASSERT_GE(candidates.size(), 4u) << k.name;
+    auto heuristic = backend->Launch(k);
+    ASSERT_TRUE(heuristic.ok());
+    EXPECT_NE(std::find(candidates.begin(), candidates.end(), heuristic->block), candidates.end())
+        << k.name << " lacks the heuristic's block " << heuristic->block;
+    for (int block : candidates) {
+      Kernel v = k;
+      v.name = k.name + "_b" + std::to_string(block);
+      v.block = block;
+      auto launch = backend->Launch(v);
+      ASSERT_TRUE(launch.ok()) << launch.status();
+      EXPECT_EQ(launch->block, block) << v.name;
+      variants.push_back(std::move(v));
+    }
+  }
+  // 4096 elements at 4, 8 and 16 per thread: 1024, 512 and 256 threads.
+  const std::vector<int> rows = BlockCandidates(Softmax(512, 4096, C(4096), C(1)));
+  for (int block : {256, 512, 1024}) {
+    EXPECT_NE(std::find(rows.begin(), rows.end(), block), rows.end()) << block;
+  }
+  EXPECT_TRUE(BlockCandidates(Softmax(300, 1000, C(1), C(300))).empty());
+  // A block that is not whole warps is not taken.
+  Kernel odd = Softmax(512, 4096, C(4096), C(1));
+  odd.block = 100;
+  EXPECT_EQ(backend->Launch(odd)->block, 256);
+
+  auto source = backend->Generate(variants, {});
+  ASSERT_TRUE(source.ok()) << source.status();
+  EXPECT_TRUE(absl::StrContains(*source, "__launch_bounds__(1024)")) << *source;
+  auto module = backend->Compile(*source);
+  ASSERT_TRUE(module.ok()) << module.status();
+}
+
+// Without a GPU there is nothing to time: the tuner says so. With one (on
+// the GPU machine), a softmax is timed at every candidate and the choice is
+// one of them, kept for the next compile of the same kernel.
+TEST(CudaTuner, TimesCandidatesOnAGpuOrSaysWhyNot) {
+  auto tuner = CudaTuner::Open(0);
+  if (!tuner.ok()) {
+    EXPECT_EQ(tuner.status().code(), absl::StatusCode::kUnavailable) << tuner.status();
+    return;
+  }
+  auto backend = Backend();
+  std::vector<Kernel> kernels = {Softmax(512, 4096, C(4096), C(1))};
+  std::vector<std::string> decisions;
+  ASSERT_TRUE((*tuner)->Tune(*backend, "sm_90", {}, &kernels, &decisions).ok());
+  ASSERT_EQ(decisions.size(), 1u);
+  EXPECT_TRUE(absl::StrContains(decisions[0], "1024: ")) << decisions[0];
+  const std::vector<int> candidates = BlockCandidates(kernels[0]);
+  EXPECT_TRUE(kernels[0].block == 0 || std::find(candidates.begin(), candidates.end(),
+                                                 kernels[0].block) != candidates.end());
+  std::vector<Kernel> again = {Softmax(512, 4096, C(4096), C(1), "other_name")};
+  decisions.clear();
+  ASSERT_TRUE((*tuner)->Tune(*backend, "sm_90", {}, &again, &decisions).ok());
+  EXPECT_EQ(again[0].block, kernels[0].block);
+  EXPECT_TRUE(absl::StrContains(decisions[0], "(tuned before)")) << decisions[0];
 }
 
 TEST(CudaCodegen, CompileErrorIsInternalWithNvrtcsLog) {

@@ -220,10 +220,21 @@ bool MovesAlong(const Kernel& k, const Stmt& s, int dim) {
          !IsZero(StrideAlong(k, s, dim));
 }
 
+namespace {
+
+// The autotuner's choice (Kernel::block) when it is one this layout can
+// take: a whole number of warps, at most 1024.
+int TunedBlock(const Kernel& k) {
+  return k.block >= 32 && k.block <= 1024 && k.block % 32 == 0 ? k.block : 0;
+}
+
+}  // namespace
+
 Schedule ScheduleOf(const Kernel& k) {
   Schedule s;
+  const int tuned = TunedBlock(k);
   if (!HasReduction(k)) {
-    s.block = kPointwiseBlock;
+    s.block = tuned > 0 ? tuned : kPointwiseBlock;
     s.order = OutputOrder(k);
     // Chunks run along the dimension consecutive threads take: the
     // output's fastest one.
@@ -240,16 +251,39 @@ Schedule ScheduleOf(const Kernel& k) {
   // of the vector width (4 chunks unrolled: several loads in flight).
   s.vector_dim = RowDim(k);
   s.vector = VectorWidth(k, s.vector_dim);
+  if (tuned > 0) s.block = tuned;
   bool constant = false;
   const int64_t row = ConstantProduct(k.inner, &constant);
-  if (!constant) return s;  // 256 threads, a loop
-  const int64_t threads = (row + kRowElementsPerThread - 1) / kRowElementsPerThread;
-  s.block = static_cast<int>(std::clamp<int64_t>((threads + 31) / 32 * 32, 32, 1024));
+  if (!constant) return s;  // 256 threads (or the tuned count), a loop
+  if (tuned == 0) {
+    const int64_t threads = (row + kRowElementsPerThread - 1) / kRowElementsPerThread;
+    s.block = static_cast<int>(std::clamp<int64_t>((threads + 31) / 32 * 32, 32, 1024));
+  }
   const int64_t per_thread = (row + s.block - 1) / s.block;
   if (per_thread > kMaxCachedPerThread) return s;
   s.per_thread = static_cast<int>(std::max<int64_t>(per_thread, 1));
   if (k.inner.size() != 1 || s.per_thread % s.vector != 0) s.vector = 1;
   return s;
+}
+
+std::vector<int> BlockCandidates(const Kernel& k) {
+  if (HasReduction(k) && ReadsAcrossRows(k)) return {};
+  std::vector<int> out = {128, 256, 512, 1024};
+  bool constant = false;
+  const int64_t row = ConstantProduct(k.inner, &constant);
+  if (HasReduction(k) && constant) {
+    // Rows kept in registers at 4 to 16 elements per thread.
+    for (int64_t per_thread : {4, 8, 16}) {
+      const int64_t threads = (row + per_thread - 1) / per_thread;
+      out.push_back(static_cast<int>(std::clamp<int64_t>((threads + 31) / 32 * 32, 32, 1024)));
+    }
+  }
+  Kernel heuristic = k;
+  heuristic.block = 0;
+  out.push_back(ScheduleOf(heuristic).block);
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
 }
 
 LaunchSize SizeLaunch(const Kernel& k) {

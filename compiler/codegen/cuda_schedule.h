@@ -1,6 +1,8 @@
 // How the CUDA backend maps a loop::Kernel onto threads (compiler/codegen/
 // cuda_codegen.cc emits what this decides): its layout, block size,
 // register caching and vector width, and the launch size that follows.
+// Block sizes are the autotuner's where it chose them (loop::Kernel::block),
+// else these heuristics.
 //
 //   - Pointwise kernels: a grid-stride loop of kPointwiseBlock threads over
 //     the flattened space, each thread a chunk of `vector` elements.
@@ -56,7 +58,13 @@ inline constexpr int kPointwiseBlock = 256;
 inline constexpr int kColumnRows = 32;
 
 bool HasReduction(const loop::Kernel& k);
+// The schedule of `k`: the heuristic's, with the threads per block the
+// autotuner chose (k.block) where the layout takes them.
 Schedule ScheduleOf(const loop::Kernel& k);
+// The threads per block worth timing for `k` (compiler/codegen/
+// cuda_tuner.h), the heuristic's among them; empty when its layout has one
+// block size only (kColumn).
+std::vector<int> BlockCandidates(const loop::Kernel& k);
 // The grid and block `k` is generated for.
 LaunchSize SizeLaunch(const loop::Kernel& k);
 // Whether every index the kernel computes (the flattened space, each

@@ -156,7 +156,8 @@ std::optional<ScalarOp> ParseScalarOp(absl::string_view name) {
 std::string PrintKernel(const Kernel& kernel) {
   std::string out =
       absl::StrCat("kernel ", kernel.name, ": outer ", SizeList(kernel.outer), " inner ",
-                   SizeList(kernel.inner), " passes ", kernel.passes, "\n");
+                   SizeList(kernel.inner), " passes ", kernel.passes,
+                   kernel.block > 0 ? absl::StrCat(" block ", kernel.block) : "", "\n");
   if (!kernel.nodes.empty()) {
     absl::StrAppend(&out, "  nodes: ", absl::StrJoin(kernel.nodes, ", "), "\n");
   }

@@ -161,6 +161,9 @@ struct Kernel {
   std::vector<KernelBuffer> buffers;
   // The graph nodes fused into this kernel, in order (for the debug trace).
   std::vector<std::string> nodes;
+  // Threads per block, as the CUDA autotuner chose them
+  // (compiler/codegen/cuda_tuner.h); 0: the target's heuristic.
+  int block = 0;
 };
 
 // Readable listing of a kernel, for the debug trace and for tests.

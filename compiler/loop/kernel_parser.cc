@@ -177,7 +177,7 @@ class KernelParser {
   }
 
  private:
-  // "kernel <name>: outer [..] inner [..] passes <n>"
+  // "kernel <name>: outer [..] inner [..] passes <n>[ block <threads>]"
   absl::Status Header(const Line& line) {
     absl::string_view t = line.text;
     const int n = line.number;
@@ -198,8 +198,13 @@ class KernelParser {
     if (!absl::ConsumePrefix(&t, " passes ")) {
       return Error(n, "expected ' passes <n>' after the inner sizes");
     }
-    ASSIGN_OR_RETURN(k_.passes, ParseNumber(n, t, "the number of passes"));
+    const size_t block = t.find(" block ");
+    ASSIGN_OR_RETURN(k_.passes, ParseNumber(n, t.substr(0, block), "the number of passes"));
     if (k_.passes < 1) return Error(n, "expected at least 1 pass");
+    if (block != absl::string_view::npos) {
+      ASSIGN_OR_RETURN(k_.block, ParseNumber(n, t.substr(block + 7), "the threads per block"));
+      if (k_.block < 1) return Error(n, "expected at least 1 thread per block");
+    }
     return absl::OkStatus();
   }
 

@@ -343,6 +343,26 @@ store buf2[o1*1 + 0] = %7 [pass 1, inner]
       << PrintKernel(*k);
 }
 
+// The autotuner's block size prints after the passes and reads back.
+TEST(KernelParserTest, TunedBlockSizeRoundTrips) {
+  const char* kText = R"(kernel k: outer [8] inner [64] passes 1 block 512
+  buffers:
+    buf0 = x : f32
+    buf1 = out : f32 (written)
+  %0 = load buf0[o0*64 + i0*1 + 0] : f32 [pass 0, inner]
+  store buf1[o0*64 + i0*1 + 0] = %0 [pass 0, inner]
+)";
+  absl::StatusOr<Kernel> k = ParseKernel(kText);
+  ASSERT_TRUE(k.ok()) << k.status();
+  EXPECT_EQ(k->block, 512);
+  EXPECT_EQ(k->passes, 1);
+  EXPECT_EQ(PrintKernel(*k), kText);
+  absl::StatusOr<Kernel> zero = ParseKernel("kernel k: outer [8] inner [64] passes 1 block 0\n");
+  ASSERT_FALSE(zero.ok());
+  EXPECT_NE(zero.status().message().find("at least 1 thread per block"), std::string::npos)
+      << zero.status();
+}
+
 TEST(KernelParserTest, SeveralKernels) {
   const std::string text =
       "# kernels (2)\n"

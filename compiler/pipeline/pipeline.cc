@@ -94,6 +94,15 @@ absl::StatusOr<v1::CompiledGraph> CompileGraph(const ir::Graph& graph, const std
   }
   times->Time(prefix + "memory-plan", [&] { loop::PlanMemory(&lowered.plan); });
   (*trace)[prefix + "memory_plan.txt"] = loop::PrintSteps(lowered.plan);
+  const bool cuda = target.device_type() == "cuda";
+  if (cuda && options.tuner != nullptr && options.compile && !lowered.kernels.empty()) {
+    absl::Status tuned = times->Time(prefix + "autotune", [&] {
+      return options.tuner->Tune(backend, target.proto().sm_arch(), lowered.symbols,
+                                 &lowered.kernels, &lowered.decisions);
+    });
+    // An optimization only: what it did not reach keeps the heuristics.
+    if (!tuned.ok()) lowered.decisions.push_back(absl::StrCat("tune: stopped: ", tuned.message()));
+  }
   (*trace)[prefix + "ir_after_fusion.txt"] = loop::PrintLowered(lowered);
   v1::CompiledGraph out;
   *out.mutable_plan() = lowered.plan;
@@ -101,7 +110,6 @@ absl::StatusOr<v1::CompiledGraph> CompileGraph(const ir::Graph& graph, const std
   ASSIGN_OR_RETURN(std::string source, times->Time(prefix + "codegen", [&] {
     return backend.Generate(lowered.kernels, lowered.symbols);
   }));
-  const bool cuda = target.device_type() == "cuda";
   (*trace)[absl::StrCat(prefix, "generated_code", cuda ? ".cu" : ".cc")] = source;
   if (cuda) RETURN_IF_ERROR(SizeLaunches(lowered.kernels, backend, out.mutable_plan()));
   if (!options.compile) {

@@ -31,6 +31,7 @@
 #include "absl/time/time.h"
 #include "compiler/autograd/joint_graph.h"
 #include "compiler/autograd/partition.h"
+#include "compiler/codegen/cuda_tuner.h"
 #include "compiler/ir/graph.h"
 #include "compiler/pipeline/fault.h"
 #include "compiler/target/target.h"
@@ -75,6 +76,9 @@ struct KilnOptions {
   // false: stop after generating the code (no toolchain run; modules hold
   // the source only).
   bool compile = true;
+  // cuda: block sizes timed on this GPU before the code is generated
+  // (compiler/codegen/cuda_tuner.h); null: the schedule's heuristics.
+  codegen::CudaTuner* tuner = nullptr;
 };
 
 // kiln: artifact->compiled for inference, or artifact->autograd with

@@ -10,7 +10,7 @@
 # generated for) to the machine.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-deploy/bundle.sh .gpu/bundle kilnd kilnctl kiln_nvrtc
+deploy/bundle.sh .gpu/bundle kilnd kilnctl kiln_nvrtc kiln_cuda_codegen_test
 site=$(.venv/bin/python -c 'import kiln, os; print(os.path.dirname(kiln.__file__))')
 rm -rf .gpu/py && mkdir -p .gpu/py && cp -r "$site" .gpu/py/
 find .gpu/py -name __pycache__ -prune -exec rm -rf {} +

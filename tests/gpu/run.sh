@@ -52,6 +52,10 @@ export KILN_SERVER=127.0.0.1:$port
 export LD_LIBRARY_PATH="$PWD/.gpu/extlib"
 status=0
 if [ $tests -eq 1 ]; then
+  # The CUDA backend's C++ tests, the tuner's on this GPU among them.
+  LD_LIBRARY_PATH="$PWD/.gpu/bundle/lib" .gpu/bundle/bin/kiln_cuda_codegen_test 2>&1 |
+    tail -25 | tee "$out/cuda_codegen_test.log"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
   python3 -m pytest tests/gpu/test_cuda.py -q -p no:cacheprovider -rf "$@" 2>&1 | tee "$out/pytest.log"
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi

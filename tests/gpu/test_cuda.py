@@ -215,6 +215,31 @@ def _splits(backend):
                if name.endswith("ir_after_fusion.txt"))
 
 
+def _tune_lines(backend):
+    """The autotuner's decisions in the loaded artifacts (compiler/codegen/cuda_tuner.h)."""
+    return [line for fn in backend.loaded for name, text in fn.artifact.trace.items()
+            if name.endswith("ir_after_fusion.txt")
+            for line in text.splitlines() if line.startswith("tune: ")]
+
+
+def test_autotuning_times_block_sizes_once_per_kernel():
+    # kilnd on the GPU machine tunes (--autotune=auto): every candidate is
+    # timed, the result is right, and the same kernel in another graph (a
+    # different function, the same sizes) takes the choice without timing.
+    def softmax(x):
+        return torch.softmax(x * 1.5, -1)
+    backend = check(softmax, rand(2048, 4096))
+    lines = _tune_lines(backend)
+    assert any(" ms" in line and "1024: " in line for line in lines), lines
+    tuned = [line for line in lines if "block " in line and "(tuned before)" not in line]
+    assert tuned, lines
+
+    def softmax_and_matmul(y, w):
+        return torch.softmax(y * 1.5, -1), y @ w
+    again = check(softmax_and_matmul, rand(2048, 4096), rand(4096, 64))
+    assert any("(tuned before)" in line for line in _tune_lines(again)), _tune_lines(again)
+
+
 SPLIT = {
     "column_sum": (lambda x: x.sum(0) * 2.0, (32768, 256)),
     "channel_sum": (lambda x: x.sum((0, 2, 3)), (64, 8, 32, 32)),
