@@ -5,6 +5,7 @@
 #include "compiler/loop/fuse.h"
 
 #include <algorithm>
+#include <cstddef>
 #include <string>
 #include <utility>
 #include <vector>
@@ -177,7 +178,6 @@ absl::StatusOr<bool> Fuser::PlaceReduction(int node_index) {
   const ir::TensorMeta& in = g_.value(l.input).meta;
   // Join an open kernel over the same space, or open one.
   std::vector<std::string> refusals;
-  int gi = -1;
   for (int k = static_cast<int>(groups_.size()) - 1; k >= 0; --k) {
     Group& grp = groups_[k];
     if (!grp.open) continue;
@@ -213,21 +213,37 @@ absl::StatusOr<bool> Fuser::PlaceReduction(int node_index) {
       refuse(*refused);
       continue;
     }
-    if (reshaped) decisions_.push_back(ReshapeDecision(k, reshaped->full, grp.full));
-    gi = k;
-    break;
+    // Its operands are readable here; building its values may still fail
+    // (a value the legality check took as recomputable that cannot be):
+    // then the kernel is refused as it was.
+    const Mark mark = MarkOf(grp);
+    const size_t decisions = decisions_.size(), keeps = grp.keep_in_output.size();
+    absl::Status built = BuildReduction(k, node_index, false, "");
+    if (!built.ok()) {
+      Rollback(grp, mark);
+      decisions_.resize(decisions);
+      grp.keep_in_output.resize(keeps);
+      grp.reduced = saved_reduced;
+      if (reshaped) Undo(grp, *std::move(reshaped));
+      if (!absl::IsFailedPrecondition(built)) return built;
+      refuse(built.message());
+      continue;
+    }
+    if (reshaped) {
+      decisions_.insert(decisions_.begin() + static_cast<std::ptrdiff_t>(decisions),
+                        ReshapeDecision(k, reshaped->full, grp.full));
+    }
+    return true;
   }
-  const bool fresh = gi < 0;
-  if (fresh) {
-    Group grp;
-    grp.item = static_cast<int>(items_.size());
-    grp.full = in.sizes;
-    grp.reduced = l.dims;
-    groups_.push_back(std::move(grp));
-    gi = static_cast<int>(groups_.size()) - 1;
-    items_.push_back(Item{Item::kGroup, gi, -1});
-  }
-  RETURN_IF_ERROR(BuildReduction(gi, node_index, fresh, NotFused(refusals)));
+  // A new kernel over the input's space.
+  Group grp;
+  grp.item = static_cast<int>(items_.size());
+  grp.full = in.sizes;
+  grp.reduced = l.dims;
+  groups_.push_back(std::move(grp));
+  const int gi = static_cast<int>(groups_.size()) - 1;
+  items_.push_back(Item{Item::kGroup, gi, -1});
+  RETURN_IF_ERROR(BuildReduction(gi, node_index, true, NotFused(refusals)));
   return true;
 }
 

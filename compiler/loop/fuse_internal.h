@@ -163,10 +163,10 @@ class Fuser {
   // What a group holds before a node's values are added, to take them back
   // when building them fails after all.
   struct Mark {
-    size_t vals, buffers, recomputed;
+    size_t vals, buffers, recomputed, stored;
   };
   Mark MarkOf(const Group& grp) const {
-    return {grp.vals.size(), grp.buffers.size(), recomputed_.size()};
+    return {grp.vals.size(), grp.buffers.size(), recomputed_.size(), stored_log_.size()};
   }
   void Rollback(Group& grp, const Mark& mark);
   // Recomputation: a pointwise value another kernel computes is computed
@@ -209,6 +209,7 @@ class Fuser {
   std::map<ValueId, ValueId> reshape_of_;  // order-preserving view -> the value it views
   std::vector<std::string> decisions_;
   std::vector<std::pair<int, ValueId>> recomputed_;  // (group, value), in order
+  std::vector<std::pair<int, ValueId>> stored_log_;  // MarkStored's insertions, in order
 };
 
 // ---------------------------------------------------------------------------

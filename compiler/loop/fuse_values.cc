@@ -137,7 +137,9 @@ int Fuser::BufferOf(Group& grp, ValueId root, bool written) {
 
 void Fuser::MarkStored(ValueId v) {
   auto it = group_of_.find(v);
-  if (it != group_of_.end()) groups_[it->second].stored.insert(v);
+  if (it != group_of_.end() && groups_[it->second].stored.insert(v).second) {
+    stored_log_.emplace_back(it->second, v);
+  }
 }
 
 absl::Status Fuser::Legal(const Group& grp, int node_index, Level level,
@@ -222,6 +224,10 @@ void Fuser::Rollback(Group& grp, const Mark& mark) {
   }
   grp.buffers.resize(mark.buffers);
   ForgetRecomputed(mark.recomputed);
+  for (size_t k = mark.stored; k < stored_log_.size(); ++k) {
+    groups_[stored_log_[k].first].stored.erase(stored_log_[k].second);
+  }
+  stored_log_.resize(std::min(mark.stored, stored_log_.size()));
 }
 
 absl::StatusOr<int> Fuser::Operand(Group& grp, ValueId v, Level level, const SymSizes& out) {

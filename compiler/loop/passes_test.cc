@@ -152,6 +152,37 @@ def forward(self, x: "f32[8, 16]", w: "f32[16, 16]"):
   EXPECT_TRUE(reads_relu) << PrintFused(g, f);
 }
 
+// sum_2 may read `neg` in relu's kernel only by computing it again from mm,
+// which that kernel cannot read (mm runs after it): the legality check
+// takes neg as recomputable, building it finds otherwise, and the kernel is
+// refused with that reason rather than failing the compile.
+TEST(FusePassTest, AReductionWhoseValuesCannotBeBuiltIsRefusedNotFailed) {
+  const ir::Graph g = Parse(R"(
+def forward(self, x: "f32[8, 16]", w: "f32[16, 16]"):
+    relu: "f32[8, 16]" = aten.relu.default(x)
+    mm: "f32[8, 16]" = aten.mm.default(x, w)
+    neg: "f32[8, 16]" = aten.neg.default(mm)
+    sum_1: "f32[16]" = aten.sum.dim_IntList(neg, [0], False)
+    sum_2: "f32[8]" = aten.sum.dim_IntList(neg, [1], False)
+    return (relu, sum_1, sum_2)
+)");
+  const FusedGraph f = FuseWith(g, FusionPolicy());
+  EXPECT_EQ(NodesByKernel(f), (std::vector<std::vector<std::string>>{
+                                  {"relu_node"}, {"neg_node", "sum_1_node"}, {"sum_2_node"}}))
+      << PrintFused(g, f);
+  const std::string all = absl::StrJoin(f.decisions, "\n");
+  EXPECT_NE(all.find("new kernel_2: sum_2_node (aten.sum.dim_IntList); not fused: kernel_1: it "
+                     "reduces other dimensions; kernel_0: 'neg' is produced after this kernel or "
+                     "by it (fusing would form a cycle)"),
+            std::string::npos)
+      << all;
+  // relu's kernel was left as it was: it stores relu and reads x only.
+  ASSERT_EQ(f.kernels.size(), 3u);
+  std::vector<std::string> buffers;
+  for (const KernelBuffer& b : f.kernels[0].buffers) buffers.push_back(b.value);
+  EXPECT_EQ(buffers, (std::vector<std::string>{"x", "relu"}));
+}
+
 TEST(FusePassTest, TheTwoPassRowLimitIsThePolicys) {
   const ir::Graph g = Parse(R"(
 def forward(self, x: "f32[8, 64]"):
