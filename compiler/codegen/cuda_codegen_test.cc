@@ -242,15 +242,20 @@ TEST(CudaTuner, TimesCandidatesOnAGpuOrSaysWhyNot) {
     return;
   }
   auto backend = Backend();
-  std::vector<Kernel> kernels = {Softmax(512, 4096, C(4096), C(1))};
+  // 64 MiB of traffic: worth tuning; a small one is not.
+  std::vector<Kernel> kernels = {Softmax(2048, 4096, C(4096), C(1)),
+                                 Softmax(64, 4096, C(4096), C(1), "small")};
   std::vector<std::string> decisions;
   ASSERT_TRUE((*tuner)->Tune(*backend, "sm_90", {}, &kernels, &decisions).ok());
-  ASSERT_EQ(decisions.size(), 1u);
-  EXPECT_TRUE(absl::StrContains(decisions[0], "1024: ")) << decisions[0];
+  ASSERT_EQ(decisions.size(), 2u);
+  EXPECT_TRUE(absl::StrContains(decisions[0], "small keeps the heuristic: it moves under 32 MiB"))
+      << decisions[0];
+  EXPECT_TRUE(absl::StrContains(decisions[1], "1024: ")) << decisions[1];
+  EXPECT_EQ(kernels[1].block, 0);
   const std::vector<int> candidates = BlockCandidates(kernels[0]);
   EXPECT_TRUE(kernels[0].block == 0 || std::find(candidates.begin(), candidates.end(),
                                                  kernels[0].block) != candidates.end());
-  std::vector<Kernel> again = {Softmax(512, 4096, C(4096), C(1), "other_name")};
+  std::vector<Kernel> again = {Softmax(2048, 4096, C(4096), C(1), "other_name")};
   decisions.clear();
   ASSERT_TRUE((*tuner)->Tune(*backend, "sm_90", {}, &again, &decisions).ok());
   EXPECT_EQ(again[0].block, kernels[0].block);

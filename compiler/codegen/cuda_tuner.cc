@@ -69,6 +69,9 @@ std::string CacheKey(const std::string& sm_arch, const loop::Kernel& k) {
 }
 
 constexpr int64_t kMaxTuneBytes = int64_t{4} << 30;
+// Kernels that move less than this (about 10 us at an H100's bandwidth)
+// are not worth the compile time their variants cost.
+constexpr int64_t kMinTuneBytes = int64_t{32} << 20;
 // A candidate replaces the heuristic only when this much faster.
 constexpr double kMinGain = 0.03;
 

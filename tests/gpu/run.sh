@@ -9,19 +9,21 @@
 #   - the float32 op-family tests under compute-sanitizer's memcheck;
 #   - with --run="COMMAND", COMMAND (e.g. python3 tests/gpu/dynamic_rows.py)
 #     against the same kilnd, its output in OUT/run.log.
-# Logs and results go to OUT (default /tmp/kiln-gpu).
+# Logs and results go to OUT (default /tmp/kiln-gpu). --kilnd="FLAGS" passes
+# FLAGS to kilnd (e.g. --kilnd=--autotune=off).
 #
-#   tests/gpu/run.sh [--bench[=ARGS]] [--run=COMMAND] [--no-tests] [--no-sanitizer] [OUT]
-#                    [-- PYTEST ARGS]
+#   tests/gpu/run.sh [--bench[=ARGS]] [--run=COMMAND] [--kilnd=FLAGS] [--no-tests]
+#                    [--no-sanitizer] [OUT] [-- PYTEST ARGS]
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-bench=0 sanitizer=1 out=/tmp/kiln-gpu bench_args="" tests=1 run=""
+bench=0 sanitizer=1 out=/tmp/kiln-gpu bench_args="" tests=1 run="" kilnd_flags=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --bench) bench=1 ;;
     --bench=*) bench=1; bench_args="${1#--bench=}" ;;
     --no-tests) tests=0 ;;
     --run=*) run="${1#--run=}" ;;
+    --kilnd=*) kilnd_flags="${1#--kilnd=}" ;;
     --no-sanitizer) sanitizer=0 ;;
     --) shift; break ;;
     *) out="$1" ;;
@@ -39,7 +41,9 @@ export LD_LIBRARY_PATH="$PWD/.gpu/bundle/lib"
 nvidia-smi -L
 data=$(mktemp -d)
 port=50151
-.gpu/bundle/bin/kilnd --listen=127.0.0.1:$port --data_dir="$data/db" > "$out/kilnd.log" 2>&1 &
+# shellcheck disable=SC2086 # the flags are words
+.gpu/bundle/bin/kilnd --listen=127.0.0.1:$port --data_dir="$data/db" $kilnd_flags \
+  > "$out/kilnd.log" 2>&1 &
 kilnd=$!
 trap 'kill $kilnd 2>/dev/null' EXIT
 for _ in $(seq 100); do
