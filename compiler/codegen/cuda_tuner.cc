@@ -228,6 +228,7 @@ absl::Status CudaTuner::Tune(const CodegenBackend& backend, const std::string& s
       const char* why = candidates.size() < 2   ? "one block size fits its layout"
                         : !bytes                ? "its sizes are symbolic"
                         : total > kMaxTuneBytes ? "its buffers take over 4 GiB"
+                        : total < kMinTuneBytes ? "it moves under 32 MiB"
                                                 : nullptr;
       if (why != nullptr) {
         decisions->push_back(absl::StrCat("tune: ", k.name, " keeps the heuristic: ", why));
