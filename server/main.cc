@@ -95,7 +95,9 @@ ABSL_FLAG(std::string, nvrtc_helper, "",
           "the program that runs NVRTC for cuda targets (default: kiln_nvrtc beside kilnd)");
 ABSL_FLAG(std::string, autotune, "auto",
           "cuda kernels' block sizes timed on this machine's GPU (compiler/codegen/cuda_tuner.h): "
-          "auto (when a GPU and its driver are here), on (refuse to start without them), off");
+          "auto (when a GPU and its driver are here), on (refuse to start without them), off "
+          "(also where kilnd shares its GPU with jobs: tuning takes up to 4 GiB of its memory, "
+          "and their work would disturb the timings)");
 ABSL_FLAG(std::string, native_compiler, "g++",
           "the C++ compiler the kiln backend runs on generated code (a path, or a name in PATH)");
 ABSL_FLAG(int32_t, compile_timeout_s, 120,

@@ -5,9 +5,8 @@
 #include <utility>
 #include <vector>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/strip.h"
+#include "common/cuda_driver.h"
 #include "common/status_macros.h"
 #include "compiler/codegen/codegen.h"
 #include "compiler/ir/canonical.h"
@@ -167,12 +166,10 @@ absl::Status RunKiln(const ir::Graph& graph, const v1::Target& wanted, const Kil
   const ir::Graph* source = &graph;
   ir::Graph rewritten;
   if (target->device_type() == "cuda") {
-    // "sm_90" or "sm_90a" (SelectTarget checked the form).
-    int sm = 0;
+    // SelectTarget checked the arch's form.
+    absl::StatusOr<cuda::SmArch> arch = cuda::ParseSmArch(target->proto().sm_arch());
     AttentionOptions attention;
-    attention.flash =
-        absl::SimpleAtoi(absl::StripSuffix(target->proto().sm_arch().substr(3), "a"), &sm) &&
-        sm >= 80;
+    attention.flash = arch.ok() && arch->major >= 8;
     attention.training = training;
     absl::StatusOr<int> fused =
         times->Time("attention", [&] { return RewriteAttention(graph, &rewritten, attention); });

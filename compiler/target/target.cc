@@ -1,9 +1,8 @@
 #include "compiler/target/target.h"
 
-#include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/cuda_driver.h"
 
 namespace kiln::target {
 namespace {
@@ -53,15 +52,6 @@ class CudaTarget final : public Target {
   const v1::Target proto_;
 };
 
-bool IsSmArch(const std::string& arch) {
-  if (!absl::StartsWith(arch, "sm_") || arch.size() < 5 || arch.size() > 8) return false;
-  for (size_t k = 3; k < arch.size(); ++k) {
-    // sm_90a: the arch-specific variants end in one letter.
-    if (!absl::ascii_isdigit(arch[k]) && !(k + 1 == arch.size() && arch[k] == 'a')) return false;
-  }
-  return true;
-}
-
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Target>> SelectTarget(const v1::Target& wanted,
@@ -84,7 +74,7 @@ absl::StatusOr<std::unique_ptr<Target>> SelectTarget(const v1::Target& wanted,
                                                    ": compile for the device the tensors are on"));
   }
   if (device == "cpu") return std::make_unique<CpuTarget>(wanted);
-  if (!IsSmArch(wanted.sm_arch())) {
+  if (!cuda::ParseSmArch(wanted.sm_arch()).ok()) {
     return absl::InvalidArgumentError(absl::StrCat("options.target.sm_arch: '",
                                                    absl::CHexEscape(wanted.sm_arch().substr(0, 64)),
                                                    "' is not an SM arch like sm_90"));
