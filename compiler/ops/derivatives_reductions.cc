@@ -152,8 +152,9 @@ DerivativeRule AmaxAminRule() {
 // mean) * rstd over the N normalized elements and ĝ = grad * weight,
 //   d_input  = rstd / N * (N * ĝ - sum(ĝ) - x̂ * sum(ĝ * x̂))   (row sums)
 //   d_weight = sum(grad * x̂),  d_bias = sum(grad)            (over the rows)
-// 16-bit tensors are computed in float32, as ATen accumulates; SetReduced
-// casts each gradient back to its input's dtype.
+// A 16-bit tensor among the others (a weight, say) is computed in float32,
+// as ATen accumulates; SetReduced casts each gradient back to its input's
+// dtype.
 //
 // A 16-bit input keeps ATen's kernel: the weight's gradient is a sum over
 // the rows, which kiln's column layout reads at 2 bytes per lane in 16-bit;

@@ -4,11 +4,13 @@
 //   eager:      canonicalize
 //   aot_eager:  canonicalize, joint graph, min-cut partition
 //   kiln:       choose the target (compiler/target/target.h) from the options
-//               and the graph's devices; for training, joint graph and
-//               partition; then for the graph (or each half): the loop
-//               passes lower, fuse, plan, split-reductions (cuda) and
-//               memory-plan (compiler/loop/lowering.h), generate, compile
-//               with the target's toolchain, and size the GPU launches.
+//               and the graph's devices; on cuda, fuse softmax attention;
+//               for training, joint graph and partition; then for the graph
+//               (or each half): the loop passes lower, fuse, plan,
+//               split-reductions (cuda) and memory-plan
+//               (compiler/loop/lowering.h), autotune (cuda, when given a
+//               tuner), generate, compile with the target's toolchain, and
+//               size the GPU launches.
 //
 // kilnd's backends (server/backend.h) call these and add nothing but the
 // artifact's common fields. Every stage is timed in `times` and leaves its
@@ -17,7 +19,8 @@
 // loop_lower.txt, loop_fuse.txt, ir_after_fusion.txt (the kernels and plan
 // after every loop pass), memory_plan.txt and generated_code.<cc|cu>.
 //
-// Thread-safe: pure functions of their arguments.
+// Thread-safe: pure functions of their arguments (but for the tuner's
+// cache of block sizes).
 #ifndef KILN_COMPILER_PIPELINE_PIPELINE_H_
 #define KILN_COMPILER_PIPELINE_PIPELINE_H_
 
