@@ -195,12 +195,15 @@ constexpr const char* kSchemas[] = {
     "scaled_dot_product_attention(Tensor query, Tensor key, Tensor value, "
     "Tensor? attn_mask=None, float dropout_p=0.0, bool is_causal=False, *, float? scale=None, "
     "bool enable_gqa=False) -> Tensor",
+    // ATen's text says `Tensor attn_bias`; its kernel and its autograd
+    // formula take an undefined tensor when there is no bias (None here).
     "_scaled_dot_product_efficient_attention_backward(Tensor grad_out_, Tensor query, "
-    "Tensor key, Tensor value, Tensor attn_bias, Tensor out, Tensor logsumexp, "
+    "Tensor key, Tensor value, Tensor? attn_bias, Tensor out, Tensor logsumexp, "
     "Tensor philox_seed, Tensor philox_offset, float dropout_p, bool[4] grad_input_mask, "
     "bool is_causal=False, *, float? scale=None) -> (Tensor, Tensor, Tensor, Tensor)",
+    // Likewise cum_seq_q and cum_seq_k: undefined for padded batches.
     "_flash_attention_backward(Tensor grad_out, Tensor query, Tensor key, Tensor value, "
-    "Tensor out, Tensor logsumexp, Tensor cum_seq_q, Tensor cum_seq_k, SymInt max_q, "
+    "Tensor out, Tensor logsumexp, Tensor? cum_seq_q, Tensor? cum_seq_k, SymInt max_q, "
     "SymInt max_k, float dropout_p, bool is_causal, Tensor rng_state, Tensor unused, *, "
     "float? scale=None, SymInt? window_size_left=None, SymInt? window_size_right=None) -> "
     "(Tensor, Tensor, Tensor)",

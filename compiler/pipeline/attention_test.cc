@@ -12,6 +12,7 @@
 #include "compiler/autograd/joint_graph.h"
 #include "compiler/ir/builder.h"
 #include "compiler/ir/printer.h"
+#include "compiler/ir/verify.h"
 #include "compiler/ops/registry.h"
 #include "compiler/ops/shape_util.h"
 #include "google/protobuf/util/json_util.h"
@@ -260,6 +261,9 @@ TEST(AttentionRewriteTest, TrainingGraphsGetTheFusedKernelAndItsBackward) {
     EXPECT_EQ(Count(all, "aten._softmax_backward_data.default"), 0);
     EXPECT_EQ(joint->grad_output_index.size(), 3u);
     for (int index : joint->grad_output_index) EXPECT_GE(index, 0);
+    // The backward's arguments (no bias: None) are what its schema takes.
+    const absl::Status verified = ir::Verify(joint->graph);
+    EXPECT_TRUE(verified.ok()) << verified;
   }
 }
 
