@@ -315,6 +315,26 @@ v1::SymInt SymIntToProto(const SymInt& s) {
   return p;
 }
 
+void MoveTensors(v1::Graph* graph, const std::string& type, int index) {
+  auto move = [&](v1::Device* d) {
+    d->set_type(type);
+    d->set_index(index);
+  };
+  for (auto& in : *graph->mutable_inputs()) {
+    if (in.value().meta().has_device()) move(in.mutable_value()->mutable_meta()->mutable_device());
+  }
+  for (auto& node : *graph->mutable_nodes()) {
+    for (auto& out : *node.mutable_outputs()) {
+      if (out.meta().has_device()) move(out.mutable_meta()->mutable_device());
+    }
+    for (auto* args : {node.mutable_args(), node.mutable_kwargs()}) {
+      for (auto& arg : *args) {
+        if (arg.has_device()) move(arg.mutable_device());
+      }
+    }
+  }
+}
+
 absl::StatusOr<Graph> Graph::FromProto(const v1::Graph& proto) {
   ASSIGN_OR_RETURN(Graph g, FromProtoExact(proto));
   ASSIGN_OR_RETURN(std::optional<v1::Graph> rewritten, RewriteTorchConventions(g));

@@ -131,6 +131,11 @@ bool IsEmptyList(const Argument::Kind& kind);
 SymInt SymIntFromProto(const v1::SymInt& p);
 v1::SymInt SymIntToProto(const SymInt& s);
 
+// Puts every tensor of `graph` that names a device (inputs, node outputs,
+// device arguments) on device `type`:`index`: a captured graph as if it had
+// been captured there (kiln_dump_code --target=cuda, the parser tests).
+void MoveTensors(v1::Graph* graph, const std::string& type, int index);
+
 }  // namespace kiln::ir
 
 #endif  // KILN_COMPILER_IR_GRAPH_H_

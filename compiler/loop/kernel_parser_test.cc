@@ -31,6 +31,7 @@
 #include "compiler/target/target.h"
 #include "google/protobuf/util/json_util.h"
 #include "kiln/v1/service.pb.h"
+#include "tests/data/graph_files.h"
 
 namespace kiln::loop {
 namespace {
@@ -92,29 +93,6 @@ void ExpectRoundTrip(const Kernel& k, const std::string& label) {
   ExpectSameKernel(k, *parsed, label);
 }
 
-// The graph as captured with its tensors on the GPU (as kiln_dump_code
-// moves it).
-void MoveToCuda(v1::Graph* g) {
-  auto move = [](v1::TensorMeta* m) {
-    if (m->has_device()) {
-      m->mutable_device()->set_type("cuda");
-      m->mutable_device()->set_index(0);
-    }
-  };
-  for (auto& in : *g->mutable_inputs()) move(in.mutable_value()->mutable_meta());
-  for (auto& node : *g->mutable_nodes()) {
-    for (auto& out : *node.mutable_outputs()) move(out.mutable_meta());
-    for (auto* args : {node.mutable_args(), node.mutable_kwargs()}) {
-      for (auto& arg : *args) {
-        if (arg.has_device()) {
-          arg.mutable_device()->set_type("cuda");
-          arg.mutable_device()->set_index(0);
-        }
-      }
-    }
-  }
-}
-
 // Splits every reduction kernel it legally can, into as many slices as fit.
 SplitPolicy SplitEverything() {
   SplitPolicy policy;
@@ -143,7 +121,7 @@ void LowerAsThePipelineDoes(const std::string& path, const std::string& device,
   v1::GraphFile file;
   ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(text.str(), &file).ok());
   v1::Graph proto = file.graph();
-  if (device == "cuda") MoveToCuda(&proto);
+  if (device == "cuda") ir::MoveTensors(&proto, "cuda", 0);
   absl::StatusOr<ir::Graph> graph = ir::Graph::FromProto(proto);
   ASSERT_TRUE(graph.ok()) << graph.status();
 
@@ -198,18 +176,8 @@ void LowerAsThePipelineDoes(const std::string& path, const std::string& device,
   }
 }
 
-std::vector<std::string> GraphFiles() {
-  std::vector<std::string> paths;
-  for (const auto& entry :
-       std::filesystem::directory_iterator(std::string(KILN_SOURCE_DIR) + "/tests/data/graphs")) {
-    if (entry.path().extension() == ".json") paths.push_back(entry.path().string());
-  }
-  std::sort(paths.begin(), paths.end());
-  return paths;
-}
-
 TEST(KernelParserTest, EveryTestDataKernelRoundTrips) {
-  const std::vector<std::string> paths = GraphFiles();
+  const std::vector<std::string> paths = testing::TestGraphFiles();
   ASSERT_GE(paths.size(), 6u);
   int kernels = 0, split = 0;
   for (const std::string device : {"cpu", "cuda"}) {

@@ -26,6 +26,7 @@
 #include "compiler/pipeline/attention.h"
 #include "google/protobuf/util/json_util.h"
 #include "kiln/v1/service.pb.h"
+#include "tests/data/graph_files.h"
 
 namespace kiln::ops {
 namespace {
@@ -63,37 +64,10 @@ void ExpectRoundTrip(const ir::Graph& g, const std::string& label) {
   }
 }
 
-// The graph as captured with its tensors on the GPU.
-void MoveToCuda(v1::Graph* g) {
-  auto move = [](v1::Device* d) {
-    d->set_type("cuda");
-    d->set_index(0);
-  };
-  for (auto& in : *g->mutable_inputs()) move(in.mutable_value()->mutable_meta()->mutable_device());
-  for (auto& node : *g->mutable_nodes()) {
-    for (auto& out : *node.mutable_outputs()) move(out.mutable_meta()->mutable_device());
-    for (auto* args : {node.mutable_args(), node.mutable_kwargs()}) {
-      for (auto& arg : *args) {
-        if (arg.has_device()) move(arg.mutable_device());
-      }
-    }
-  }
-}
-
-std::vector<std::string> GraphFiles() {
-  std::vector<std::string> paths;
-  for (const auto& entry :
-       std::filesystem::directory_iterator(std::string(KILN_SOURCE_DIR) + "/tests/data/graphs")) {
-    if (entry.path().extension() == ".json") paths.push_back(entry.path().string());
-  }
-  std::sort(paths.begin(), paths.end());
-  return paths;
-}
-
 // Each graph on the CPU and on the GPU (with the attention rewrite the CUDA
 // pipeline makes), and for training graphs the joint graph and its halves.
 TEST(GraphParser, RoundTripsTheTestGraphsAndTheirAutogradGraphs) {
-  const std::vector<std::string> paths = GraphFiles();
+  const std::vector<std::string> paths = testing::TestGraphFiles();
   ASSERT_FALSE(paths.empty());
   int graphs = 0;
   for (const std::string& path : paths) {
@@ -105,7 +79,7 @@ TEST(GraphParser, RoundTripsTheTestGraphsAndTheirAutogradGraphs) {
     for (const std::string device : {"cpu", "cuda"}) {
       const std::string label = absl::StrCat(path, " ", device);
       v1::Graph proto = file.graph();
-      if (device == "cuda") MoveToCuda(&proto);
+      if (device == "cuda") ir::MoveTensors(&proto, "cuda", 0);
       absl::StatusOr<ir::Graph> graph = ir::Graph::FromProto(proto);
       ASSERT_TRUE(graph.ok()) << label << ": " << graph.status();
       ExpectRoundTrip(*graph, label);
@@ -329,7 +303,7 @@ TEST(GraphParser, HostileTextIsRefusedQuickly) {
 // doubled, a token swapped for another) are read or refused, never crash.
 TEST(GraphParser, SurvivesRandomEdits) {
   std::vector<std::string> texts = {kEveryKind, kSmall};
-  for (const std::string& path : GraphFiles()) {
+  for (const std::string& path : testing::TestGraphFiles()) {
     std::ifstream f(path);
     std::stringstream text;
     text << f.rdbuf();

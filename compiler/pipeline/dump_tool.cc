@@ -39,29 +39,6 @@ ABSL_FLAG(bool, trace, false,
 
 namespace {
 
-// The graph as captured with its tensors on the GPU: every tensor's device
-// becomes cuda:0.
-void MoveToCuda(kiln::v1::Graph* g) {
-  auto move = [](kiln::v1::TensorMeta* m) {
-    if (m->has_device()) {
-      m->mutable_device()->set_type("cuda");
-      m->mutable_device()->set_index(0);
-    }
-  };
-  for (auto& in : *g->mutable_inputs()) move(in.mutable_value()->mutable_meta());
-  for (auto& node : *g->mutable_nodes()) {
-    for (auto& out : *node.mutable_outputs()) move(out.mutable_meta());
-    for (auto* args : {node.mutable_args(), node.mutable_kwargs()}) {
-      for (auto& arg : *args) {
-        if (arg.has_device()) {
-          arg.mutable_device()->set_type("cuda");
-          arg.mutable_device()->set_index(0);
-        }
-      }
-    }
-  }
-}
-
 absl::Status DumpOne(const std::string& path, const std::string& out_dir) {
   std::ifstream f(path);
   if (!f) return absl::NotFoundError(absl::StrCat("cannot read ", path));
@@ -71,7 +48,7 @@ absl::Status DumpOne(const std::string& path, const std::string& out_dir) {
   auto parsed = google::protobuf::util::JsonStringToMessage(text.str(), &file);
   if (!parsed.ok()) return absl::InvalidArgumentError(std::string(parsed.message()));
   kiln::v1::Graph proto = file.graph();
-  if (absl::GetFlag(FLAGS_target) == "cuda") MoveToCuda(&proto);
+  if (absl::GetFlag(FLAGS_target) == "cuda") kiln::ir::MoveTensors(&proto, "cuda", 0);
   ASSIGN_OR_RETURN(kiln::ir::Graph graph, kiln::ir::Graph::FromProto(proto));
 
   kiln::v1::CompileOptions wanted;
