@@ -16,6 +16,7 @@
 #include "absl/strings/strip.h"
 #include "absl/types/span.h"
 #include "common/status_macros.h"
+#include "compiler/ir/parse_text.h"
 #include "compiler/ir/printer.h"
 #include "compiler/ir/sym_expr.h"
 
@@ -25,31 +26,12 @@ namespace {
 // Each index holds a stride per dimension, so the dimensions are bounded to
 // keep a kernel's memory linear in its text.
 constexpr size_t kMaxDimensions = 64;
-// Errors quote at most this much of the text they refuse.
-constexpr size_t kQuoteLimit = 40;
 
-std::string Quote(absl::string_view s) {
-  if (s.size() <= kQuoteLimit) return absl::StrCat("'", s, "'");
-  return absl::StrCat("'", s.substr(0, kQuoteLimit), "...'");
-}
-
-absl::Status Error(int line, absl::string_view what) {
-  return absl::InvalidArgumentError(absl::StrCat("line ", line, ": ", what));
-}
-
-bool IsDigits(absl::string_view s) {
-  if (s.empty()) return false;
-  for (char c : s) {
-    if (!absl::ascii_isdigit(static_cast<unsigned char>(c))) return false;
-  }
-  return true;
-}
-
-// An optional minus and digits: how a constant ir::SymInt prints.
-bool IsIntegerLiteral(absl::string_view s) {
-  absl::ConsumePrefix(&s, "-");
-  return IsDigits(s);
-}
+using ir::text::Error;
+using ir::text::IsDigits;
+using ir::text::IsIntegerLiteral;
+using ir::text::kQuoteLimit;
+using ir::text::Quote;
 
 // Digits as an int: a count, a pass, a statement or buffer number.
 absl::StatusOr<int> ParseNumber(int line, absl::string_view text, absl::string_view what) {

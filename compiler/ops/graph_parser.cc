@@ -18,6 +18,7 @@
 #include "absl/strings/strip.h"
 #include "common/status_macros.h"
 #include "compiler/ir/builder.h"
+#include "compiler/ir/parse_text.h"
 #include "compiler/ir/printer.h"
 #include "compiler/ir/schema.h"
 #include "compiler/ir/sym_expr.h"
@@ -33,17 +34,10 @@ using ir::SymInt;
 using ir::TensorMeta;
 using ir::ValueId;
 
-// Errors quote at most this much of the text they refuse.
-constexpr size_t kQuoteLimit = 40;
-
-std::string Quote(absl::string_view s) {
-  if (s.size() <= kQuoteLimit) return absl::StrCat("'", s, "'");
-  return absl::StrCat("'", s.substr(0, kQuoteLimit), "...'");
-}
-
-absl::Status Error(int line, absl::string_view what) {
-  return absl::InvalidArgumentError(absl::StrCat("line ", line, ": ", what));
-}
+using ir::text::Error;
+using ir::text::IsIntegerLiteral;
+using ir::text::kQuoteLimit;
+using ir::text::Quote;
 
 bool IsName(absl::string_view s) {
   if (s.empty() || absl::ascii_isdigit(static_cast<unsigned char>(s[0]))) return false;
@@ -60,15 +54,6 @@ size_t NameLength(absl::string_view s) {
     ++n;
   }
   return n > 0 && absl::ascii_isdigit(static_cast<unsigned char>(s[0])) ? 0 : n;
-}
-
-bool IsIntegerLiteral(absl::string_view s) {
-  absl::ConsumePrefix(&s, "-");
-  if (s.empty()) return false;
-  for (char c : s) {
-    if (!absl::ascii_isdigit(static_cast<unsigned char>(c))) return false;
-  }
-  return true;
 }
 
 // The position of the first `stop` outside brackets, parentheses and quotes
