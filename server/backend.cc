@@ -53,6 +53,7 @@ class KilnBackend final : public Backend {
     kiln.toolchain.nvrtc_helper = options_.nvrtc_helper;
     kiln.toolchain.cancel = input.cancel;
     kiln.tuner = options_.tuner.get();
+    kiln.compile_jobs = options_.compile_jobs;
     for (const auto& o : input.options.options()) {
       if (o.name() != kInjectFaultOption) continue;
       ASSIGN_OR_RETURN(kiln.fault, pipeline::ParseFault(o.value()));

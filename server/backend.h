@@ -60,6 +60,8 @@ struct BackendOptions {
   absl::Duration native_compile_timeout = absl::Seconds(120);  // per g++ or NVRTC run
   std::string native_compiler = "g++";                         // searched in PATH
   std::string nvrtc_helper;  // empty: kiln_nvrtc beside kilnd (codegen.h, CudaOptions)
+  // Native compiler processes per graph (compiler/codegen/modules.h).
+  int compile_jobs = 1;
   // Times cuda kernels' block sizes on a GPU of this process; null: the
   // schedule's heuristics.
   std::shared_ptr<codegen::CudaTuner> tuner;

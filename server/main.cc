@@ -8,6 +8,7 @@
 #include <signal.h>
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -103,6 +104,9 @@ ABSL_FLAG(std::string, native_compiler, "g++",
 ABSL_FLAG(int32_t, compile_timeout_s, 120,
           "seconds one run of the native compiler (g++, or NVRTC for cuda) may take before it is "
           "killed");
+ABSL_FLAG(int32_t, compile_jobs, 0,
+          "native compiler processes one graph's kernels are compiled in at once, as that many "
+          "modules (0: the cores, at most 8)");
 ABSL_FLAG(bool, reflection, false, "serve gRPC server reflection (grpc_cli, grpcurl)");
 ABSL_FLAG(bool, salvage_wal, false,
           "start on a corrupted or truncated write-ahead log, dropping the writes after the "
@@ -217,6 +221,10 @@ absl::Status Serve() {
   backend_options.native_compile_timeout = absl::Seconds(timeout_s);
   backend_options.native_compiler = absl::GetFlag(FLAGS_native_compiler);
   backend_options.nvrtc_helper = absl::GetFlag(FLAGS_nvrtc_helper);
+  const int32_t jobs = absl::GetFlag(FLAGS_compile_jobs);
+  if (jobs < 0 || jobs > 64) return absl::InvalidArgumentError("compile_jobs: not in 0..64");
+  backend_options.compile_jobs =
+      jobs > 0 ? jobs : static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 8u));
   if (const std::string autotune = absl::GetFlag(FLAGS_autotune); autotune != "off") {
     if (autotune != "auto" && autotune != "on") {
       return absl::InvalidArgumentError(

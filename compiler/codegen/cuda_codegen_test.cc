@@ -246,7 +246,8 @@ TEST(CudaTuner, TimesCandidatesOnAGpuOrSaysWhyNot) {
   std::vector<Kernel> kernels = {Softmax(2048, 4096, C(4096), C(1)),
                                  Softmax(64, 4096, C(4096), C(1), "small")};
   std::vector<std::string> decisions;
-  ASSERT_TRUE((*tuner)->Tune(*backend, "sm_90", {}, &kernels, &decisions).ok());
+  // The candidates compiled as three modules at once.
+  ASSERT_TRUE((*tuner)->Tune(*backend, "sm_90", {}, &kernels, &decisions, 3).ok());
   ASSERT_EQ(decisions.size(), 2u);
   EXPECT_TRUE(absl::StrContains(decisions[0], "small keeps the heuristic: it moves under 32 MiB"))
       << decisions[0];

@@ -16,6 +16,7 @@
 #include "common/hashing.h"
 #include "common/status_macros.h"
 #include "compiler/codegen/cuda_schedule.h"
+#include "compiler/codegen/modules.h"
 
 namespace kiln::codegen {
 namespace {
@@ -186,7 +187,7 @@ absl::StatusOr<std::unique_ptr<CudaTuner>> CudaTuner::Open(int device) {
 absl::Status CudaTuner::Tune(const CodegenBackend& backend, const std::string& sm_arch,
                              const std::vector<std::string>& symbols,
                              std::vector<loop::Kernel>* kernels,
-                             std::vector<std::string>* decisions) {
+                             std::vector<std::string>* decisions, int compile_jobs) {
   ASSIGN_OR_RETURN(cuda::SmArch arch, cuda::ParseSmArch(sm_arch));
   if (!cuda::Runs(arch, major_, minor_)) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -244,21 +245,25 @@ absl::Status CudaTuner::Tune(const CodegenBackend& backend, const std::string& s
     }
   }
   if (jobs.empty()) return absl::OkStatus();
-  ASSIGN_OR_RETURN(std::string source, backend.Generate(variants, symbols));
-  ASSIGN_OR_RETURN(v1::CompiledModule module, backend.Compile(source));
+  ASSIGN_OR_RETURN(CompiledModules compiled,
+                   CompileModules(backend, variants, symbols, compile_jobs));
 
   ASSIGN_OR_RETURN(cuda::Driver * d, cuda::GetDriver());
   ASSIGN_OR_RETURN(CUcontext ctx, cuda::PrimaryContext(*d, device_));
   absl::MutexLock device_lock(&device_mu_);
   cuda::ScopedContext scoped(*d, ctx);
-  CUmodule cu_module;
-  RETURN_IF_ERROR(
-      d->Check(d->cuModuleLoadData(&cu_module, module.binary().data()), "cuModuleLoadData"));
   struct Unload {
     cuda::Driver* d;
+    std::vector<CUmodule> modules;
+    ~Unload() {
+      for (CUmodule m : modules) d->cuModuleUnload(m);
+    }
+  } loaded{d, {}};
+  for (const v1::CompiledModule& module : compiled.modules) {
     CUmodule m;
-    ~Unload() { d->cuModuleUnload(m); }
-  } unload{d, cu_module};
+    RETURN_IF_ERROR(d->Check(d->cuModuleLoadData(&m, module.binary().data()), "cuModuleLoadData"));
+    loaded.modules.push_back(m);
+  }
 
   std::vector<std::pair<size_t, int>> results;  // (job, block; 0: the heuristic)
   for (size_t j = 0; j < jobs.size(); ++j) {
@@ -283,7 +288,9 @@ absl::Status CudaTuner::Tune(const CodegenBackend& backend, const std::string& s
       ASSIGN_OR_RETURN(LaunchSize size, backend.Launch(v));
       CUfunction fn;
       RETURN_IF_ERROR(
-          d->Check(d->cuModuleGetFunction(&fn, cu_module, v.name.c_str()), "cuModuleGetFunction"));
+          d->Check(d->cuModuleGetFunction(&fn, loaded.modules[compiled.module_of.at(v.name)],
+                                          v.name.c_str()),
+                   "cuModuleGetFunction"));
       absl::StatusOr<double> ms = TimeKernel(*d, fn, size, params);
       if (!ms.ok()) {
         // Too many registers for this block, say: not a candidate. Anything
@@ -331,7 +338,7 @@ absl::StatusOr<std::unique_ptr<CudaTuner>> CudaTuner::Open(int) {
 
 absl::Status CudaTuner::Tune(const CodegenBackend&, const std::string&,
                              const std::vector<std::string>&, std::vector<loop::Kernel>*,
-                             std::vector<std::string>*) {
+                             std::vector<std::string>*, int) {
   return absl::UnavailableError("built without the CUDA toolkit's cuda.h: no autotuning");
 }
 

@@ -4,8 +4,9 @@
 //
 // For each kernel whose sizes and strides are all constants, the block sizes
 // BlockCandidates lists (the heuristic's among them) are generated as
-// variants of the kernel, all in one module compiled by the backend's
-// toolchain, loaded through the driver API (common/cuda_driver.h) and
+// variants of the kernel, compiled by the backend's toolchain as up to
+// `compile_jobs` modules at once (compiler/codegen/modules.h), loaded
+// through the driver API (common/cuda_driver.h) and
 // launched on buffers of the sizes the kernel reaches (zero-filled; the
 // kernels' timing does not depend on the values). Each candidate runs for
 // at least ~0.2 ms per repetition, three repetitions, the fastest taken. A
@@ -53,7 +54,8 @@ class CudaTuner {
   // and the rest the heuristic.
   absl::Status Tune(const CodegenBackend& backend, const std::string& sm_arch,
                     const std::vector<std::string>& symbols, std::vector<loop::Kernel>* kernels,
-                    std::vector<std::string>* decisions) ABSL_LOCKS_EXCLUDED(mu_);
+                    std::vector<std::string>* decisions, int compile_jobs = 1)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // The device's name and compute capability ("NVIDIA H100 80GB HBM3, sm_90").
   const std::string& device_name() const { return device_name_; }

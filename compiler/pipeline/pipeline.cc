@@ -2,6 +2,7 @@
 
 #include <memory>
 #include <optional>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -9,6 +10,7 @@
 #include "common/cuda_driver.h"
 #include "common/status_macros.h"
 #include "compiler/codegen/codegen.h"
+#include "compiler/codegen/modules.h"
 #include "compiler/ir/canonical.h"
 #include "compiler/ir/printer.h"
 #include "compiler/loop/lowering.h"
@@ -97,7 +99,7 @@ absl::StatusOr<v1::CompiledGraph> CompileGraph(const ir::Graph& graph, const std
   if (cuda && options.tuner != nullptr && options.compile && !lowered.kernels.empty()) {
     absl::Status tuned = times->Time(prefix + "autotune", [&] {
       return options.tuner->Tune(backend, target.proto().sm_arch(), lowered.symbols,
-                                 &lowered.kernels, &lowered.decisions);
+                                 &lowered.kernels, &lowered.decisions, options.compile_jobs);
     });
     // An optimization only: what it did not reach keeps the heuristics.
     if (!tuned.ok()) lowered.decisions.push_back(absl::StrCat("tune: stopped: ", tuned.message()));
@@ -117,15 +119,26 @@ absl::StatusOr<v1::CompiledGraph> CompileGraph(const ir::Graph& graph, const std
     module->set_source(std::move(source));
     return out;
   }
-  auto module = times->Time(prefix + "native-compile", [&] { return backend.Compile(source); });
-  if (!module.ok()) {
+  auto modules = times->Time(prefix + "native-compile", [&] {
+    return codegen::CompileModules(backend, lowered.kernels, lowered.symbols, options.compile_jobs);
+  });
+  if (!modules.ok()) {
     // The whole compiler log, when the code generator attached it.
-    auto log = module.status().GetPayload(codegen::kCompilerLogPayload);
+    auto log = modules.status().GetPayload(codegen::kCompilerLogPayload);
     (*trace)[prefix + "compile_error.txt"] =
-        log.has_value() ? std::string(*log) : std::string(module.status().message());
-    return module.status();
+        log.has_value() ? std::string(*log) : std::string(modules.status().message());
+    return modules.status();
   }
-  *out.add_modules() = *std::move(module);
+  for (v1::PlanStep& step : *out.mutable_plan()->mutable_steps()) {
+    if (!step.has_launch()) continue;
+    auto it = modules->module_of.find(step.launch().symbol());
+    if (it == modules->module_of.end()) {
+      return absl::InternalError(
+          absl::StrCat("plan launches '", step.launch().symbol(), "', which no module defines"));
+    }
+    step.mutable_launch()->set_module(it->second);
+  }
+  for (v1::CompiledModule& m : modules->modules) *out.add_modules() = std::move(m);
   return out;
 }
 
@@ -191,12 +204,24 @@ absl::Status RunKiln(const ir::Graph& graph, const v1::Target& wanted, const Kil
   (*trace)["forward_graph.txt"] = ir::PrintReadable(split.partition.forward);
   (*trace)["backward_graph.txt"] = ir::PrintReadable(split.partition.backward);
   FillAutograd(split.joint, split.partition, artifact->mutable_autograd());
-  ASSIGN_OR_RETURN(
-      *artifact->mutable_compiled_forward(),
-      CompileGraph(split.partition.forward, "forward_", *target, *backend, options, times, trace));
-  ASSIGN_OR_RETURN(*artifact->mutable_compiled_backward(),
-                   CompileGraph(split.partition.backward, "backward_", *target, *backend, options,
-                                times, trace));
+  // The two halves at once, the backward on a thread of its own with its own
+  // times and trace, merged after (the forward's first, as if in turn).
+  PhaseTimes backward_times;
+  Trace backward_trace;
+  std::optional<absl::StatusOr<v1::CompiledGraph>> backward;
+  std::thread backward_thread([&] {
+    backward = CompileGraph(split.partition.backward, "backward_", *target, *backend, options,
+                            &backward_times, &backward_trace);
+  });
+  absl::StatusOr<v1::CompiledGraph> forward =
+      CompileGraph(split.partition.forward, "forward_", *target, *backend, options, times, trace);
+  backward_thread.join();
+  for (const v1::PhaseTime& t : backward_times.phases()) times->Add(t.phase(), t.micros());
+  trace->merge(backward_trace);
+  if (!forward.ok()) return forward.status();
+  if (!backward->ok()) return backward->status();
+  *artifact->mutable_compiled_forward() = *std::move(forward);
+  *artifact->mutable_compiled_backward() = **std::move(backward);
   return absl::OkStatus();
 }
 

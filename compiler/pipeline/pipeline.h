@@ -6,18 +6,20 @@
 //   kiln:       choose the target (compiler/target/target.h) from the options
 //               and the graph's devices; on cuda, fuse softmax attention;
 //               for training, joint graph and partition; then for the graph
-//               (or each half): the loop passes lower, fuse, plan,
+//               (or each half, the two at once): the loop passes lower, fuse, plan,
 //               split-reductions (cuda) and memory-plan
 //               (compiler/loop/lowering.h), autotune (cuda, when given a
-//               tuner), generate, compile with the target's toolchain, and
-//               size the GPU launches.
+//               tuner), generate, compile with the target's toolchain (as
+//               up to compile_jobs modules at once), and size the GPU
+//               launches.
 //
 // kilnd's backends (server/backend.h) call these and add nothing but the
 // artifact's common fields. Every stage is timed in `times` and leaves its
 // output in `trace` as it finishes, so a failed compile still shows how far
 // it got: for each graph "[forward_|backward_]" ir_before_fusion.txt,
 // loop_lower.txt, loop_fuse.txt, ir_after_fusion.txt (the kernels and plan
-// after every loop pass), memory_plan.txt and generated_code.<cc|cu>.
+// after every loop pass), memory_plan.txt and generated_code.<cc|cu> (every
+// kernel in one file, though the modules may compile it in parts).
 //
 // Thread-safe: pure functions of their arguments (but for the tuner's
 // cache of block sizes).
@@ -82,6 +84,9 @@ struct KilnOptions {
   // cuda: block sizes timed on this GPU before the code is generated
   // (compiler/codegen/cuda_tuner.h); null: the schedule's heuristics.
   codegen::CudaTuner* tuner = nullptr;
+  // Native compiler processes per graph: its kernels are compiled as up to
+  // this many modules at once (compiler/codegen/modules.h).
+  int compile_jobs = 1;
 };
 
 // kiln: artifact->compiled for inference, or artifact->autograd with

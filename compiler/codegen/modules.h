@@ -1,0 +1,45 @@
+// A graph's kernels compiled as several modules at once: one native compiler
+// process (g++ or the NVRTC helper) per part, the parts run in parallel, so
+// that a graph of many kernels compiles in about the time of its largest
+// part rather than of all of them.
+//
+// Kernels are dealt to at most `jobs` parts by the size of their generated
+// code (the largest first, each to the part with the least code so far), a
+// rough measure of what each costs the compiler; within a part they keep
+// their order. The deal depends only on the kernels, so the same graph
+// always compiles into the same modules.
+#ifndef KILN_COMPILER_CODEGEN_MODULES_H_
+#define KILN_COMPILER_CODEGEN_MODULES_H_
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "compiler/codegen/codegen.h"
+#include "compiler/loop/kernel.h"
+#include "kiln/v1/artifact.pb.h"
+
+namespace kiln::codegen {
+
+// The part (0..parts-1) of each item of `costs`, for min(parts, items)
+// parts, none of them empty: the largest cost first, each to the part with
+// the least total so far (the lowest-numbered on ties).
+std::vector<int> DealByCost(const std::vector<int64_t>& costs, int parts);
+
+struct CompiledModules {
+  std::vector<v1::CompiledModule> modules;
+  std::map<std::string, int> module_of;  // kernel name -> index in `modules`
+};
+
+// Generates and compiles `kernels` as at most `jobs` modules (at least one),
+// in parallel. A compile error is the first failed part's, in part order,
+// with its compiler log.
+absl::StatusOr<CompiledModules> CompileModules(const CodegenBackend& backend,
+                                               const std::vector<loop::Kernel>& kernels,
+                                               const std::vector<std::string>& symbols, int jobs);
+
+}  // namespace kiln::codegen
+
+#endif  // KILN_COMPILER_CODEGEN_MODULES_H_
