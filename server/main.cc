@@ -29,6 +29,7 @@
 #include "common/flags_usage.h"
 #include "common/signing.h"
 #include "common/status_macros.h"
+#include "compiler/codegen/codegen.h"
 #include "compiler/pipeline/fault.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
@@ -107,6 +108,9 @@ ABSL_FLAG(int32_t, compile_timeout_s, 120,
 ABSL_FLAG(int32_t, compile_jobs, 0,
           "native compiler processes one graph's kernels are compiled in at once, as that many "
           "modules (0: the cores, at most 8)");
+ABSL_FLAG(bool, warm_compilers, true,
+          "as kilnd starts, start compile_jobs NVRTC helpers, each compiling a small kernel, and "
+          "the autotuner's GPU context, so that the first cuda compiles do not pay their start-up");
 ABSL_FLAG(bool, reflection, false, "serve gRPC server reflection (grpc_cli, grpcurl)");
 ABSL_FLAG(bool, salvage_wal, false,
           "start on a corrupted or truncated write-ahead log, dropping the writes after the "
@@ -239,6 +243,18 @@ absl::Status Serve() {
       return absl::FailedPreconditionError(
           absl::StrCat("autotune: on, but ", tuner.status().message()));
     }
+  }
+  if (absl::GetFlag(FLAGS_warm_compilers)) {
+    // In the background: requests are served meanwhile. Where NVRTC or a GPU
+    // is missing this does nothing but find it out.
+    codegen::CudaOptions cuda;
+    cuda.helper = backend_options.nvrtc_helper;
+    cuda.scratch_dir = backend_options.scratch_dir;
+    cuda.timeout = backend_options.native_compile_timeout;
+    std::thread([cuda, helpers = backend_options.compile_jobs, tuner = backend_options.tuner] {
+      if (tuner != nullptr) tuner->Warm().IgnoreError();
+      codegen::WarmCudaCompiles(cuda, helpers);
+    }).detach();
   }
   ASSIGN_OR_RETURN(const LogLevel log_level, ParseLogLevel(absl::GetFlag(FLAGS_log_level)));
   std::unique_ptr<RequestLog> requests, audit;

@@ -97,8 +97,16 @@ struct CudaOptions {
   const std::atomic<bool>* cancel = nullptr;
 };
 
-// language() "cuda"; modules hold a CUBIN.
+// language() "cuda"; modules hold a CUBIN. NVRTC runs in helpers that stay
+// between compiles (kiln_nvrtc --serve; toolchain.h): NVRTC's first compile
+// in a process costs several times the next ones.
 std::unique_ptr<CodegenBackend> MakeCudaBackend(const CudaOptions& options);
+
+// Starts `helpers` serving NVRTC helpers at once, each compiling a small
+// kernel, so that the compiles that follow do not pay NVRTC's start-up
+// (kilnd does this as it starts). Returns how many compiled; what failed is
+// left for those compiles to report.
+int WarmCudaCompiles(const CudaOptions& options, int helpers);
 
 }  // namespace kiln::codegen
 

@@ -31,10 +31,12 @@
 // stored as 16-bit patterns; sums accumulate in the compute type per thread
 // and then in a tree.
 #include <algorithm>
+#include <atomic>
 #include <filesystem>
 #include <map>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/ascii.h"
@@ -537,19 +539,6 @@ class CudaKernelEmitter {
   IntExprs ints_{k_, symbols_, kCudaDialect};
 };
 
-// Where the NVRTC helper is: `configured`, else kiln_nvrtc beside the
-// running program, else the build tree's.
-std::string FindHelper(const std::string& configured) {
-  if (!configured.empty()) return configured;
-  std::error_code ec;
-  const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", ec);
-  if (!ec) {
-    const std::filesystem::path beside = self.parent_path() / "kiln_nvrtc";
-    if (std::filesystem::exists(beside, ec)) return beside.string();
-  }
-  return KILN_NVRTC_HELPER_BUILD_PATH;
-}
-
 // The CUDA version ("13.0") of the NVRTC that `helper` runs, asked once per
 // helper.
 absl::StatusOr<std::string> NvrtcVersion(const std::string& helper, absl::Duration timeout) {
@@ -569,6 +558,34 @@ absl::StatusOr<std::string> NvrtcVersion(const std::string& helper, absl::Durati
   return version;
 }
 
+}  // namespace
+
+std::string NvrtcHelper(const std::string& configured) {
+  if (!configured.empty()) return configured;
+  std::error_code ec;
+  const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (!ec) {
+    const std::filesystem::path beside = self.parent_path() / "kiln_nvrtc";
+    if (std::filesystem::exists(beside, ec)) return beside.string();
+  }
+  return KILN_NVRTC_HELPER_BUILD_PATH;
+}
+
+CompilerWorkers& NvrtcWorkers(const std::string& helper) {
+  static absl::Mutex mu(absl::kConstInit);
+  // Never destroyed: the workers end with kilnd (their stdin closes).
+  static auto* workers = new std::map<std::string, std::unique_ptr<CompilerWorkers>>();
+  absl::MutexLock lock(&mu);
+  std::unique_ptr<CompilerWorkers>& w = (*workers)[helper];
+  if (w == nullptr) {
+    w = std::make_unique<CompilerWorkers>(std::vector<std::string>{helper, "--serve"},
+                                          kMaxIdleNvrtcWorkers);
+  }
+  return *w;
+}
+
+namespace {
+
 class CudaBackend : public CodegenBackend {
  public:
   explicit CudaBackend(CudaOptions options) : options_(std::move(options)) {}
@@ -587,7 +604,7 @@ class CudaBackend : public CodegenBackend {
     ASSIGN_OR_RETURN(TempFile src, TempFile::Create(options_.scratch_dir, ".cu"));
     ASSIGN_OR_RETURN(TempFile cubin, TempFile::Create(options_.scratch_dir, ".cubin"));
     RETURN_IF_ERROR(WriteFile(src.path(), source));
-    const std::string helper = FindHelper(options_.helper);
+    const std::string helper = NvrtcHelper(options_.helper);
     if (!options_.cuda_version.empty()) {
       ASSIGN_OR_RETURN(std::string version, NvrtcVersion(helper, options_.timeout));
       if (version != options_.cuda_version) {
@@ -600,8 +617,21 @@ class CudaBackend : public CodegenBackend {
     const std::vector<std::string> argv = {helper, absl::StrCat("--arch=", options_.sm_arch), "-o",
                                            cubin.path(), src.path()};
     const std::string command = absl::StrJoin(argv, " ");
-    ASSIGN_OR_RETURN(CommandResult run, RunCommand(argv, options_.timeout, options_.cancel));
-    if (!Succeeded(run)) return CompilerFailed("NVRTC", command, run);
+    // A serving helper first; the helper run once when none can serve.
+    absl::StatusOr<CommandResult> run = absl::UnavailableError("");
+    const std::string request =
+        absl::StrCat(options_.sm_arch, "\n", src.path(), "\n", cubin.path(), "\n");
+    if (absl::StrContains(options_.sm_arch, '\n') || absl::StrContains(src.path(), '\n') ||
+        absl::StrContains(cubin.path(), '\n')) {
+      run = absl::UnavailableError("a line break in a path");
+    } else {
+      run = NvrtcWorkers(helper).Run(request, options_.timeout, options_.cancel);
+    }
+    if (absl::IsUnavailable(run.status())) {
+      run = RunCommand(argv, options_.timeout, options_.cancel);
+    }
+    if (!run.ok()) return run.status();
+    if (!Succeeded(*run)) return CompilerFailed("NVRTC", command, *run);
     ASSIGN_OR_RETURN(std::string binary, ReadFile(cubin.path()));
     v1::CompiledModule module;
     module.set_language(language());
@@ -623,6 +653,22 @@ class CudaBackend : public CodegenBackend {
 
 std::unique_ptr<CodegenBackend> MakeCudaBackend(const CudaOptions& options) {
   return std::make_unique<CudaBackend>(options);
+}
+
+int WarmCudaCompiles(const CudaOptions& options, int helpers) {
+  const CudaBackend backend(options);
+  std::atomic<int> compiled{0};
+  std::vector<std::thread> threads;
+  for (int i = 0; i < helpers; ++i) {
+    threads.emplace_back([&] {
+      if (backend.Compile("extern \"C\" __global__ void kiln_warm(float* x) { x[0] = 1.0f; }\n")
+              .ok()) {
+        ++compiled;
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  return compiled.load();
 }
 
 }  // namespace kiln::codegen

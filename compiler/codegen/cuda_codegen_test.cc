@@ -9,6 +9,7 @@
 #include "compiler/codegen/codegen.h"
 #include "compiler/codegen/cuda_schedule.h"
 #include "compiler/codegen/cuda_tuner.h"
+#include "compiler/codegen/toolchain.h"
 #include "compiler/loop/kernel.h"
 #include "compiler/loop/kernel_builder.h"
 #include "gtest/gtest.h"
@@ -261,6 +262,26 @@ TEST(CudaTuner, TimesCandidatesOnAGpuOrSaysWhyNot) {
   ASSERT_TRUE((*tuner)->Tune(*backend, "sm_90", {}, &again, &decisions).ok());
   EXPECT_EQ(again[0].block, kernels[0].block);
   EXPECT_TRUE(absl::StrContains(decisions[0], "(tuned before)")) << decisions[0];
+}
+
+// NVRTC runs in a helper that stays: one compile after another starts no
+// new one, and a compile error leaves it serving.
+TEST(CudaCodegen, OneServingHelperCompilesModuleAfterModule) {
+  CudaOptions options;
+  options.helper = NvrtcHelper("");
+  auto backend = MakeCudaBackend(options);
+  auto source = backend->Generate({Pointwise(C(64), 1024)}, {});
+  ASSERT_TRUE(source.ok()) << source.status();
+  ASSERT_TRUE(backend->Compile(*source).ok());
+  const int64_t started = NvrtcWorkers(options.helper).started();
+  ASSERT_GE(started, 1);
+  EXPECT_FALSE(backend->Compile("extern \"C\" __global__ void k() { nope(); }\n").ok());
+  for (int i = 0; i < 3; ++i) {
+    auto module = backend->Compile(*source);
+    ASSERT_TRUE(module.ok()) << module.status();
+    EXPECT_FALSE(module->binary().empty());
+  }
+  EXPECT_EQ(NvrtcWorkers(options.helper).started(), started);
 }
 
 TEST(CudaCodegen, CompileErrorIsInternalWithNvrtcsLog) {

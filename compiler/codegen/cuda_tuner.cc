@@ -184,6 +184,11 @@ absl::StatusOr<std::unique_ptr<CudaTuner>> CudaTuner::Open(int device) {
       new CudaTuner(device, absl::StrCat(name, ", sm_", major, minor), major, minor));
 }
 
+absl::Status CudaTuner::Warm() {
+  ASSIGN_OR_RETURN(cuda::Driver * d, cuda::GetDriver());
+  return cuda::PrimaryContext(*d, device_).status();
+}
+
 absl::Status CudaTuner::Tune(const CodegenBackend& backend, const std::string& sm_arch,
                              const std::vector<std::string>& symbols,
                              std::vector<loop::Kernel>* kernels,
@@ -331,6 +336,10 @@ absl::Status CudaTuner::Tune(const CodegenBackend& backend, const std::string& s
 }
 
 #else  // !KILN_HAVE_CUDA_DRIVER
+
+absl::Status CudaTuner::Warm() {
+  return absl::UnavailableError("built without the CUDA toolkit's cuda.h: no autotuning");
+}
 
 absl::StatusOr<std::unique_ptr<CudaTuner>> CudaTuner::Open(int) {
   return absl::UnavailableError("built without the CUDA toolkit's cuda.h: no autotuning");

@@ -57,6 +57,9 @@ class CudaTuner {
                     std::vector<std::string>* decisions, int compile_jobs = 1)
       ABSL_LOCKS_EXCLUDED(mu_);
 
+  // Makes the device's context now rather than at the first Tune.
+  absl::Status Warm();
+
   // The device's name and compute capability ("NVIDIA H100 80GB HBM3, sm_90").
   const std::string& device_name() const { return device_name_; }
   int64_t kernels_tuned() const ABSL_LOCKS_EXCLUDED(mu_);

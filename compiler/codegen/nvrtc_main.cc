@@ -1,6 +1,7 @@
 // kiln_nvrtc: compiles one CUDA C++ file into a CUBIN with NVRTC.
 //
 //   kiln_nvrtc --arch=sm_90 -o OUT.cubin IN.cu
+//   kiln_nvrtc --serve      (compiles request after request; see Serve)
 //   kiln_nvrtc --version
 //
 // The CUDA backend (codegen.h) runs this as a child process, as it runs g++:
@@ -90,15 +91,87 @@ bool ValidArch(const std::string& arch) {
 }
 
 int Usage() {
-  std::cerr << "usage: kiln_nvrtc --arch=sm_NN -o OUT.cubin IN.cu | kiln_nvrtc --version\n";
+  std::cerr << "usage: kiln_nvrtc --arch=sm_NN -o OUT.cubin IN.cu | kiln_nvrtc --serve | "
+               "kiln_nvrtc --version\n";
   return 2;
+}
+
+// Compiles the file `in` for `arch` into the file `out`. Returns 0, 1 on a
+// compile error or 2 on a setup error; `log` gets NVRTC's log and what went
+// wrong.
+int CompileFile(const Nvrtc& api, const std::string& arch, const std::string& in,
+                const std::string& out, std::string* log) {
+  if (!ValidArch(arch)) {
+    *log += "kiln_nvrtc: --arch '" + arch + "' is not an SM arch like sm_90\n";
+    return 2;
+  }
+  std::ifstream src_file(in, std::ios::binary);
+  if (!src_file) {
+    *log += "kiln_nvrtc: cannot read " + in + "\n";
+    return 2;
+  }
+  const std::string source((std::istreambuf_iterator<char>(src_file)),
+                           std::istreambuf_iterator<char>());
+  nvrtcProgram prog = nullptr;
+  int rc = api.create(&prog, source.c_str(), in.c_str(), 0, nullptr, nullptr);
+  if (rc != 0) {
+    *log += std::string("kiln_nvrtc: nvrtcCreateProgram: ") + api.error_string(rc) + "\n";
+    return 2;
+  }
+  const std::string arch_option = "--gpu-architecture=" + arch;
+  const char* options[] = {arch_option.c_str(), "--std=c++17", "-default-device"};
+  rc = api.compile(prog, 3, options);
+  size_t log_size = 0;
+  api.log_size(prog, &log_size);
+  if (log_size > 1) {
+    std::string text(log_size, '\0');
+    api.log(prog, text.data());
+    text.resize(log_size - 1);
+    *log += text;
+  }
+  if (rc != 0) {
+    *log += std::string("kiln_nvrtc: nvrtcCompileProgram: ") + api.error_string(rc) + "\n";
+    api.destroy(&prog);
+    return 1;
+  }
+  size_t size = 0;
+  api.cubin_size(prog, &size);
+  std::string cubin(size, '\0');
+  api.cubin(prog, cubin.data());
+  api.destroy(&prog);
+  std::ofstream o(out, std::ios::binary | std::ios::trunc);
+  o.write(cubin.data(), static_cast<std::streamsize>(cubin.size()));
+  o.close();
+  if (!o) {
+    *log += "kiln_nvrtc: cannot write " + out + "\n";
+    return 2;
+  }
+  return 0;
+}
+
+// --serve: compiles request after request, so that NVRTC's start-up (the
+// first compile in a process costs several times the next ones) is paid
+// once. A request is three lines on stdin: the arch, the input file and the
+// output file; the reply on stdout is "RC LOG_BYTES\n" and the log. Exits
+// at the end of stdin (when the process that started it closes its end, or
+// ends).
+int Serve(const Nvrtc& api) {
+  std::string arch, in, out;
+  while (std::getline(std::cin, arch) && std::getline(std::cin, in) &&
+         std::getline(std::cin, out)) {
+    std::string log;
+    const int rc = CompileFile(api, arch, in, out, &log);
+    std::cout << rc << " " << log.size() << "\n" << log << std::flush;
+    if (!std::cout) return 2;
+  }
+  return 0;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   std::string arch = "sm_90", out, in;
-  bool version = false;
+  bool version = false, serve = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a.rfind("--arch=", 0) == 0) {
@@ -107,6 +180,8 @@ int main(int argc, char** argv) {
       out = argv[++i];
     } else if (a == "--version") {
       version = true;
+    } else if (a == "--serve") {
+      serve = true;
     } else if (a == "--help") {
       return Usage();
     } else if (!a.empty() && a[0] != '-' && in.empty()) {
@@ -128,51 +203,10 @@ int main(int argc, char** argv) {
     std::cout << major << "." << minor << "\n";
     return 0;
   }
+  if (serve) return Serve(api);
   if (in.empty() || out.empty()) return Usage();
-  if (!ValidArch(arch)) {
-    std::cerr << "kiln_nvrtc: --arch '" << arch << "' is not an SM arch like sm_90\n";
-    return 2;
-  }
-  std::ifstream src_file(in, std::ios::binary);
-  if (!src_file) {
-    std::cerr << "kiln_nvrtc: cannot read " << in << "\n";
-    return 2;
-  }
-  const std::string source((std::istreambuf_iterator<char>(src_file)),
-                           std::istreambuf_iterator<char>());
-  nvrtcProgram prog = nullptr;
-  int rc = api.create(&prog, source.c_str(), in.c_str(), 0, nullptr, nullptr);
-  if (rc != 0) {
-    std::cerr << "kiln_nvrtc: nvrtcCreateProgram: " << api.error_string(rc) << "\n";
-    return 2;
-  }
-  const std::string arch_option = "--gpu-architecture=" + arch;
-  const char* options[] = {arch_option.c_str(), "--std=c++17", "-default-device"};
-  rc = api.compile(prog, 3, options);
-  size_t log_size = 0;
-  api.log_size(prog, &log_size);
-  if (log_size > 1) {
-    std::string log(log_size, '\0');
-    api.log(prog, log.data());
-    log.resize(log_size - 1);
-    std::cout << log;
-  }
-  if (rc != 0) {
-    std::cout << "kiln_nvrtc: nvrtcCompileProgram: " << api.error_string(rc) << "\n";
-    api.destroy(&prog);
-    return 1;
-  }
-  size_t size = 0;
-  api.cubin_size(prog, &size);
-  std::string cubin(size, '\0');
-  api.cubin(prog, cubin.data());
-  api.destroy(&prog);
-  std::ofstream o(out, std::ios::binary | std::ios::trunc);
-  o.write(cubin.data(), static_cast<std::streamsize>(cubin.size()));
-  o.close();
-  if (!o) {
-    std::cerr << "kiln_nvrtc: cannot write " << out << "\n";
-    return 2;
-  }
-  return 0;
+  std::string log;
+  const int rc = CompileFile(api, arch, in, out, &log);
+  std::cout << log;
+  return rc;
 }

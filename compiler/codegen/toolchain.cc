@@ -4,6 +4,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 
 #include <algorithm>
@@ -11,9 +12,11 @@
 #include <iterator>
 
 #include "absl/strings/cord.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "common/status_macros.h"
 #include "compiler/codegen/codegen.h"
 
 extern char** environ;
@@ -108,6 +111,148 @@ absl::StatusOr<CommandResult> RunCommand(const std::vector<std::string>& argv,
 }
 
 // ---------------------------------------------------------------------------
+
+CompilerWorkers::~CompilerWorkers() {
+  absl::MutexLock lock(&mu_);
+  for (Worker& w : idle_) End(w, /*kill_it=*/false);
+  idle_.clear();
+}
+
+int64_t CompilerWorkers::started() const {
+  absl::MutexLock lock(&mu_);
+  return started_;
+}
+
+absl::StatusOr<CompilerWorkers::Worker> CompilerWorkers::Start() {
+  int sv[2];
+  if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) {
+    return absl::UnavailableError(absl::StrCat("socketpair: ", std::strerror(errno)));
+  }
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, sv[1], 0);
+  posix_spawn_file_actions_adddup2(&actions, sv[1], 1);
+  posix_spawn_file_actions_addopen(&actions, 2, "/dev/null", O_WRONLY, 0);
+  posix_spawnattr_t attr;
+  posix_spawnattr_init(&attr);
+  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP);
+  posix_spawnattr_setpgroup(&attr, 0);
+  std::vector<char*> args;
+  for (const std::string& a : argv_) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  Worker w;
+  const int rc = posix_spawnp(&w.pid, args[0], &actions, &attr, args.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  posix_spawnattr_destroy(&attr);
+  close(sv[1]);
+  if (rc != 0) {
+    close(sv[0]);
+    return absl::UnavailableError(absl::StrCat("cannot run ", argv_[0], ": ", std::strerror(rc)));
+  }
+  w.fd = sv[0];
+  absl::MutexLock lock(&mu_);
+  ++started_;
+  return w;
+}
+
+void CompilerWorkers::End(Worker w, bool kill_it) {
+  // Without kill_it the worker ends at the end of its stdin.
+  close(w.fd);
+  if (kill_it) kill(-w.pid, SIGKILL);
+  int status = 0;
+  while (waitpid(w.pid, &status, 0) < 0 && errno == EINTR) {
+  }
+}
+
+absl::StatusOr<CommandResult> CompilerWorkers::Run(const std::string& request,
+                                                   absl::Duration timeout,
+                                                   const std::atomic<bool>* cancel) {
+  Worker w;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!idle_.empty()) {
+      w = idle_.back();
+      idle_.pop_back();
+    }
+  }
+  if (w.pid == 0) {
+    ASSIGN_OR_RETURN(w, Start());
+  }
+  for (size_t sent = 0; sent < request.size();) {
+    const ssize_t n = send(w.fd, request.data() + sent, request.size() - sent, MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      End(w, /*kill_it=*/true);
+      return absl::UnavailableError(absl::StrCat(argv_[0], " took no request"));
+    }
+    sent += static_cast<size_t>(n);
+  }
+  const absl::Time deadline = absl::Now() + timeout;
+  std::string reply;
+  size_t header = std::string::npos;  // where the log begins
+  size_t log_bytes = 0;
+  int exit_code = 0;
+  char chunk[4096];
+  while (header == std::string::npos || reply.size() < header + log_bytes) {
+    const absl::Duration left = deadline - absl::Now();
+    if (left <= absl::ZeroDuration()) {
+      End(w, /*kill_it=*/true);
+      return absl::DeadlineExceededError(absl::StrCat(argv_[0], " ran past its time limit of ",
+                                                      absl::FormatDuration(timeout),
+                                                      " and was killed"));
+    }
+    if (cancel != nullptr && cancel->load()) {
+      End(w, /*kill_it=*/true);
+      return absl::CancelledError(
+          absl::StrCat(argv_[0], " was killed: nobody waits for this compile any more"));
+    }
+    pollfd p{w.fd, POLLIN, 0};
+    const int wait_ms = static_cast<int>(
+        std::min<int64_t>(absl::ToInt64Milliseconds(left) + 1, cancel != nullptr ? 100 : 1 << 30));
+    const int ready = poll(&p, 1, wait_ms);
+    if (ready < 0 && errno == EINTR) continue;
+    if (ready == 0) continue;
+    const ssize_t got = read(w.fd, chunk, sizeof chunk);
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) {
+      End(w, /*kill_it=*/true);
+      return absl::UnavailableError(absl::StrCat(argv_[0], " ended without a reply"));
+    }
+    reply.append(chunk, static_cast<size_t>(got));
+    if (header == std::string::npos) {
+      const size_t eol = reply.find('\n');
+      if (eol == std::string::npos) {
+        if (reply.size() <= 64) continue;
+      } else {
+        std::vector<absl::string_view> words =
+            absl::StrSplit(absl::string_view(reply).substr(0, eol), absl::MaxSplits(' ', 1));
+        uint64_t bytes = 0;
+        if (words.size() == 2 && absl::SimpleAtoi(words[0], &exit_code) && exit_code >= 0 &&
+            exit_code < 256 && absl::SimpleAtoi(words[1], &bytes) && bytes < (64u << 20)) {
+          header = eol + 1;
+          log_bytes = static_cast<size_t>(bytes);
+          continue;
+        }
+      }
+      End(w, /*kill_it=*/true);
+      return absl::UnavailableError(absl::StrCat(argv_[0], " replied what is not a reply"));
+    }
+  }
+  CommandResult result;
+  result.wait_status = exit_code << 8;  // as waitpid reports exit(exit_code)
+  result.log = reply.substr(header, log_bytes);
+  if (reply.size() > header + log_bytes) {
+    End(w, /*kill_it=*/true);  // more than it was asked for: not to be trusted again
+    return result;
+  }
+  absl::MutexLock lock(&mu_);
+  if (static_cast<int>(idle_.size()) < max_idle_) {
+    idle_.push_back(w);
+  } else {
+    End(w, /*kill_it=*/false);
+  }
+  return result;
+}
 
 bool Succeeded(const CommandResult& run) {
   return WIFEXITED(run.wait_status) && WEXITSTATUS(run.wait_status) == 0;

@@ -7,10 +7,12 @@
 #define KILN_COMPILER_CODEGEN_TOOLCHAIN_H_
 
 #include <stdlib.h>
+#include <sys/types.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <string>
 #include <utility>
@@ -19,6 +21,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 
 namespace kiln::codegen {
@@ -64,6 +67,54 @@ struct CommandResult {
 // killed: DEADLINE_EXCEEDED; when `cancel` turns true, CANCELLED.
 absl::StatusOr<CommandResult> RunCommand(const std::vector<std::string>& argv,
                                          absl::Duration timeout, const std::atomic<bool>* cancel);
+
+// Compiler processes that serve request after request (kiln_nvrtc
+// --serve), each in a process group of its own with one socket for its
+// stdin and stdout. A request is written to an idle worker (one is started
+// when none is idle); its reply is "RC LOG_BYTES\n" and the log. Workers that
+// served go back to the idle list, up to `max_idle` of them; the rest end.
+// Thread-safe.
+class CompilerWorkers {
+ public:
+  CompilerWorkers(std::vector<std::string> argv, int max_idle)
+      : argv_(std::move(argv)), max_idle_(max_idle) {}
+  ~CompilerWorkers();
+  CompilerWorkers(const CompilerWorkers&) = delete;
+  CompilerWorkers& operator=(const CompilerWorkers&) = delete;
+
+  // The reply as RunCommand gives a result (wait_status: exited with RC).
+  // Past `timeout`, or when `cancel` turns true, the worker is killed:
+  // DEADLINE_EXCEEDED or CANCELLED. UNAVAILABLE when no worker could answer
+  // (it did not start, died, or replied what is not a reply): the caller
+  // runs the compiler once instead, which says what is wrong.
+  absl::StatusOr<CommandResult> Run(const std::string& request, absl::Duration timeout,
+                                    const std::atomic<bool>* cancel);
+
+  int64_t started() const;  // workers started so far
+
+ private:
+  struct Worker {
+    pid_t pid = 0;
+    int fd = -1;
+  };
+  absl::StatusOr<Worker> Start();
+  static void End(Worker w, bool kill_it);
+
+  const std::vector<std::string> argv_;
+  const int max_idle_;
+  mutable absl::Mutex mu_;
+  std::vector<Worker> idle_ ABSL_GUARDED_BY(mu_);
+  int64_t started_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+// Where the NVRTC helper is: `configured`, else kiln_nvrtc beside the
+// running program, else the build tree's.
+std::string NvrtcHelper(const std::string& configured);
+
+// The serving NVRTC helpers (`helper` --serve) of this process, for the
+// CUDA backend: at most kMaxIdleNvrtcWorkers wait between compiles.
+inline constexpr int kMaxIdleNvrtcWorkers = 16;
+CompilerWorkers& NvrtcWorkers(const std::string& helper);
 
 // Whether `run` exited with status 0.
 bool Succeeded(const CommandResult& run);
