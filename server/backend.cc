@@ -52,12 +52,14 @@ class KilnBackend final : public Backend {
     kiln.toolchain.cpp_compiler = options_.native_compiler;
     kiln.toolchain.nvrtc_helper = options_.nvrtc_helper;
     kiln.toolchain.cancel = input.cancel;
-    kiln.tuner = options_.tuner.get();
     kiln.compile_jobs = options_.compile_jobs;
+    bool tune = options_.tune_every_compile;
     for (const auto& o : input.options.options()) {
+      if (o.name() == kAutotuneOption) tune = o.value() == "on";
       if (o.name() != kInjectFaultOption) continue;
       ASSIGN_OR_RETURN(kiln.fault, pipeline::ParseFault(o.value()));
     }
+    if (tune) kiln.tuner = options_.tuner.get();
     RETURN_IF_ERROR(pipeline::RunKiln(input.graph, input.options.target(), kiln, times, input.trace,
                                       &artifact));
     return artifact;

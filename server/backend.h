@@ -62,9 +62,11 @@ struct BackendOptions {
   std::string nvrtc_helper;  // empty: kiln_nvrtc beside kilnd (codegen.h, CudaOptions)
   // Native compiler processes per graph (compiler/codegen/modules.h).
   int compile_jobs = 1;
-  // Times cuda kernels' block sizes on a GPU of this process; null: the
-  // schedule's heuristics.
+  // Times cuda kernels' block sizes on a GPU of this process, for the
+  // requests that ask (kAutotuneOption) or, with tune_every_compile, for
+  // all; null: the schedule's heuristics.
   std::shared_ptr<codegen::CudaTuner> tuner;
+  bool tune_every_compile = false;
 };
 
 // Backends by name.
@@ -85,9 +87,12 @@ inline constexpr uint32_t kArtifactFormatVersion = 1;
 // The backend options (CompileOptions.options) kilnd knows; any other name is
 // INVALID_ARGUMENT. inject_fault: "KIND:TARGET" (compiler/pipeline/fault.h).
 // debug_function: a regular expression (RE2); only graphs whose name it
-// matches get the requested backend, the others `eager`.
+// matches get the requested backend, the others `eager`. autotune: "on"
+// (time the cuda kernels' block sizes, when kilnd has a GPU: torch.compile's
+// mode="max-autotune") or "off".
 inline constexpr char kInjectFaultOption[] = "inject_fault";
 inline constexpr char kDebugFunctionOption[] = "debug_function";
+inline constexpr char kAutotuneOption[] = "autotune";
 
 }  // namespace kiln::server
 

@@ -45,10 +45,16 @@ absl::StatusOr<Engine::Filter> Engine::ApplyRequestOptions(const ir::Graph& grap
       fault_given = true;
     } else if (o.name() == kDebugFunctionOption) {
       filter = o.value();
+    } else if (o.name() == kAutotuneOption) {
+      if (o.value() != "on" && o.value() != "off") {
+        return absl::InvalidArgumentError(absl::StrCat("options.options: ", kAutotuneOption, ": '",
+                                                       o.value().substr(0, 64),
+                                                       "' is not on or off"));
+      }
     } else {
       return absl::InvalidArgumentError(
-          absl::StrCat("options.options: unknown option '", o.name().substr(0, 64),
-                       "' (known: ", kDebugFunctionOption, ", ", kInjectFaultOption, ")"));
+          absl::StrCat("options.options: unknown option '", o.name().substr(0, 64), "' (known: ",
+                       kAutotuneOption, ", ", kDebugFunctionOption, ", ", kInjectFaultOption, ")"));
     }
   }
   if (!fault.empty() && !fault_given) {

@@ -96,10 +96,11 @@ ABSL_FLAG(int32_t, idle_connection_timeout_s, 300,
 ABSL_FLAG(std::string, nvrtc_helper, "",
           "the program that runs NVRTC for cuda targets (default: kiln_nvrtc beside kilnd)");
 ABSL_FLAG(std::string, autotune, "auto",
-          "cuda kernels' block sizes timed on this machine's GPU (compiler/codegen/cuda_tuner.h): "
-          "auto (when a GPU and its driver are here), on (refuse to start without them), off "
-          "(also where kilnd shares its GPU with jobs: tuning takes up to 4 GiB of its memory, "
-          "and their work would disturb the timings)");
+          "cuda kernels' block sizes timed on this machine's GPU (compiler/codegen/cuda_tuner.h) "
+          "for the requests that ask (mode=\"max-autotune\"): auto (when a GPU and its driver "
+          "are here), on (refuse to start without them), always (tune every cuda compile), off "
+          "(never; also where kilnd shares its GPU with jobs: tuning takes up to 4 GiB of its "
+          "memory, and their work would disturb the timings)");
 ABSL_FLAG(std::string, native_compiler, "g++",
           "the C++ compiler the kiln backend runs on generated code (a path, or a name in PATH)");
 ABSL_FLAG(int32_t, compile_timeout_s, 120,
@@ -230,18 +231,19 @@ absl::Status Serve() {
   backend_options.compile_jobs =
       jobs > 0 ? jobs : static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 8u));
   if (const std::string autotune = absl::GetFlag(FLAGS_autotune); autotune != "off") {
-    if (autotune != "auto" && autotune != "on") {
+    if (autotune != "auto" && autotune != "on" && autotune != "always") {
       return absl::InvalidArgumentError(
-          absl::StrCat("autotune: '", autotune.substr(0, 32), "' is not auto, on or off"));
+          absl::StrCat("autotune: '", autotune.substr(0, 32), "' is not auto, on, always or off"));
     }
+    backend_options.tune_every_compile = autotune == "always";
     absl::StatusOr<std::unique_ptr<codegen::CudaTuner>> tuner = codegen::CudaTuner::Open(0);
     if (tuner.ok()) {
       std::fprintf(stderr, "kilnd: autotuning cuda kernels on %s\n",
                    (*tuner)->device_name().c_str());
       backend_options.tuner = std::shared_ptr<codegen::CudaTuner>(*std::move(tuner));
-    } else if (autotune == "on") {
+    } else if (autotune != "auto") {
       return absl::FailedPreconditionError(
-          absl::StrCat("autotune: on, but ", tuner.status().message()));
+          absl::StrCat("autotune: ", autotune, ", but ", tuner.status().message()));
     }
   }
   if (absl::GetFlag(FLAGS_warm_compilers)) {

@@ -35,6 +35,33 @@ v1::CompileRequest Request(const v1::Graph& graph, const std::string& backend,
   return r;
 }
 
+// autotune=on (torch.compile's mode="max-autotune") is a backend option: it
+// enters the key, so tuned and untuned artifacts are cached apart. Without a
+// GPU to time on, the heuristics stand and the compile succeeds.
+TEST(ToolkitTest, TheAutotuneOptionEntersTheKeyAndTakesOnOrOff) {
+  TempDir dir;
+  KilndProcess kilnd(dir.path());
+  auto c = ConnectTo(kilnd, kDeadline);
+  auto with = [](const std::string& value) {
+    v1::CompileRequest r = Request(ChainGraph(3), "kiln");
+    auto* o = r.mutable_options()->add_options();
+    o->set_name("autotune");
+    o->set_value(value);
+    return r;
+  };
+  auto plain = c->Compile(Request(ChainGraph(3), "kiln"));
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  auto tuned = c->Compile(with("on"));
+  ASSERT_TRUE(tuned.ok()) << tuned.status();
+  auto off = c->Compile(with("off"));
+  ASSERT_TRUE(off.ok()) << off.status();
+  EXPECT_NE(tuned->key(), plain->key());
+  EXPECT_NE(off->key(), tuned->key());
+  auto bad = c->Compile(with("maybe"));
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(bad.status().message(), "options.options: autotune: 'maybe' is not on or off");
+}
+
 TEST(ToolkitTest, InjectedCompileErrorIsRecordedAndReplayable) {
   TempDir dir;
   KilndProcess kilnd(dir.path());
@@ -61,7 +88,8 @@ TEST(ToolkitTest, InjectedCompileErrorIsRecordedAndReplayable) {
   o->set_value("1");
   auto refused = c->Compile(unknown);
   EXPECT_EQ(refused.status().message(),
-            "options.options: unknown option 'fast_math' (known: debug_function, inject_fault)");
+            "options.options: unknown option 'fast_math' (known: autotune, debug_function, "
+            "inject_fault)");
 
   // Both failures are kept, newest first; the compile error with its key,
   // request and trace.

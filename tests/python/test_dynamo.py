@@ -161,6 +161,21 @@ class TorchCompileTest(SharedKilnd, unittest.TestCase):
         self.assertNotRegex(names[1], "^graph_break_")
         self.assertEqual([fn.artifact.backend for fn in be.loaded], ["kiln", "eager"])
 
+    def test_max_autotune_asks_kilnd_to_tune_and_is_cached_apart(self):
+        # mode="max-autotune-no-cudagraphs" sends autotune=on, which enters
+        # the key; on a CPU target (no GPU to time on) the code is the same.
+        x = torch.randn(4, 8)
+        plain = self.backend("kiln")
+        want = torch.compile(graph_break, backend=plain)(x)
+        torch._dynamo.reset()
+        tuned = self.backend("kiln")
+        got = torch.compile(graph_break, backend=tuned, mode="max-autotune-no-cudagraphs")(x)
+        close(self, got, want, "max-autotune output")
+        self.assertEqual(tuned.stats["compiles"], 2, tuned.stats)  # nothing cached under its keys
+        self.assertNotEqual([fn.key for fn in tuned.loaded], [fn.key for fn in plain.loaded])
+        self.assertEqual(len(plain.loaded), 2)
+        self.assertEqual(len(tuned.loaded), 2)
+
     def test_compile_times_per_graph_with_kilnds_phases(self):
         torch._dynamo.reset()
         be = self.backend("kiln")

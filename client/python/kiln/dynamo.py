@@ -103,6 +103,10 @@ class KilnBackend:
     names (docs/troubleshooting.md). `cuda_graphs` (or torch.compile's
     mode="reduce-overhead") replays each static CUDA graph's plan as one
     CUDA graph once it has run (kiln.cuda.CudaGraphed); inference only.
+    `autotune` (or torch.compile's mode="max-autotune") asks kilnd to time
+    the block sizes of the large CUDA kernels on its GPU (kilnd
+    --autotune); without it, as in Inductor's default mode, the schedule's
+    heuristics stand and no compile waits for timing.
 
     Counters (`stats`): graphs, hits, compiles, eager (graphs run eagerly by
     a policy or because they have no kiln form; `unsupported` lists
@@ -115,7 +119,7 @@ class KilnBackend:
     def __init__(self, server=None, *, compiler="kiln", namespace="", on_frozen="raise",
                  on_unavailable="eager", timeout=30.0, frozen=False, token=None,
                  root_certificates=None, public_key=None, debug_function=None,
-                 inject_fault=None, job=None, cuda_graphs=False):
+                 inject_fault=None, job=None, cuda_graphs=False, autotune=False):
         if on_frozen not in _POLICIES or on_unavailable not in _POLICIES:
             raise ValueError(f"on_frozen and on_unavailable take one of {_POLICIES}")
         given = server if isinstance(server, Client) else None
@@ -143,6 +147,7 @@ class KilnBackend:
                     or os.path.basename(sys.argv[0] if sys.argv and sys.argv[0] else "")
                     or "python")
         self.cuda_graphs = cuda_graphs
+        self.autotune = autotune
         self.cuda_graphed = []  # the kiln.cuda.CudaGraphed of every graph replayed
         self.stats = {"graphs": 0, "hits": 0, "compiles": 0, "eager": 0}
         self.unsupported = []  # (graph name, why it has no kiln form)
@@ -180,12 +185,18 @@ class KilnBackend:
     def __call__(self, gm, example_inputs, mode=None, options=None):
         """Dynamo's call. torch.compile passes `mode` and `options` when it
         was given them: mode="reduce-overhead" (or options={"cuda_graphs":
-        True}) replays static CUDA graphs as cuda_graphs=True does."""
-        graphs = self.cuda_graphs or mode == "reduce-overhead" or bool(
-            (options or {}).get("cuda_graphs"))
-        return self._compile(gm, example_inputs, graphs)
+        True}) replays static CUDA graphs as cuda_graphs=True does;
+        mode="max-autotune" (or options={"max_autotune": True}) asks kilnd
+        to time the kernels' block sizes as autotune=True does, and replays
+        CUDA graphs too; mode="max-autotune-no-cudagraphs" only tunes."""
+        options = options or {}
+        graphs = self.cuda_graphs or mode in ("reduce-overhead", "max-autotune") or bool(
+            options.get("cuda_graphs"))
+        autotune = self.autotune or mode in ("max-autotune", "max-autotune-no-cudagraphs") or \
+            bool(options.get("max_autotune"))
+        return self._compile(gm, example_inputs, graphs, autotune)
 
-    def _compile(self, gm, example_inputs, cuda_graphs):
+    def _compile(self, gm, example_inputs, cuda_graphs, autotune=False):
         self.stats["graphs"] += 1
         function = _graph_function(gm)
         name = _graph_name(function)
@@ -207,7 +218,7 @@ class KilnBackend:
             self.stats["eager"] += 1
             return gm.forward
         try:
-            artifact = self._artifact(lowered, example_inputs, name, reason,
+            artifact = self._artifact(lowered, example_inputs, name, autotune, reason,
                                       _graph_report(gm, function, name, self.job))
         except KilnError as e:
             if e.code == "FAILED_PRECONDITION" and "frozen" in e.message:
@@ -230,7 +241,7 @@ class KilnBackend:
         start = time.perf_counter()
         with _step("load", name):
             function = ArtifactFunction(artifact, lowered.graph)
-        function.key = self._key(lowered, example_inputs) or artifact.key
+        function.key = self._key(lowered, example_inputs, autotune) or artifact.key
         self.loaded.append(function)
         static = all(s.WhichOneof("value") == "int_value"
                      for ph in lowered.graph.inputs for s in ph.value.meta.sizes)
@@ -245,11 +256,11 @@ class KilnBackend:
         self.graph_times.append(record)
         return compiled
 
-    def _artifact(self, lowered, example_inputs, name, reason="", report=None):
+    def _artifact(self, lowered, example_inputs, name, autotune=False, reason="", report=None):
         client = self._get_client()
         start = time.perf_counter()
         signature = _signature(lowered, example_inputs)
-        options = self._compile_options(example_inputs)
+        options = self._compile_options(example_inputs, autotune)
         with _step("lookup", name):
             # The report goes with the lookup, which every process makes
             # once per graph: kilnd counts the processes that met it.
@@ -274,19 +285,24 @@ class KilnBackend:
         self._verify(response)
         return response.artifact
 
-    def _key(self, lowered, example_inputs):
+    def _key(self, lowered, example_inputs, autotune=False):
         """The cache key of the graph's lookup or compile reply, which the
         client remembers for the graph, or ""."""
         client = self._get_client()
-        options = self._compile_options(example_inputs)
+        options = self._compile_options(example_inputs, autotune)
         return client._keys.get(client._graph_id(lowered.graph, options, self.namespace), "")
 
-    def _compile_options(self, example_inputs):
+    def _compile_options(self, example_inputs, autotune=False):
         """The kiln.v1.CompileOptions of this backend for a graph of these
-        inputs: kilnd's backend, the target, the backend options."""
+        inputs: kilnd's backend, the target, the backend options (with
+        autotune=on when asked: it enters the key, so tuned and untuned
+        artifacts are cached apart)."""
         options = Client._options(self.compiler, _target(example_inputs))
-        for name in sorted(self.backend_options):
-            options.options.add(name=name, value=self.backend_options[name])
+        backend_options = dict(self.backend_options)
+        if autotune:
+            backend_options["autotune"] = "on"
+        for name in sorted(backend_options):
+            options.options.add(name=name, value=backend_options[name])
         return options
 
     def _verify(self, response):
