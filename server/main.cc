@@ -109,9 +109,10 @@ ABSL_FLAG(int32_t, compile_timeout_s, 120,
 ABSL_FLAG(int32_t, compile_jobs, 0,
           "native compiler processes one graph's kernels are compiled in at once, as that many "
           "modules (0: the cores, at most 8)");
-ABSL_FLAG(bool, warm_compilers, true,
-          "as kilnd starts, start compile_jobs NVRTC helpers, each compiling a small kernel, and "
-          "the autotuner's GPU context, so that the first cuda compiles do not pay their start-up");
+ABSL_FLAG(
+    bool, warm_compilers, true,
+    "as kilnd starts, start 2 * compile_jobs NVRTC helpers, each compiling a small kernel, and "
+    "the autotuner's GPU context, so that the first cuda compiles do not pay their start-up");
 ABSL_FLAG(bool, reflection, false, "serve gRPC server reflection (grpc_cli, grpcurl)");
 ABSL_FLAG(bool, salvage_wal, false,
           "start on a corrupted or truncated write-ahead log, dropping the writes after the "
@@ -253,7 +254,8 @@ absl::Status Serve() {
     cuda.helper = backend_options.nvrtc_helper;
     cuda.scratch_dir = backend_options.scratch_dir;
     cuda.timeout = backend_options.native_compile_timeout;
-    std::thread([cuda, helpers = backend_options.compile_jobs, tuner = backend_options.tuner] {
+    // Twice compile_jobs: the two halves of a training graph compile at once.
+    std::thread([cuda, helpers = 2 * backend_options.compile_jobs, tuner = backend_options.tuner] {
       if (tuner != nullptr) tuner->Warm().IgnoreError();
       codegen::WarmCudaCompiles(cuda, helpers);
     }).detach();

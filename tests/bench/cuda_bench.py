@@ -18,8 +18,9 @@ process:
     less the same for backend="eager" (Dynamo's tracing alone), per graph;
   - bandwidth: for the memory-bound models (layernorm, rmsnorm, softmax),
     the bytes the operation must move (inputs read and outputs written once)
-    over kiln's time, against a device-to-device copy measured in the same
-    run.
+    over the time per call of 20 calls issued back to back between two
+    events (as the copy is timed: the kernels' throughput, not each call's
+    host time), against a device-to-device copy measured in the same run.
 With `--models families --modes inference`, one row per kernel family
 (pointwise chains, broadcasting through a transpose, row and column sums,
 softmax, the norms, Welford over long rows) with its bandwidth. Prints one
@@ -117,6 +118,7 @@ MODELS.update(FAMILIES)
 MEMORY_BOUND = {"layernorm", "rmsnorm", *FAMILIES}
 PROFILE = False
 CUDA_GRAPHS = False
+TUNE_LINES = False
 
 
 def time_calls(fn, input_sets, training, reps=20, warmup=5):
@@ -139,6 +141,22 @@ def time_calls(fn, input_sets, training, reps=20, warmup=5):
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def time_stream(fn, input_sets, calls=20):
+    """Milliseconds per inference call of fn over `calls` calls issued back
+    to back between two CUDA events (the median of 3 such runs)."""
+    times = []
+    with torch.no_grad():
+        for _ in range(3):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for i in range(calls):
+                fn(*input_sets[i % len(input_sets)])
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) / calls)
     return statistics.median(times)
 
 
@@ -205,6 +223,11 @@ def bench_row(name, dtype, training, server):
     cold = first_call(inductor, input_sets[0], training)
     row["inductor_ms"] = time_calls(inductor, input_sets, training)
     row["inductor_compile_ms"] = cold - row["inductor_ms"]
+    # Bandwidth is timed as the copy is: calls back to back between two
+    # events, the kernels' throughput rather than each call's host time.
+    streamed = name in MEMORY_BOUND and not training
+    if streamed:
+        row["inductor_stream_ms"] = time_stream(inductor, input_sets)
 
     torch._dynamo.reset()
     dynamo = torch.compile(model, backend="eager")
@@ -213,10 +236,13 @@ def bench_row(name, dtype, training, server):
 
     torch._dynamo.reset()
     backend = kiln.backend(server, on_unavailable="raise", timeout=600)
-    compiled = torch.compile(model, backend=backend)
+    compiled = torch.compile(model, backend=backend,
+                             mode="max-autotune-no-cudagraphs" if TUNE_LINES else None)
     cold = first_call(compiled, input_sets[0], training)
     row["kiln_ms"] = time_calls(compiled, input_sets, training)
     row["kiln_compile_ms"] = cold - row["kiln_ms"]
+    if streamed:
+        row["kiln_stream_ms"] = time_stream(compiled, input_sets)
     row["graphs"] = backend.stats["graphs"]
     row["dynamo_ms"] = dynamo_first - dynamo_ms
     row["kiln_split_ms"] = cold_split(backend)
@@ -225,6 +251,14 @@ def bench_row(name, dtype, training, server):
                                    fn.artifact.compiled_backward))
     if backend.stats["eager"]:
         row["note"] = f"{backend.stats['eager']} graphs ran eagerly"
+
+    if TUNE_LINES:
+        for fn in backend.loaded:
+            for part, text in sorted(fn.artifact.trace.items()):
+                if part.endswith("ir_after_fusion.txt"):
+                    for line in text.splitlines():
+                        if line.startswith("tune: "):
+                            print(f"  {name} {row['mode']} {dtype} {part[:-20]}{line}")
 
     if CUDA_GRAPHS and not training:
         # mode="reduce-overhead" for both: kiln's plans and Inductor's code
@@ -267,8 +301,8 @@ def bench_row(name, dtype, training, server):
             out = model(*input_sets[0])
         row["bytes"] = sum(t.numel() * t.element_size() for t in input_sets[0]) + \
             out.numel() * out.element_size()
-        row["kiln_gbps"] = row["bytes"] / (row["kiln_ms"] / 1000) / 1e9
-        row["inductor_gbps"] = row["bytes"] / (row["inductor_ms"] / 1000) / 1e9
+        row["kiln_gbps"] = row["bytes"] / (row["kiln_stream_ms"] / 1000) / 1e9
+        row["inductor_gbps"] = row["bytes"] / (row["inductor_stream_ms"] / 1000) / 1e9
     return row
 
 
@@ -348,11 +382,15 @@ def main():
     parser.add_argument("--out", default="")
     parser.add_argument("--cuda-graphs", action="store_true",
                         help="also time inference rows under mode=\"reduce-overhead\"")
+    parser.add_argument("--autotune", action="store_true",
+                        help="compile kiln's rows with mode=\"max-autotune-no-cudagraphs\" "
+                             "(kilnd times block sizes) and print the tuner's decisions")
     parser.add_argument("--profile", action="store_true",
                         help="print torch.profiler's kernel table of Inductor and kiln per row")
     args = parser.parse_args()
-    global PROFILE, CUDA_GRAPHS
+    global PROFILE, CUDA_GRAPHS, TUNE_LINES
     PROFILE = args.profile
+    TUNE_LINES = args.autotune
     CUDA_GRAPHS = args.cuda_graphs
     server = os.environ.get("KILN_SERVER", "127.0.0.1:50051")
     torch.backends.cuda.matmul.allow_tf32 = False
