@@ -107,6 +107,30 @@ TEST(CudaCodegen, PointwiseFollowsTheOutputsMemoryOrder) {
   EXPECT_TRUE(absl::StrContains(*plain, "const int32_t o = x / inner_n;")) << *plain;
 }
 
+// Symbolic strides do not compare, but a transpose's dimension of stride 1
+// still goes fastest: consecutive threads read and write consecutive
+// elements.
+TEST(CudaCodegen, ASymbolicTransposeFollowsTheOutputsDimensionOfStrideOne) {
+  KernelBuilder kb("transposed", {E("s0")}, {E("s1")});
+  const int x = kb.Buffer("x", v1::FLOAT32);
+  const int y = kb.Buffer("y", v1::FLOAT32, true);
+  const int l = kb.Load(x, Idx({C(1)}, {E("s0")}));
+  kb.Store(y, Idx({C(1)}, {E("s0")}), kb.Op(ScalarOp::kMul, {l, kb.Const(2)}));
+  auto source = Backend()->Generate({kb.kernel()}, {"s0", "s1"});
+  ASSERT_TRUE(source.ok()) << source.status();
+  EXPECT_TRUE(absl::StrContains(*source, "const int64_t i0 = x / s0;")) << *source;
+  EXPECT_TRUE(absl::StrContains(*source, "const int64_t o0 = x % s0;")) << *source;
+  // Row-major with symbolic strides keeps outer-then-inner.
+  KernelBuilder rows("rows", {E("s0")}, {E("s1")});
+  const int a = rows.Buffer("a", v1::FLOAT32);
+  const int b = rows.Buffer("b", v1::FLOAT32, true);
+  rows.Store(b, Idx({E("s1")}, {C(1)}), rows.Load(a, Idx({E("s1")}, {C(1)})));
+  auto plain = Backend()->Generate({rows.kernel()}, {"s0", "s1"});
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_TRUE(absl::StrContains(*plain, "const int64_t o = x / inner_n;")) << *plain;
+  EXPECT_TRUE(Backend()->Compile(*source).ok());
+}
+
 TEST(CudaCodegen, IndicesAre32BitsWhereEveryOffsetFits) {
   auto small = Backend()->Generate({Pointwise(C(64), 1024)}, {});
   ASSERT_TRUE(small.ok());

@@ -122,9 +122,10 @@ std::string ProductExpr(const std::vector<ir::SymInt>& sizes) {
 }
 
 // The order of a pointwise kernel's dimensions in its first store's memory,
-// slowest first, when it is not outer-then-inner: its strides by size,
-// constants only, and no statement outside the sweep (those run once per row
-// of outer-then-inner).
+// slowest first, when it is not outer-then-inner: its strides by size (where
+// some are symbolic, only its dimension of stride 1 moves, to the end), and
+// no statement outside the sweep (those run once per row of
+// outer-then-inner).
 std::vector<int> OutputOrder(const Kernel& k) {
   const Stmt* store = nullptr;
   for (const Stmt& s : k.stmts) {
@@ -134,16 +135,33 @@ std::vector<int> OutputOrder(const Kernel& k) {
   if (store == nullptr) return {};
   const size_t n_outer = k.outer.size(), n = n_outer + k.inner.size();
   std::vector<int64_t> strides(n, 0);
+  bool symbolic = false;
+  int unit = -1, units = 0;  // the dimension of stride 1, and how many have it
   for (size_t d = 0; d < n; ++d) {
     const std::vector<ir::SymInt>& st =
         d < n_outer ? store->index.outer_strides : store->index.inner_strides;
     const size_t at = d < n_outer ? d : d - n_outer;
     if (st.empty()) continue;
-    if (!st[at].is_constant()) return {};
+    if (!st[at].is_constant()) {
+      symbolic = true;
+      continue;
+    }
     strides[d] = st[at].constant();
+    if (std::abs(strides[d]) == 1) {
+      unit = static_cast<int>(d);
+      ++units;
+    }
   }
   std::vector<int> order(n);
   for (size_t d = 0; d < n; ++d) order[d] = static_cast<int>(d);
+  if (symbolic) {
+    // Symbolic strides do not compare; the one dimension of stride 1 (a
+    // transpose's) goes fastest, the others keep their order.
+    if (units != 1 || unit == static_cast<int>(n) - 1) return {};
+    order.erase(order.begin() + unit);
+    order.push_back(unit);
+    return order;
+  }
   std::stable_sort(order.begin(), order.end(),
                    [&](int a, int b) { return std::abs(strides[a]) > std::abs(strides[b]); });
   // Dimensions of stride 0 (broadcast) and size 1 keep their place in the

@@ -1,6 +1,6 @@
-"""Row kernels compiled for symbolic sizes against the same kernels compiled
-static: steady-state time of kiln (dynamic=True and dynamic=False) on one
-GPU, CUDA events, median of 20 after warm-up.
+"""Row kernels (and a transpose) compiled for symbolic sizes against the same
+kernels compiled static: steady-state time of kiln (dynamic=True and
+dynamic=False) on one GPU, CUDA events, median of 20 after warm-up.
 
     KILN_SERVER=... python3 tests/gpu/dynamic_rows.py [dtype]
 """
@@ -35,8 +35,10 @@ def main():
         "layer_norm": lambda x: torch.nn.functional.layer_norm(x, x.shape[-1:]),
         "sum_rows": lambda x: x.sum(-1),
     }
+    cases["broadcast_transpose"] = lambda x: x.t() * 2.0 + x[0]
     for name, fn in cases.items():
-        x = torch.randn(16384, 4096, device="cuda", dtype=dtype)
+        shape = (8192, 8192) if name == "broadcast_transpose" else (16384, 4096)
+        x = torch.randn(*shape, device="cuda", dtype=dtype)
         row = {}
         for dynamic in (False, True):
             torch._dynamo.reset()

@@ -180,6 +180,13 @@ def test_ordered_pointwise(name, dtype):
     check(fn, rand(*xs, dtype=dtype), rand(*bs, dtype=dtype))
 
 
+@pytest.mark.parametrize("name", sorted(ORDERED))
+def test_ordered_pointwise_symbolic(name):
+    # Symbolic sizes: the output's dimension of stride 1 still goes fastest.
+    fn, xs, bs = ORDERED[name]
+    check(fn, rand(*xs), rand(*bs), dynamic=True)
+
+
 def test_dynamic_batch():
     torch._dynamo.reset()
     backend = _backend()
