@@ -246,7 +246,7 @@ absl::StatusOr<CommandResult> CompilerWorkers::Run(const std::string& request,
     return result;
   }
   absl::MutexLock lock(&mu_);
-  if (static_cast<int>(idle_.size()) < max_idle_) {
+  if (++w.served < max_requests_ && static_cast<int>(idle_.size()) < max_idle_) {
     idle_.push_back(w);
   } else {
     End(w, /*kill_it=*/false);

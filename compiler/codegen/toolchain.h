@@ -72,12 +72,13 @@ absl::StatusOr<CommandResult> RunCommand(const std::vector<std::string>& argv,
 // --serve), each in a process group of its own with one socket for its
 // stdin and stdout. A request is written to an idle worker (one is started
 // when none is idle); its reply is "RC LOG_BYTES\n" and the log. Workers that
-// served go back to the idle list, up to `max_idle` of them; the rest end.
-// Thread-safe.
+// served go back to the idle list, up to `max_idle` of them; the rest end, as
+// does a worker after `max_requests` (whatever a compiler keeps between
+// requests cannot grow without bound). Thread-safe.
 class CompilerWorkers {
  public:
-  CompilerWorkers(std::vector<std::string> argv, int max_idle)
-      : argv_(std::move(argv)), max_idle_(max_idle) {}
+  CompilerWorkers(std::vector<std::string> argv, int max_idle, int max_requests = 256)
+      : argv_(std::move(argv)), max_idle_(max_idle), max_requests_(max_requests) {}
   ~CompilerWorkers();
   CompilerWorkers(const CompilerWorkers&) = delete;
   CompilerWorkers& operator=(const CompilerWorkers&) = delete;
@@ -96,12 +97,14 @@ class CompilerWorkers {
   struct Worker {
     pid_t pid = 0;
     int fd = -1;
+    int served = 0;
   };
   absl::StatusOr<Worker> Start();
   static void End(Worker w, bool kill_it);
 
   const std::vector<std::string> argv_;
   const int max_idle_;
+  const int max_requests_;
   mutable absl::Mutex mu_;
   std::vector<Worker> idle_ ABSL_GUARDED_BY(mu_);
   int64_t started_ ABSL_GUARDED_BY(mu_) = 0;

@@ -45,6 +45,16 @@ TEST(CompilerWorkers, AWorkerServesRequestAfterRequest) {
   EXPECT_EQ(workers.started(), 1);
 }
 
+TEST(CompilerWorkers, AWorkerEndsAfterItsLastRequest) {
+  CompilerWorkers workers({Script("echo_server_2", kEcho)}, 2, /*max_requests=*/2);
+  for (int i = 0; i < 5; ++i) {
+    auto run = workers.Run("a\nb\nc\n", absl::Seconds(10), nullptr);
+    ASSERT_TRUE(run.ok()) << run.status();
+    EXPECT_EQ(run->log, "a|b|c");
+  }
+  EXPECT_EQ(workers.started(), 3);  // two requests each
+}
+
 TEST(CompilerWorkers, ConcurrentRequestsStartWorkersAndKeepAtMostMaxIdle) {
   CompilerWorkers workers({Script("slow_echo_server", std::string("sleep 0.2\n") + kEcho)}, 1);
   std::vector<std::thread> threads;
