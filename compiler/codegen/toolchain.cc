@@ -37,17 +37,23 @@ absl::StatusOr<std::string> ReadFile(const std::string& path) {
   return std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
 }
 
-absl::StatusOr<CommandResult> RunCommand(const std::vector<std::string>& argv,
-                                         absl::Duration timeout, const std::atomic<bool>* cancel) {
-  int fds[2];
-  if (pipe2(fds, O_CLOEXEC) != 0) {
-    return absl::InternalError(absl::StrCat("pipe: ", std::strerror(errno)));
-  }
+namespace {
+
+// Starts argv[0] (searched in PATH unless it holds a '/') in a process group
+// of its own, with `in`, `out` and `err` as its descriptors 0, 1 and 2 (-1:
+// /dev/null). Returns posix_spawnp's result, 0 on success.
+int SpawnInGroup(const std::vector<std::string>& argv, int in, int out, int err, pid_t* pid) {
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
-  posix_spawn_file_actions_adddup2(&actions, fds[1], 1);
-  posix_spawn_file_actions_adddup2(&actions, fds[1], 2);
+  const int fds[3] = {in, out, err};
+  for (int target = 0; target < 3; ++target) {
+    if (fds[target] < 0) {
+      posix_spawn_file_actions_addopen(&actions, target, "/dev/null",
+                                       target == 0 ? O_RDONLY : O_WRONLY, 0);
+    } else {
+      posix_spawn_file_actions_adddup2(&actions, fds[target], target);
+    }
+  }
   posix_spawnattr_t attr;
   posix_spawnattr_init(&attr);
   posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP);
@@ -55,10 +61,22 @@ absl::StatusOr<CommandResult> RunCommand(const std::vector<std::string>& argv,
   std::vector<char*> args;
   for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
-  pid_t pid = 0;
-  const int rc = posix_spawnp(&pid, args[0], &actions, &attr, args.data(), environ);
+  const int rc = posix_spawnp(pid, args[0], &actions, &attr, args.data(), environ);
   posix_spawn_file_actions_destroy(&actions);
   posix_spawnattr_destroy(&attr);
+  return rc;
+}
+
+}  // namespace
+
+absl::StatusOr<CommandResult> RunCommand(const std::vector<std::string>& argv,
+                                         absl::Duration timeout, const std::atomic<bool>* cancel) {
+  int fds[2];
+  if (pipe2(fds, O_CLOEXEC) != 0) {
+    return absl::InternalError(absl::StrCat("pipe: ", std::strerror(errno)));
+  }
+  pid_t pid = 0;
+  const int rc = SpawnInGroup(argv, -1, fds[1], fds[1], &pid);
   close(fds[1]);
   if (rc != 0) {
     close(fds[0]);
@@ -128,22 +146,8 @@ absl::StatusOr<CompilerWorkers::Worker> CompilerWorkers::Start() {
   if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) {
     return absl::UnavailableError(absl::StrCat("socketpair: ", std::strerror(errno)));
   }
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_adddup2(&actions, sv[1], 0);
-  posix_spawn_file_actions_adddup2(&actions, sv[1], 1);
-  posix_spawn_file_actions_addopen(&actions, 2, "/dev/null", O_WRONLY, 0);
-  posix_spawnattr_t attr;
-  posix_spawnattr_init(&attr);
-  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP);
-  posix_spawnattr_setpgroup(&attr, 0);
-  std::vector<char*> args;
-  for (const std::string& a : argv_) args.push_back(const_cast<char*>(a.c_str()));
-  args.push_back(nullptr);
   Worker w;
-  const int rc = posix_spawnp(&w.pid, args[0], &actions, &attr, args.data(), environ);
-  posix_spawn_file_actions_destroy(&actions);
-  posix_spawnattr_destroy(&attr);
+  const int rc = SpawnInGroup(argv_, sv[1], sv[1], -1, &w.pid);
   close(sv[1]);
   if (rc != 0) {
     close(sv[0]);
