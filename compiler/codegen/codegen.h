@@ -102,10 +102,11 @@ struct CudaOptions {
 // in a process costs several times the next ones.
 std::unique_ptr<CodegenBackend> MakeCudaBackend(const CudaOptions& options);
 
-// Starts `helpers` serving NVRTC helpers at once, each compiling a small
-// kernel, so that the compiles that follow do not pay NVRTC's start-up
-// (kilnd does this as it starts). Returns how many compiled; what failed is
-// left for those compiles to report.
+// Starts `helpers` serving NVRTC helpers at once (at most as many as stay
+// idle between compiles), each compiling a small kernel, so that the
+// compiles that follow do not pay NVRTC's start-up (kilnd does this as it
+// starts). Returns how many compiled; what failed is left for those
+// compiles to report.
 int WarmCudaCompiles(const CudaOptions& options, int helpers);
 
 }  // namespace kiln::codegen

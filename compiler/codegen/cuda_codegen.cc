@@ -656,6 +656,7 @@ std::unique_ptr<CodegenBackend> MakeCudaBackend(const CudaOptions& options) {
 }
 
 int WarmCudaCompiles(const CudaOptions& options, int helpers) {
+  helpers = std::min(helpers, kMaxIdleNvrtcWorkers);  // more would not stay
   const CudaBackend backend(options);
   std::atomic<int> compiled{0};
   std::vector<std::thread> threads;
