@@ -229,9 +229,11 @@ class CudaKernelEmitter {
     return absl::OkStatus();
   }
 
-  // The flag that every vectorized buffer is aligned to its chunk (kernels
-  // fall back to element accesses otherwise), and the accesses vectorized.
-  void DeclareVectors(int vector, int dim, std::string* out) {
+  // The flag that every vectorized buffer is aligned to its chunk, and every
+  // value of `checks` divides by the vector width (kernels fall back to
+  // element accesses otherwise), and the accesses vectorized.
+  absl::Status DeclareVectors(int vector, int dim, const std::vector<ir::SymInt>& checks,
+                              std::string* out) {
     std::vector<std::string> masks;
     std::set<int> buffers;
     for (size_t j = 0; j < k_.stmts.size(); ++j) {
@@ -243,7 +245,12 @@ class CudaKernelEmitter {
       masks.push_back(absl::StrCat("(reinterpret_cast<uint64_t>(buf", b, ") & ",
                                    vector * StorageBytes(k_.buffers[b].dtype) - 1, ")"));
     }
+    for (const ir::SymInt& c : checks) {
+      ASSIGN_OR_RETURN(std::string text, Int(c));
+      masks.push_back(absl::StrCat("((", text, ") % ", vector, ")"));
+    }
     absl::StrAppend(out, "  const bool aligned = (", absl::StrJoin(masks, " | "), ") == 0;\n");
+    return absl::OkStatus();
   }
 
   // Chunk arrays and vector loads of the vectorized loads among `stmts`
@@ -278,7 +285,7 @@ class CudaKernelEmitter {
   absl::Status EmitPointwise(const Schedule& sched, std::string* out) {
     RETURN_IF_ERROR(Sizes(out));
     const int block = sched.block, vector = sched.vector;
-    if (vector > 1) DeclareVectors(vector, sched.vector_dim, out);
+    if (vector > 1) RETURN_IF_ERROR(DeclareVectors(vector, sched.vector_dim, {}, out));
     const std::string step = vector > 1 ? absl::StrCat(" * ", vector) : "";
     absl::StrAppend(out, "  const ", idx_, " total = outer_n * inner_n;\n", "  for (", idx_,
                     " x = (static_cast<", idx_, ">(blockIdx.x) * ", block, " + threadIdx.x)", step,
@@ -357,7 +364,9 @@ class CudaKernelEmitter {
     // Shared memory for the combination of one value per warp (kRow) or
     // 32 x 32 values (kColumn, padded), three for Welford.
     absl::StrAppend(out, "  __shared__ double kiln_smem[", column ? 3 * 32 * 33 : 96, "];\n");
-    if (sched.vector > 1) DeclareVectors(sched.vector, sched.vector_dim, out);
+    if (sched.vector > 1) {
+      RETURN_IF_ERROR(DeclareVectors(sched.vector, sched.vector_dim, sched.vector_checks, out));
+    }
     std::string live;
     if (column) {
       absl::StrAppend(out, "  const int lane = threadIdx.x >> 5;  // along the rows\n", "  for (",
@@ -468,39 +477,56 @@ class CudaKernelEmitter {
                         column ? "live && " : "", "i < inner_n; i += ", lanes, ") {\n      {\n");
         RETURN_IF_ERROR(Decompose(k_.inner, "i", "i", 4, out));
       }
-      const std::string pad = Pad(depth);
-      for (int j : inner) {
-        const Stmt& s = k_.stmts[j];
-        if (s.kind != StmtKind::kReduce) {
-          if (cache_of[j] >= 0) {
-            absl::StrAppend(out, pad, "const ", CName(type_[j]), " t", j, " = c", cache_of[j],
-                            "[e];\n");
+      // The sweep's statements for one element (at `depth`).
+      auto body = [&](int depth) -> absl::Status {
+        const std::string pad = Pad(depth);
+        for (int j : inner) {
+          const Stmt& s = k_.stmts[j];
+          if (s.kind != StmtKind::kReduce) {
+            if (cache_of[j] >= 0) {
+              absl::StrAppend(out, pad, "const ", CName(type_[j]), " t", j, " = c", cache_of[j],
+                              "[e];\n");
+              continue;
+            }
+            ASSIGN_OR_RETURN(std::string line, Statement(j, "", live));
+            absl::StrAppend(out, pad, line, "\n");
+            if (std::find(keep.begin(), keep.end(), j) != keep.end()) {
+              absl::StrAppend(out, pad, "c", j, "[e] = t", j, ";\n");
+            }
             continue;
           }
-          ASSIGN_OR_RETURN(std::string line, Statement(j, "", live));
-          absl::StrAppend(out, pad, line, "\n");
-          if (std::find(keep.begin(), keep.end(), j) != keep.end()) {
-            absl::StrAppend(out, pad, "c", j, "[e] = t", j, ";\n");
+          const std::string v = CastValue(type_, s.args[0], type_[j]);
+          if (IsWelford(s)) {
+            if (WelfordId(j) != j) continue;
+            const char* T = CName(type_[j]);
+            absl::StrAppend(out, pad, "{ wn", j, " += ", T, "(1); const ", T, " d = ", v, " - wm",
+                            j, "; wm", j, " += d / wn", j, "; wq", j, " += d * (", v, " - wm", j,
+                            "); }\n");
+          } else {
+            absl::StrAppend(out, pad, "acc", j, " = ", Combiner(s.reduce), "(acc", j, ", ", v,
+                            ");\n");
           }
-          continue;
         }
-        const std::string v = CastValue(type_, s.args[0], type_[j]);
-        if (IsWelford(s)) {
-          if (WelfordId(j) != j) continue;
-          const char* T = CName(type_[j]);
-          absl::StrAppend(out, pad, "{ wn", j, " += ", T, "(1); const ", T, " d = ", v, " - wm", j,
-                          "; wm", j, " += d / wn", j, "; wq", j, " += d * (", v, " - wm", j,
-                          "); }\n");
-        } else {
-          absl::StrAppend(out, pad, "acc", j, " = ", Combiner(s.reduce), "(acc", j, ", ", v,
-                          ");\n");
-        }
-      }
+        return absl::OkStatus();
+      };
+      RETURN_IF_ERROR(body(depth));
       if (vector > 1) {
         absl::StrAppend(out, "        }\n");
         RETURN_IF_ERROR(VectorAccesses(fresh, StmtKind::kStore, vector, 4, out));
       }
       absl::StrAppend(out, "      }\n    }\n");
+      if (sched.vector_tail) {
+        // A row of symbolic length: its last inner_n % vector elements one
+        // by one.
+        const std::set<int> chunked = vectorized_;
+        vectorized_.clear();
+        absl::StrAppend(out, "    for (", idx_, " i = inner_n / ", vector, " * ", vector,
+                        " + lane; i < inner_n; i += ", lanes, ") {\n      {\n");
+        RETURN_IF_ERROR(Decompose(k_.inner, "i", "i", 4, out));
+        RETURN_IF_ERROR(body(4));
+        absl::StrAppend(out, "      }\n    }\n");
+        vectorized_ = chunked;
+      }
       for (int j : inner) {
         const Stmt& s = k_.stmts[j];
         if (s.kind != StmtKind::kReduce) continue;

@@ -173,6 +173,40 @@ TEST(CudaCodegen, ShortRowsStayInRegistersAcrossPasses) {
   EXPECT_EQ(launch->grid, C(512));
 }
 
+// A row of symbolic length is swept in chunks too: aligned only when its
+// stride divides by the width (checked as the kernel runs), with a tail loop
+// for the row's last elements.
+TEST(CudaCodegen, RowsOfSymbolicLengthAreSweptInChunksWithATail) {
+  KernelBuilder kb("row_sum", {E("s0")}, {E("s1")});
+  const int x = kb.Buffer("x", v1::BFLOAT16);
+  const int out = kb.Buffer("out", v1::FLOAT32, true);
+  kb.At(0, true);
+  const int sum = kb.Reduce(ReduceOp::kSum, kb.Load(x, Idx({E("s1")}, {C(1)})));
+  kb.At(0, false);
+  kb.Store(out, Idx({C(1)}, {C(0)}), sum);
+  const Kernel k = kb.kernel();
+  const Schedule sched = ScheduleOf(k);
+  EXPECT_EQ(sched.vector, 8);  // 16 bytes of bfloat16
+  EXPECT_TRUE(sched.vector_tail);
+  ASSERT_EQ(sched.vector_checks.size(), 1u);
+  EXPECT_EQ(sched.vector_checks[0], E("s1"));
+  auto source = Backend()->Generate({k}, {"s0", "s1"});
+  ASSERT_TRUE(source.ok()) << source.status();
+  EXPECT_TRUE(absl::StrContains(*source, "((s1) % 8)) == 0;")) << *source;
+  EXPECT_TRUE(absl::StrContains(*source, "kiln_vload<8>(")) << *source;
+  EXPECT_TRUE(absl::StrContains(*source, "i = inner_n / 8 * 8 + lane; i < inner_n;")) << *source;
+  EXPECT_TRUE(Backend()->Compile(*source).ok());
+  // Two inner dimensions of symbolic sizes: element by element.
+  KernelBuilder two("two_dims", {E("s0")}, {E("s1"), C(4)});
+  const int y = two.Buffer("y", v1::FLOAT32);
+  const int o = two.Buffer("o", v1::FLOAT32, true);
+  two.At(0, true);
+  const int r = two.Reduce(ReduceOp::kSum, two.Load(y, Idx({E("4*s1")}, {C(4), C(1)})));
+  two.At(0, false);
+  two.Store(o, Idx({C(1)}, {C(0), C(0)}), r);
+  EXPECT_EQ(ScheduleOf(two.kernel()).vector, 1);
+}
+
 TEST(CudaCodegen, LongRowsAreSweptByALoopOfChunks) {
   auto backend = Backend();
   auto source = backend->Generate({Softmax(8, 100000, C(100000), C(1))}, {});

@@ -103,6 +103,39 @@ int VectorWidth(const Kernel& k, int dim) {
   return v;
 }
 
+// VectorWidth for the row dimension `dim` of a reduction of symbolic row
+// length: the length need not divide (the sweep ends in a tail loop), and
+// the symbolic strides and offsets that must divide for aligned chunks go
+// into `checks`, to be tested as the kernel runs.
+int SymbolicRowVectorWidth(const Kernel& k, int dim, std::vector<ir::SymInt>* checks) {
+  int widest = 0;
+  for (const Stmt& s : k.stmts) {
+    if (!MovesAlong(k, s, dim)) continue;
+    if (!IsOne(StrideAlong(k, s, dim))) return 1;
+    widest = std::max(widest, StorageBytes(k.buffers[s.buffer].dtype));
+  }
+  if (widest == 0) return 1;
+  const int v = 16 / widest;
+  const int n = static_cast<int>(k.outer.size() + k.inner.size());
+  std::vector<ir::SymInt> symbolic;
+  auto divides = [&](const ir::SymInt& x) {
+    if (!x.is_constant()) {
+      if (std::find(symbolic.begin(), symbolic.end(), x) == symbolic.end()) symbolic.push_back(x);
+      return true;
+    }
+    return x.constant() % v == 0;
+  };
+  for (const Stmt& s : k.stmts) {
+    if (!MovesAlong(k, s, dim)) continue;
+    if (!divides(s.index.offset)) return 1;
+    for (int d = 0; d < n; ++d) {
+      if (d != dim && !divides(StrideAlong(k, s, d))) return 1;
+    }
+  }
+  *checks = std::move(symbolic);
+  return v;
+}
+
 // The last inner dimension, along which rows are swept.
 int RowDim(const Kernel& k) { return static_cast<int>(k.outer.size() + k.inner.size()) - 1; }
 
@@ -272,7 +305,15 @@ Schedule ScheduleOf(const Kernel& k) {
   if (tuned > 0) s.block = tuned;
   bool constant = false;
   const int64_t row = ConstantProduct(k.inner, &constant);
-  if (!constant) return s;  // 256 threads (or the tuned count), a loop
+  if (!constant) {
+    // 256 threads (or the tuned count), a loop; over one inner dimension of
+    // symbolic length, in vectors with a tail.
+    if (s.vector == 1 && k.inner.size() == 1) {
+      s.vector = SymbolicRowVectorWidth(k, s.vector_dim, &s.vector_checks);
+      s.vector_tail = s.vector > 1;
+    }
+    return s;
+  }
   if (tuned == 0) {
     const int64_t threads = (row + kRowElementsPerThread - 1) / kRowElementsPerThread;
     s.block = static_cast<int>(std::clamp<int64_t>((threads + 31) / 32 * 32, 32, 1024));

@@ -40,6 +40,13 @@ struct Schedule {
   // `vector_dim` is contiguous there and every chunk starts aligned; 1:
   // none.
   int vector = 1;
+  // A row of symbolic length (kRow, one inner dimension) swept in vectors:
+  // the symbolic strides and offsets the chunks' alignment also depends on,
+  // checked as the kernel runs (it reads and writes elements where one does
+  // not divide by `vector`), and a loop over the row's last inner_n % vector
+  // elements after the chunks.
+  std::vector<ir::SymInt> vector_checks;
+  bool vector_tail = false;
   // The dimension of the kernel's space (outer ones first, then inner ones)
   // that vectors run along: the last inner one, or for a pointwise kernel
   // with an `order`, the output's fastest.

@@ -180,6 +180,25 @@ def test_ordered_pointwise(name, dtype):
     check(fn, rand(*xs, dtype=dtype), rand(*bs, dtype=dtype))
 
 
+SYMBOLIC_ROWS = {
+    "softmax": lambda x: torch.softmax(x * 1.5, -1),
+    "layer_norm": lambda x: F.layer_norm(x, x.shape[-1:]) * 2.0,
+    "sum": lambda x: x.sum(-1),
+    "var_mean": lambda x: torch.var_mean(x, -1),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=_dtype_id)
+@pytest.mark.parametrize("name", sorted(SYMBOLIC_ROWS))
+def test_rows_of_symbolic_length(name, dtype):
+    # Rows of symbolic length are swept in vectors with a tail: a length the
+    # vector width divides, and one it does not (rows that start unaligned:
+    # element accesses, checked as the kernel runs).
+    fn = SYMBOLIC_ROWS[name]
+    check(fn, rand(48, 1024, dtype=dtype), dynamic=True)
+    check(fn, rand(48, 1027, dtype=dtype), dynamic=True)
+
+
 @pytest.mark.parametrize("name", sorted(ORDERED))
 def test_ordered_pointwise_symbolic(name):
     # Symbolic sizes: the output's dimension of stride 1 still goes fastest.
