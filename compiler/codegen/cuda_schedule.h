@@ -11,7 +11,8 @@
 //     kMaxCachedPerThread elements per thread is swept in a fully unrolled
 //     loop, and every load that a later pass repeats is kept in registers:
 //     softmax and layer norm then read their row once. Longer rows are swept
-//     by a loop over chunks.
+//     by a loop over chunks, as are rows of symbolic length (their chunks'
+//     alignment checked as the kernel runs, a tail loop after them).
 //   - kColumn: 32 rows per block, one per lane of a warp, and the block's 32
 //     warps striding along the rows together; for rows whose elements are
 //     far apart while neighbouring rows are adjacent (a sum over the batch
