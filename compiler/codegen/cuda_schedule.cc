@@ -61,10 +61,6 @@ bool ReadsAcrossRows(const Kernel& k) {
   return across > along;
 }
 
-bool DivisibleBy(const ir::SymInt& s, int64_t v) {
-  return s.is_constant() && s.constant() % v == 0;
-}
-
 // The stride of access `s` along dimension `dim` of the kernel's space
 // (outer dimensions first, then inner ones); 0 when it has none.
 const ir::SymInt& StrideAlong(const Kernel& k, const Stmt& s, int dim) {
@@ -79,10 +75,14 @@ const ir::SymInt& StrideAlong(const Kernel& k, const Stmt& s, int dim) {
 // The vector width of a kernel swept `V` elements at a time along dimension
 // `dim` of its space: every access moving along it has stride 1 there, and
 // constant other strides and offset that keep each chunk of V aligned.
-int VectorWidth(const Kernel& k, int dim) {
+// With `checks` (a row of symbolic length, swept in chunks and then a tail
+// loop), the size along `dim` need not be constant or divide by V, and the
+// symbolic strides and offsets that must divide for aligned chunks go into
+// `checks`, to be tested as the kernel runs.
+int VectorWidth(const Kernel& k, int dim, std::vector<ir::SymInt>* checks = nullptr) {
   const int n_outer = static_cast<int>(k.outer.size());
   const ir::SymInt& size = dim < n_outer ? k.outer[dim] : k.inner[dim - n_outer];
-  if (!size.is_constant()) return 1;
+  if (checks == nullptr && !size.is_constant()) return 1;
   int widest = 0;
   for (const Stmt& s : k.stmts) {
     if (!MovesAlong(k, s, dim)) continue;
@@ -91,40 +91,15 @@ int VectorWidth(const Kernel& k, int dim) {
   }
   if (widest == 0) return 1;
   const int v = 16 / widest;
-  if (size.constant() % v != 0) return 1;
-  const int n = n_outer + static_cast<int>(k.inner.size());
-  for (const Stmt& s : k.stmts) {
-    if (!MovesAlong(k, s, dim)) continue;
-    if (!DivisibleBy(s.index.offset, v)) return 1;
-    for (int d = 0; d < n; ++d) {
-      if (d != dim && !DivisibleBy(StrideAlong(k, s, d), v)) return 1;
-    }
-  }
-  return v;
-}
-
-// VectorWidth for the row dimension `dim` of a reduction of symbolic row
-// length: the length need not divide (the sweep ends in a tail loop), and
-// the symbolic strides and offsets that must divide for aligned chunks go
-// into `checks`, to be tested as the kernel runs.
-int SymbolicRowVectorWidth(const Kernel& k, int dim, std::vector<ir::SymInt>* checks) {
-  int widest = 0;
-  for (const Stmt& s : k.stmts) {
-    if (!MovesAlong(k, s, dim)) continue;
-    if (!IsOne(StrideAlong(k, s, dim))) return 1;
-    widest = std::max(widest, StorageBytes(k.buffers[s.buffer].dtype));
-  }
-  if (widest == 0) return 1;
-  const int v = 16 / widest;
-  const int n = static_cast<int>(k.outer.size() + k.inner.size());
+  if (checks == nullptr && size.constant() % v != 0) return 1;
   std::vector<ir::SymInt> symbolic;
   auto divides = [&](const ir::SymInt& x) {
-    if (!x.is_constant()) {
-      if (std::find(symbolic.begin(), symbolic.end(), x) == symbolic.end()) symbolic.push_back(x);
-      return true;
-    }
-    return x.constant() % v == 0;
+    if (x.is_constant()) return x.constant() % v == 0;
+    if (checks == nullptr) return false;
+    if (std::find(symbolic.begin(), symbolic.end(), x) == symbolic.end()) symbolic.push_back(x);
+    return true;
   };
+  const int n = n_outer + static_cast<int>(k.inner.size());
   for (const Stmt& s : k.stmts) {
     if (!MovesAlong(k, s, dim)) continue;
     if (!divides(s.index.offset)) return 1;
@@ -132,7 +107,7 @@ int SymbolicRowVectorWidth(const Kernel& k, int dim, std::vector<ir::SymInt>* ch
       if (d != dim && !divides(StrideAlong(k, s, d))) return 1;
     }
   }
-  *checks = std::move(symbolic);
+  if (checks != nullptr) *checks = std::move(symbolic);
   return v;
 }
 
@@ -309,7 +284,7 @@ Schedule ScheduleOf(const Kernel& k) {
     // 256 threads (or the tuned count), a loop; over one inner dimension of
     // symbolic length, in vectors with a tail.
     if (s.vector == 1 && k.inner.size() == 1) {
-      s.vector = SymbolicRowVectorWidth(k, s.vector_dim, &s.vector_checks);
+      s.vector = VectorWidth(k, s.vector_dim, &s.vector_checks);
       s.vector_tail = s.vector > 1;
     }
     return s;
