@@ -41,6 +41,8 @@ inline constexpr char kCompilerLogPayload[] = "kiln.dev/compiler-log";
 struct LaunchSize {
   ir::SymInt grid{int64_t{1}};
   int block = 1;
+  // Of a reduction kernel: the rows each block reduces at once.
+  int64_t rows_per_block = 1;
 };
 
 class CodegenBackend {

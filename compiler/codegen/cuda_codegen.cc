@@ -368,7 +368,22 @@ class CudaKernelEmitter {
       RETURN_IF_ERROR(DeclareVectors(sched.vector, sched.vector_dim, sched.vector_checks, out));
     }
     std::string live;
-    if (column) {
+    // kColumn in groups: each lane takes one row of each of `groups` groups
+    // of 32 rows, its accumulators arrays indexed by the group g (`at`).
+    const int groups = column ? sched.column_groups : 1;
+    const std::string at = groups > 1 ? "[g]" : "";
+    // The row of group g and whether it exists, at `depth`.
+    auto group_row = [&](int depth) -> absl::Status {
+      absl::StrAppend(out, Pad(depth), "const ", idx_, " o = tile * ", 32 * groups,
+                      " + g * 32 + (threadIdx.x & 31);\n", Pad(depth),
+                      "const bool live = o < outer_n;\n");
+      return Decompose(k_.outer, "o", "o", depth, out);
+    };
+    if (groups > 1) {
+      absl::StrAppend(out, "  const int lane = threadIdx.x >> 5;  // along the rows\n", "  for (",
+                      idx_, " tile = blockIdx.x; tile * ", 32 * groups,
+                      " < outer_n; tile += gridDim.x) {\n");
+    } else if (column) {
       absl::StrAppend(out, "  const int lane = threadIdx.x >> 5;  // along the rows\n", "  for (",
                       idx_, " tile = blockIdx.x; tile * 32 < outer_n; tile += gridDim.x) {\n",
                       "    const ", idx_, " o = tile * 32 + (threadIdx.x & 31);\n",
@@ -378,7 +393,7 @@ class CudaKernelEmitter {
       absl::StrAppend(out, "  const int lane = threadIdx.x;\n", "  for (", idx_,
                       " o = blockIdx.x; o < outer_n; o += gridDim.x) {\n");
     }
-    RETURN_IF_ERROR(Decompose(k_.outer, "o", "o", 2, out));
+    if (groups == 1) RETURN_IF_ERROR(Decompose(k_.outer, "o", "o", 2, out));
     const std::string store_guard = column ? "lane == 0" : "threadIdx.x == 0";
     const int lanes = column ? kColumnRows : sched.block;
     const int n = static_cast<int>(k_.stmts.size());
@@ -430,7 +445,20 @@ class CudaKernelEmitter {
         const Stmt& s = k_.stmts[j];
         if (s.kind != StmtKind::kReduce) continue;
         const char* T = CName(type_[j]);
-        if (IsWelford(s)) {
+        if (groups > 1) {
+          const std::string each = absl::StrCat(
+              "[", groups, "] = {",
+              absl::StrJoin(
+                  std::vector<std::string>(groups, IsWelford(s) ? std::string("0") : Identity(j)),
+                  ", "),
+              "}");
+          if (!IsWelford(s)) {
+            absl::StrAppend(out, "    ", T, " acc", j, each, ";\n");
+          } else if (WelfordId(j) == j) {
+            absl::StrAppend(out, "    ", T, " wm", j, each, ", wq", j, each, ", wn", j, each,
+                            ";  // mean, M2, count\n");
+          }
+        } else if (IsWelford(s)) {
           if (WelfordId(j) == j) {
             absl::StrAppend(out, "    ", T, " wm", j, " = 0, wq", j, " = 0, wn", j,
                             " = 0;  // mean, M2, count\n");
@@ -470,6 +498,15 @@ class CudaKernelEmitter {
         DeclareStoreChunks(fresh, vector, 4, out);
         absl::StrAppend(out, "#pragma unroll\n        for (int v = 0; v < ", vector, "; ++v) {\n");
         depth = 5;
+      } else if (groups > 1) {
+        // Every group's element of the step's row: 512 adjacent bytes.
+        absl::StrAppend(out, "#pragma unroll 4\n    for (", idx_,
+                        " i = lane; i < inner_n; i += ", lanes, ") {\n      {\n");
+        RETURN_IF_ERROR(Decompose(k_.inner, "i", "i", 4, out));
+        absl::StrAppend(out, "#pragma unroll\n        for (int g = 0; g < ", groups, "; ++g) {\n");
+        RETURN_IF_ERROR(group_row(5));
+        live = "live";
+        depth = 5;
       } else {
         // Unrolled: several rows' loads in flight per thread (a column
         // sweep reads one element per row).
@@ -499,21 +536,19 @@ class CudaKernelEmitter {
           if (IsWelford(s)) {
             if (WelfordId(j) != j) continue;
             const char* T = CName(type_[j]);
-            absl::StrAppend(out, pad, "{ wn", j, " += ", T, "(1); const ", T, " d = ", v, " - wm",
-                            j, "; wm", j, " += d / wn", j, "; wq", j, " += d * (", v, " - wm", j,
-                            "); }\n");
+            absl::StrAppend(out, pad, "{ wn", j, at, " += ", T, "(1); const ", T, " d = ", v,
+                            " - wm", j, at, "; wm", j, at, " += d / wn", j, at, "; wq", j, at,
+                            " += d * (", v, " - wm", j, at, "); }\n");
           } else {
-            absl::StrAppend(out, pad, "acc", j, " = ", Combiner(s.reduce), "(acc", j, ", ", v,
-                            ");\n");
+            absl::StrAppend(out, pad, "acc", j, at, " = ", Combiner(s.reduce), "(acc", j, at, ", ",
+                            v, ");\n");
           }
         }
         return absl::OkStatus();
       };
       RETURN_IF_ERROR(body(depth));
-      if (vector > 1) {
-        absl::StrAppend(out, "        }\n");
-        RETURN_IF_ERROR(VectorAccesses(fresh, StmtKind::kStore, vector, 4, out));
-      }
+      if (vector > 1 || groups > 1) absl::StrAppend(out, "        }\n");
+      if (vector > 1) RETURN_IF_ERROR(VectorAccesses(fresh, StmtKind::kStore, vector, 4, out));
       absl::StrAppend(out, "      }\n    }\n");
       if (sched.vector_tail) {
         // A row of symbolic length: its last inner_n % vector elements one
@@ -527,6 +562,13 @@ class CudaKernelEmitter {
         absl::StrAppend(out, "      }\n    }\n");
         vectorized_ = chunked;
       }
+      // The combination and the epilogue, for each group in turn.
+      std::string pad = "    ";
+      if (groups > 1) {
+        absl::StrAppend(out, "#pragma unroll\n    for (int g = 0; g < ", groups, "; ++g) {\n");
+        RETURN_IF_ERROR(group_row(3));
+        pad = "      ";
+      }
       for (int j : inner) {
         const Stmt& s = k_.stmts[j];
         if (s.kind != StmtKind::kReduce) continue;
@@ -534,23 +576,24 @@ class CudaKernelEmitter {
         if (IsWelford(s)) {
           const int w = WelfordId(j);
           if (w == j) {
-            absl::StrAppend(out, "    ", column ? "kiln_column_welford" : "kiln_block_welford",
-                            "(wm", j, ", wq", j, ", wn", j, ", kiln_smem);\n");
+            absl::StrAppend(out, pad, column ? "kiln_column_welford" : "kiln_block_welford", "(wm",
+                            j, at, ", wq", j, at, ", wn", j, at, ", kiln_smem);\n");
           }
-          absl::StrAppend(out, "    const ", T, " t", j, " = ",
-                          s.reduce == ReduceOp::kWelfordMean ? "wm" : "wq", w, ";\n");
+          absl::StrAppend(out, pad, "const ", T, " t", j, " = ",
+                          s.reduce == ReduceOp::kWelfordMean ? "wm" : "wq", w, at, ";\n");
         } else if (column) {
-          absl::StrAppend(out, "    const ", T, " t", j, " = kiln_column_reduce(acc", j, ", ",
+          absl::StrAppend(out, pad, "const ", T, " t", j, " = kiln_column_reduce(acc", j, at, ", ",
                           Combiner(s.reduce), ", kiln_smem);\n");
         } else {
-          absl::StrAppend(out, "    const ", T, " t", j, " = kiln_block_reduce(acc", j, ", ",
+          absl::StrAppend(out, pad, "const ", T, " t", j, " = kiln_block_reduce(acc", j, ", ",
                           Combiner(s.reduce), ", ", T, "(", Identity(j), "), kiln_smem);\n");
         }
       }
       for (int j : after) {
         ASSIGN_OR_RETURN(std::string line, Statement(j, store_guard, live));
-        absl::StrAppend(out, "    ", line, "\n");
+        absl::StrAppend(out, pad, line, "\n");
       }
+      if (groups > 1) absl::StrAppend(out, "    }\n");
     }
     absl::StrAppend(out, "  }\n");
     return absl::OkStatus();

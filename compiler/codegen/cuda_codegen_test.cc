@@ -233,6 +233,53 @@ TEST(CudaCodegen, StridedRowsTakeTheColumnLayout) {
   EXPECT_EQ(launch->grid, C((300 + 31) / 32));
 }
 
+// Sum and Welford variance over dim 0 of a [rows, cols] tensor of `dtype`.
+Kernel ColumnStats(int64_t rows, int64_t cols, v1::DType dtype) {
+  KernelBuilder kb("column_stats", {C(cols)}, {C(rows)});
+  const int x = kb.Buffer("x", dtype);
+  const int sum = kb.Buffer("sum", v1::FLOAT32, true);
+  const int var = kb.Buffer("var", v1::FLOAT32, true);
+  kb.At(0, true);
+  const int load = kb.Load(x, Idx({C(1)}, {C(cols)}));
+  const int total = kb.Reduce(ReduceOp::kSum, load);
+  kb.Reduce(ReduceOp::kWelfordMean, load);
+  const int m2 = kb.Reduce(ReduceOp::kWelfordM2, load);
+  kb.At(0, false);
+  kb.Store(sum, Idx({C(1)}, {}), total);
+  kb.Store(var, Idx({C(1)}, {}), m2);
+  return kb.kernel();
+}
+
+TEST(CudaCodegen, ColumnsAreReadInGroupsOf512Bytes) {
+  auto backend = Backend();
+  // float32: 4 groups of 32 columns per block, 128 x 4 bytes per warp step;
+  // 1000 columns leave the last block's last groups partly idle.
+  const Kernel f32 = ColumnStats(4096, 1000, v1::FLOAT32);
+  auto source = backend->Generate({f32}, {});
+  ASSERT_TRUE(source.ok()) << source.status();
+  EXPECT_TRUE(absl::StrContains(*source, "for (int g = 0; g < 4; ++g)")) << *source;
+  EXPECT_TRUE(absl::StrContains(*source, "kiln_column_reduce(acc")) << *source;
+  EXPECT_TRUE(absl::StrContains(*source, "kiln_column_welford(wm")) << *source;
+  auto launch = backend->Launch(f32);
+  ASSERT_TRUE(launch.ok());
+  EXPECT_EQ(launch->block, 1024);
+  EXPECT_EQ(launch->grid, C((1000 + 127) / 128));
+  EXPECT_EQ(launch->rows_per_block, 128);
+  // bfloat16: 8 groups; 40 columns: one group.
+  auto bf16 = backend->Launch(ColumnStats(4096, 1000, v1::BFLOAT16));
+  ASSERT_TRUE(bf16.ok());
+  EXPECT_EQ(bf16->rows_per_block, 256);
+  auto narrow = backend->Launch(ColumnStats(4096, 40, v1::BFLOAT16));
+  ASSERT_TRUE(narrow.ok());
+  EXPECT_EQ(narrow->rows_per_block, 32);
+  // A kernel of several passes keeps one group.
+  auto softmax = backend->Launch(Softmax(300, 1000, C(1), C(300)));
+  ASSERT_TRUE(softmax.ok());
+  EXPECT_EQ(softmax->rows_per_block, 32);
+  auto module = backend->Compile(*source);
+  ASSERT_TRUE(module.ok()) << module.status();
+}
+
 TEST(CudaCodegen, NvrtcBuildsACubinForSm90) {
   auto backend = Backend();
   auto source = backend->Generate(

@@ -111,6 +111,30 @@ int VectorWidth(const Kernel& k, int dim, std::vector<ir::SymInt>* checks = null
   return v;
 }
 
+// Groups of 32 rows a column-layout block takes (Schedule::column_groups):
+// enough for each warp to read 512 adjacent bytes of its widest buffer per
+// step, and no more groups than there are rows. Only for one-pass kernels
+// of constant sizes with no loads outside the sweep, whose every statement
+// outside it is the reductions' epilogue (or a constant).
+int ColumnGroups(const Kernel& k) {
+  if (k.passes != 1) return 1;
+  bool constant = false;
+  const int64_t rows = ConstantProduct(k.outer, &constant);
+  if (!constant) return 1;
+  ConstantProduct(k.inner, &constant);
+  if (!constant) return 1;
+  int widest = 0;
+  for (const Stmt& s : k.stmts) {
+    if (s.kind != StmtKind::kLoad && s.kind != StmtKind::kStore) continue;
+    if (s.kind == StmtKind::kLoad && !s.inner) return 1;
+    if (s.inner) widest = std::max(widest, StorageBytes(k.buffers[s.buffer].dtype));
+  }
+  if (widest == 0) return 1;
+  int groups = std::max(1, 512 / (kColumnRows * widest));
+  while (groups > 1 && int64_t{kColumnRows} * groups > rows) groups /= 2;
+  return groups;
+}
+
 // The last inner dimension, along which rows are swept.
 int RowDim(const Kernel& k) { return static_cast<int>(k.outer.size() + k.inner.size()) - 1; }
 
@@ -271,6 +295,7 @@ Schedule ScheduleOf(const Kernel& k) {
   if (ReadsAcrossRows(k)) {
     s.layout = Layout::kColumn;
     s.block = 32 * kColumnRows;
+    s.column_groups = ColumnGroups(k);
     return s;
   }
   // A long row, or one of symbolic length, is swept by a loop over chunks
@@ -327,8 +352,9 @@ LaunchSize SizeLaunch(const Kernel& k) {
   const bool reduce = HasReduction(k);
   // Work items: points (pointwise), rows (kRow) or groups of 32 rows.
   const int64_t per_block = !reduce                           ? int64_t{sched.block} * sched.vector
-                            : sched.layout == Layout::kColumn ? kColumnRows
+                            : sched.layout == Layout::kColumn ? kColumnRows * sched.column_groups
                                                               : 1;
+  if (reduce) size.rows_per_block = per_block;
   std::vector<ir::SymInt> space = k.outer;
   if (!reduce) space.insert(space.end(), k.inner.begin(), k.inner.end());
   bool constant = false;

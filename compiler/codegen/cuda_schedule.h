@@ -17,6 +17,11 @@
 //     warps striding along the rows together; for rows whose elements are
 //     far apart while neighbouring rows are adjacent (a sum over the batch
 //     dimension), so that each warp reads 32 adjacent elements at a time.
+//     A one-pass kernel of constant sizes takes `column_groups` groups of
+//     32 rows per block, each lane one row of every group: a warp then
+//     reads 512 adjacent bytes per step (four 128-byte rows of float32,
+//     eight 64-byte ones of bfloat16), which DRAM serves far better than
+//     128 bytes scattered over many rows.
 //
 // Internal to compiler/codegen. Pure functions; thread-safe.
 #ifndef KILN_COMPILER_CODEGEN_CUDA_SCHEDULE_H_
@@ -58,6 +63,9 @@ struct Schedule {
   // memory, so that consecutive threads write consecutive elements. Empty:
   // outer then inner.
   std::vector<int> order;
+  // kColumn: groups of 32 rows each block takes, each lane one row of
+  // every group (the groups 32 rows apart); 1 for any other layout.
+  int column_groups = 1;
 };
 
 // Threads per block of a pointwise kernel.

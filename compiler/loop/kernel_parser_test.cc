@@ -564,6 +564,42 @@ kernel kernel_0_apply: outer [4] inner [16384] passes 1
             "whole space in kernel_0_apply");
 }
 
+// A kernel's own least slice (min_slice_of) overrides min_slice: rows of
+// 2048 make no two slices of 2048, but eight of 256.
+TEST(KernelParserTest, SplitReductionsTakesEachKernelsLeastSlice) {
+  const std::string text = R"(kernel kernel_0: outer [4] inner [2048] passes 1
+  nodes: sum
+  buffers:
+    buf0 = x : f32
+    buf1 = out : f32 (written)
+  %0 = load buf0[o0*1 + i0*4 + 0] : f32 [pass 0, inner]
+  %1 = reduce sum %0 : f32 [pass 0, inner]
+  store buf1[o0*1 + 0] = %1 [pass 0, outer]
+)";
+  for (const int64_t least : {int64_t{0}, int64_t{256}}) {
+    absl::StatusOr<Kernel> k = ParseKernel(text);
+    ASSERT_TRUE(k.ok()) << k.status();
+    LoweredGraph lowered;
+    lowered.kernels.push_back(*std::move(k));
+    SplitPolicy policy;
+    policy.split_below = 132;
+    policy.min_blocks = 32;
+    policy.blocks = [](const Kernel& k) -> std::optional<int64_t> { return k.outer[0].constant(); };
+    if (least > 0) policy.min_slice_of = [least](const Kernel&) { return least; };
+    SplitReductions(policy, &lowered);
+    ASSERT_EQ(lowered.decisions.size(), 1u);
+    if (least == 0) {
+      EXPECT_EQ(lowered.decisions[0],
+                "no split: kernel_0 launches 4 blocks: rows of 2048 elements make fewer than 2 "
+                "slices of 2048 or more that divide their first dimension");
+    } else {
+      EXPECT_EQ(lowered.decisions[0],
+                "split: kernel_0 (4 blocks) reduces 8 slices of each row in kernel_0_partial, "
+                "outer [8, 4] inner [256], then the slices in kernel_0");
+    }
+  }
+}
+
 // And unchanged is unchanged: a softmax's later passes reduce, so it stays
 // whole, with the reason.
 TEST(KernelParserTest, SplitReductionsLeavesSoftmaxWhole) {

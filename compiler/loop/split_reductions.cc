@@ -465,11 +465,12 @@ void SplitReductions(const SplitPolicy& policy, LoweredGraph* lowered) {
     int64_t slices = 0;
     if (why.empty()) {
       const int64_t want = (policy.min_blocks + *blocks - 1) / *blocks;
-      const int64_t most = Product(k.inner) / std::max<int64_t>(policy.min_slice, 1);
+      const int64_t min_slice = policy.min_slice_of ? policy.min_slice_of(k) : policy.min_slice;
+      const int64_t most = Product(k.inner) / std::max<int64_t>(min_slice, 1);
       slices = Slices(k.inner[0].constant(), std::min(want, most), most);
       if (slices < 2) {
         why = absl::StrCat("rows of ", Product(k.inner), " elements make fewer than 2 slices of ",
-                           policy.min_slice, " or more that divide their first dimension");
+                           min_slice, " or more that divide their first dimension");
       }
     }
     if (!why.empty()) {

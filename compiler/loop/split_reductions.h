@@ -54,6 +54,9 @@ struct SplitPolicy {
   int64_t min_blocks = 264;
   // Elements each slice of a row keeps at least.
   int64_t min_slice = 2048;
+  // Where set, the same for each kernel (a block that reduces many rows at
+  // once does enough work on fewer elements of each).
+  std::function<int64_t(const Kernel&)> min_slice_of;
 };
 
 // Splits the reduction kernels of `lowered` that `policy` finds too narrow,

@@ -91,6 +91,13 @@ absl::StatusOr<v1::CompiledGraph> CompileGraph(const ir::Graph& graph, const std
       if (!size.ok() || !size->grid.is_constant()) return std::nullopt;
       return size->grid.constant();
     };
+    // A block that reduces 32 or more rows at once (the column layout) has
+    // 8K elements or more to read in slices of 256 elements of each.
+    policy.min_slice_of = [&backend, &policy](const loop::Kernel& k) -> int64_t {
+      absl::StatusOr<codegen::LaunchSize> size = backend.Launch(k);
+      if (size.ok() && size->rows_per_block >= 32) return 256;
+      return policy.min_slice;
+    };
     times->Time(prefix + "split-reductions", [&] { loop::SplitReductions(policy, &lowered); });
   }
   times->Time(prefix + "memory-plan", [&] { loop::PlanMemory(&lowered.plan); });
