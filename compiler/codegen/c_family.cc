@@ -558,7 +558,7 @@ absl::StatusOr<std::string> ScalarOpExpr(const Kernel& k_, const std::vector<CTy
     case ScalarOp::kMul:
       return boolean ? bin("&&") : bin("*");
     case ScalarOp::kDiv:
-      return bin("/");
+      return flt && d.div != nullptr ? call2(d.div) : bin("/");
     case ScalarOp::kDivFloor:
       if (boolean) return refuse();
       return call2(flt ? "kiln_floordiv_float" : "kiln_floordiv");

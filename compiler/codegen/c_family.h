@@ -27,9 +27,13 @@ namespace kiln::codegen {
 
 struct Dialect {
   const char* ns;  // the namespace of numeric_limits, sqrt, abs, max, ...
+  // Floating-point division as a call of this function; nullptr: `/`.
+  const char* div = nullptr;
 };
 inline constexpr Dialect kCppDialect{"std::"};
 inline constexpr Dialect kCudaDialect{"kiln_dev::"};
+// CUDA kernels generated inside namespace kiln_fast (the CUDA prelude).
+inline constexpr Dialect kCudaFastDialect{"kiln_dev::", "kiln_div"};
 
 // The type a value is computed in. float16 and bfloat16 compute (and
 // accumulate) in float32; bool is stored as one byte.

@@ -74,11 +74,16 @@ class CudaKernelEmitter {
     after_ = std::move(check.after);
     if (k_.buffers.empty()) return KernelError(k_, "has no buffers");
     const Schedule sched = ScheduleOf(k_);
+    const bool fast = StoresSixteenBitFloats(k_);
+    if (fast) dialect_ = &kCudaFastDialect;
     std::string body;
     RETURN_IF_ERROR(HasReduction(k_) ? EmitReduction(sched, &body) : EmitPointwise(sched, &body));
 
-    std::string out =
-        absl::StrCat("\nstruct ", k_.name, "_args {\n  void* b[", k_.buffers.size(), "];\n");
+    std::string out = absl::StrCat(
+        fast ? "\n// Every floating-point result in 16 bits: the approximations of kiln_fast.\n"
+               "namespace kiln_fast {\n"
+             : "",
+        "\nstruct ", k_.name, "_args {\n  void* b[", k_.buffers.size(), "];\n");
     if (symbols_.size() > 0) absl::StrAppend(&out, "  int64_t s[", symbols_.size(), "];\n");
     absl::StrAppend(&out, "};\n\nextern \"C\" __global__ void __launch_bounds__(", sched.block,
                     ") ", k_.name, "(const ", k_.name, "_args a) {\n");
@@ -99,7 +104,7 @@ class CudaKernelEmitter {
                       CommentText(buf.value), "\n");
     }
     for (const std::string& decl : ints_.hoisted()) absl::StrAppend(&out, "  ", decl, "\n");
-    absl::StrAppend(&out, body, "}\n");
+    absl::StrAppend(&out, body, "}\n", fast ? "\n}  // namespace kiln_fast\n" : "");
     return out;
   }
 
@@ -198,7 +203,7 @@ class CudaKernelEmitter {
         return absl::StrCat("const ", T, " t", j, " = ",
                             Literal(s.constant, type_[j], kCudaDialect), ";");
       case StmtKind::kOp: {
-        ASSIGN_OR_RETURN(std::string e, ScalarOpExpr(k_, type_, j, kCudaDialect));
+        ASSIGN_OR_RETURN(std::string e, ScalarOpExpr(k_, type_, j, *dialect_));
         return absl::StrCat("const ", T, " t", j, " = ", e, ";");
       }
       case StmtKind::kStore: {
@@ -348,6 +353,45 @@ class CudaKernelEmitter {
     return op == ReduceOp::kMax ? "kiln_max()" : op == ReduceOp::kMin ? "kiln_min()" : "kiln_add()";
   }
 
+  // Whether every store of `k` is into a float16 or bfloat16 buffer (an
+  // integer or bool result, exact, could flip on an approximation).
+  static bool StoresSixteenBitFloats(const Kernel& k) {
+    bool any = false;
+    for (const Stmt& s : k.stmts) {
+      if (s.kind != StmtKind::kStore) continue;
+      const v1::DType dtype = k.buffers[s.buffer].dtype;
+      if (dtype != v1::FLOAT16 && dtype != v1::BFLOAT16) return false;
+      any = true;
+    }
+    return any;
+  }
+
+  static bool Costly(loop::ScalarOp op) {
+    using loop::ScalarOp;
+    switch (op) {
+      case ScalarOp::kExp:
+      case ScalarOp::kLog:
+      case ScalarOp::kLog1p:
+      case ScalarOp::kExpm1:
+      case ScalarOp::kSin:
+      case ScalarOp::kCos:
+      case ScalarOp::kTanh:
+      case ScalarOp::kErf:
+      case ScalarOp::kSigmoid:
+      case ScalarOp::kGelu:
+      case ScalarOp::kGeluTanh:
+      case ScalarOp::kSilu:
+      case ScalarOp::kSqrt:
+      case ScalarOp::kRsqrt:
+      case ScalarOp::kReciprocal:
+      case ScalarOp::kDiv:
+      case ScalarOp::kPow:
+        return true;
+      default:
+        return false;
+    }
+  }
+
   // Whether load statements a and b read the same element as the same type.
   bool SameLoad(int a, int b) const {
     const Stmt& x = k_.stmts[a];
@@ -397,7 +441,65 @@ class CudaKernelEmitter {
     const std::string store_guard = column ? "lane == 0" : "threadIdx.x == 0";
     const int lanes = column ? kColumnRows : sched.block;
     const int n = static_cast<int>(k_.stmts.size());
-    std::vector<int> cache_of(n, -1);  // load -> the earlier load whose registers it reads
+    // A statement of a later pass -> the earlier pass's statement whose
+    // registers it reads: loads a later pass repeats, and the ops it repeats
+    // whose values it uses for something new (softmax's exp, computed in the
+    // pass that sums it, is read back in the pass that divides it).
+    std::vector<int> cache_of(n, -1);
+    if (cached) {
+      // The first statement of the sweeps that computes the value j does.
+      std::vector<int> same(n);
+      for (int j = 0; j < n; ++j) {
+        same[j] = j;
+        const Stmt& s = k_.stmts[j];
+        if (!s.inner || s.kind == StmtKind::kReduce || s.kind == StmtKind::kStore) continue;
+        if (s.kind == StmtKind::kOp && s.op == loop::ScalarOp::kCast &&
+            type_[s.args[0]] == type_[j] && same[s.args[0]] != s.args[0]) {
+          same[j] = same[s.args[0]];  // a copy of a repeated value is that value
+          continue;
+        }
+        for (int q = 0; q < j; ++q) {
+          const Stmt& t = k_.stmts[q];
+          if (same[q] != q || !t.inner || t.kind != s.kind || type_[q] != type_[j]) continue;
+          bool equal = false;
+          if (s.kind == StmtKind::kLoad) {
+            equal = SameLoad(q, j);
+          } else if (s.kind == StmtKind::kConstant) {
+            equal = t.constant == s.constant;
+          } else {
+            equal = t.op == s.op && t.dtype == s.dtype && t.args.size() == s.args.size();
+            for (size_t a = 0; equal && a < s.args.size(); ++a) {
+              equal = same[t.args[a]] == same[s.args[a]];
+            }
+          }
+          if (equal) {
+            same[j] = q;
+            break;
+          }
+        }
+      }
+      // Whether an op's value takes a transcendental function or a division
+      // to compute: worth registers across passes (an add is not).
+      std::vector<bool> costly(n, false);
+      for (int j = 0; j < n; ++j) {
+        const Stmt& s = k_.stmts[j];
+        if (s.kind != StmtKind::kOp || !s.inner) continue;
+        costly[j] = Costly(s.op);
+        for (int a : s.args) costly[j] = costly[j] || costly[a];
+      }
+      for (int j = 0; j < n; ++j) {
+        const Stmt& s = k_.stmts[j];
+        const int q = same[j];
+        if (q == j || k_.stmts[q].pass >= s.pass) continue;
+        if (s.kind != StmtKind::kLoad && !(s.kind == StmtKind::kOp && costly[q])) continue;
+        bool needed = s.kind == StmtKind::kLoad;
+        for (int u = j + 1; u < n && !needed; ++u) {
+          const std::vector<int>& args = k_.stmts[u].args;
+          needed = same[u] == u && std::find(args.begin(), args.end(), j) != args.end();
+        }
+        if (needed) cache_of[j] = q;
+      }
+    }
     for (int p = 0; p < k_.passes; ++p) {
       std::vector<int> before, inner, after;
       for (int j = 0; j < n; ++j) {
@@ -417,25 +519,12 @@ class CudaKernelEmitter {
         }
         continue;
       }
-      // Loads that a later pass repeats are kept: registers c<j>[e].
+      // What a later pass reads again is kept: registers c<j>[e].
       std::vector<int> keep;
       if (cached) {
         for (int j : inner) {
-          if (k_.stmts[j].kind != StmtKind::kLoad) continue;
-          for (int q = 0; q < j && cache_of[j] < 0; ++q) {
-            if (k_.stmts[q].kind == StmtKind::kLoad && k_.stmts[q].inner && k_.stmts[q].pass < p &&
-                SameLoad(q, j)) {
-              cache_of[j] = cache_of[q] >= 0 ? cache_of[q] : q;
-            }
-          }
           if (cache_of[j] >= 0) continue;
-          for (int later = j + 1; later < n; ++later) {
-            const Stmt& l = k_.stmts[later];
-            if (l.kind == StmtKind::kLoad && l.inner && l.pass > p && SameLoad(j, later)) {
-              keep.push_back(j);
-              break;
-            }
-          }
+          if (std::find(cache_of.begin(), cache_of.end(), j) != cache_of.end()) keep.push_back(j);
         }
         for (int j : keep) {
           absl::StrAppend(out, "    ", CName(type_[j]), " c", j, "[", sched.per_thread, "];\n");
@@ -606,6 +695,7 @@ class CudaKernelEmitter {
   std::set<int> vectorized_;     // accesses read or written as chunks of the vector width
   std::string idx_ = "int64_t";  // the type of indices: int32_t where IndexesFitInt32
   IntExprs ints_{k_, symbols_, kCudaDialect};
+  const Dialect* dialect_ = &kCudaDialect;
 };
 
 // The CUDA version ("13.0") of the NVRTC that `helper` runs, asked once per

@@ -280,6 +280,36 @@ TEST(CudaCodegen, ColumnsAreReadInGroupsOf512Bytes) {
   ASSERT_TRUE(module.ok()) << module.status();
 }
 
+// A softmax row kept in registers computes each exp once: the pass that
+// divides reads the pass that sums them from registers.
+TEST(CudaCodegen, LaterPassesReadCostlyValuesFromRegisters) {
+  auto backend = Backend();
+  auto source = backend->Generate({Softmax(512, 4096, C(4096), C(1))}, {});
+  ASSERT_TRUE(source.ok()) << source.status();
+  size_t exps = 0;
+  for (size_t at = source->find(" = kiln_exp("); at != std::string::npos;
+       at = source->find(" = kiln_exp(", at + 1)) {
+    ++exps;
+  }
+  EXPECT_EQ(exps, 1u) << *source;
+  EXPECT_TRUE(absl::StrContains(*source, "[e] = t")) << *source;
+}
+
+// Kernels whose every result is stored in 16 bits take the approximations
+// of namespace kiln_fast; float32 results keep the exact functions.
+TEST(CudaCodegen, SixteenBitResultsTakeTheFastApproximations) {
+  auto backend = Backend();
+  const std::string marker = "namespace kiln_fast {\n\nstruct pointwise_args";
+  auto bf16 = backend->Generate({Pointwise(C(64), 1024, v1::BFLOAT16)}, {});
+  ASSERT_TRUE(bf16.ok()) << bf16.status();
+  EXPECT_TRUE(absl::StrContains(*bf16, marker)) << *bf16;
+  auto f32 = backend->Generate({Pointwise(C(64), 1024)}, {});
+  ASSERT_TRUE(f32.ok()) << f32.status();
+  EXPECT_FALSE(absl::StrContains(*f32, marker)) << *f32;
+  auto module = backend->Compile(*bf16);
+  ASSERT_TRUE(module.ok()) << module.status();
+}
+
 TEST(CudaCodegen, NvrtcBuildsACubinForSm90) {
   auto backend = Backend();
   auto source = backend->Generate(
