@@ -38,6 +38,9 @@ constexpr int kMaxCachedPerThread = 16;
 // many independent loads per thread, and blocks small enough (a row of 4096
 // takes 256 threads) that several rows are in flight on each SM.
 constexpr int kRowElementsPerThread = 16;
+// The same for a one-pass row of 16-bit elements, which keeps nothing in
+// registers across passes: 64 bytes per thread as in float32.
+constexpr int kOnePassBytesPerThread = 64;
 
 // The stride of the last dimension of `strides` (0 when there is none).
 const ir::SymInt& LastStride(const std::vector<ir::SymInt>& strides) {
@@ -314,12 +317,16 @@ Schedule ScheduleOf(const Kernel& k) {
     }
     return s;
   }
+  int elements = kRowElementsPerThread;
+  if (k.passes == 1 && s.vector > 1) {
+    elements = std::max(elements, kOnePassBytesPerThread * s.vector / 16);
+  }
   if (tuned == 0) {
-    const int64_t threads = (row + kRowElementsPerThread - 1) / kRowElementsPerThread;
+    const int64_t threads = (row + elements - 1) / elements;
     s.block = static_cast<int>(std::clamp<int64_t>((threads + 31) / 32 * 32, 32, 1024));
   }
   const int64_t per_thread = (row + s.block - 1) / s.block;
-  if (per_thread > kMaxCachedPerThread) return s;
+  if (per_thread > std::max(kMaxCachedPerThread, elements)) return s;
   s.per_thread = static_cast<int>(std::max<int64_t>(per_thread, 1));
   if (k.inner.size() != 1 || s.per_thread % s.vector != 0) s.vector = 1;
   return s;

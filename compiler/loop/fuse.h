@@ -77,13 +77,6 @@ struct FusionPolicy {
   // and an FMA long). Two-pass is at least as accurate as Welford. Longer
   // rows, or rows of a symbolic size, keep Welford.
   int64_t two_pass_max_row = 16384;
-  // A value a later pass needs again (softmax's exp, divided by the row's
-  // sum) is stored in the output's buffer and reloaded from it, rather than
-  // recomputed: for CPUs, whose later pass reads the row from memory
-  // anyway. false for GPUs, whose kernels keep a row in registers across
-  // passes (an exp included) where it fits, so that the row is written
-  // once.
-  bool keep_in_output = true;
 
   // nullopt: join; else why not.
   std::optional<std::string> Refuse(const FusionCandidate& c) const;

@@ -91,11 +91,12 @@ absl::StatusOr<v1::CompiledGraph> CompileGraph(const ir::Graph& graph, const std
       if (!size.ok() || !size->grid.is_constant()) return std::nullopt;
       return size->grid.constant();
     };
-    // A block that reduces 32 or more rows at once (the column layout) has
-    // 8K elements or more to read in slices of 256 elements of each.
+    // A block that reduces 32 or more rows at once (the column layout),
+    // its 32 warps striding along them, reads 32 or more elements of each
+    // per thread in slices of 1024.
     policy.min_slice_of = [&backend, &policy](const loop::Kernel& k) -> int64_t {
       absl::StatusOr<codegen::LaunchSize> size = backend.Launch(k);
-      if (size.ok() && size->rows_per_block >= 32) return 256;
+      if (size.ok() && size->rows_per_block >= 32) return 1024;
       return policy.min_slice;
     };
     times->Time(prefix + "split-reductions", [&] { loop::SplitReductions(policy, &lowered); });
