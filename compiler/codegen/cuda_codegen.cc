@@ -588,10 +588,8 @@ class CudaKernelEmitter {
         absl::StrAppend(out, "#pragma unroll\n        for (int v = 0; v < ", vector, "; ++v) {\n");
         depth = 5;
       } else if (groups > 1) {
-        // Every group's element of the step's row: 512 adjacent bytes. Two
-        // rows unrolled: 8 or 16 loads in flight, and half the code (and
-        // NVRTC's time) of four.
-        absl::StrAppend(out, "#pragma unroll 2\n    for (", idx_,
+        // Every group's element of the step's row: 512 adjacent bytes.
+        absl::StrAppend(out, "#pragma unroll 4\n    for (", idx_,
                         " i = lane; i < inner_n; i += ", lanes, ") {\n      {\n");
         RETURN_IF_ERROR(Decompose(k_.inner, "i", "i", 4, out));
         absl::StrAppend(out, "#pragma unroll\n        for (int g = 0; g < ", groups, "; ++g) {\n");
