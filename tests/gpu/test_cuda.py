@@ -149,6 +149,15 @@ def test_reduction_row_lengths(row):
     check(lambda x: torch.softmax(x, -1) * x.sum(-1, keepdim=True), rand(64, row))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=_dtype_id)
+def test_slices_of_symbolic_sizes(dtype):
+    """x[:, 1:] under dynamic=True: sizes Max(1, s - 1) in a symbolic plan."""
+    def fn(x):
+        return torch.softmax(x[:, 1:] * 2, -1) + x[:, :-1].exp()
+    backend = check(fn, rand(64, 1000, dtype=dtype), dynamic=True)
+    assert backend.stats["compiles"] == 1, backend.stats
+
+
 VIEWS = {
     "transpose": lambda x: x.t() * 2 + 1,
     "permute": lambda x: x.view(8, 64, 768).permute(2, 0, 1).exp(),

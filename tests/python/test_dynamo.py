@@ -256,6 +256,52 @@ class TorchCompileTest(SharedKilnd, unittest.TestCase):
             close(self, compiled(y), f(y), "new shape under eager_on_recompile")
         self.assertEqual(be.stats["graphs"], 1, "a stance let the backend compile again")
 
+    def test_slices_of_symbolic_sizes_compile_once(self):
+        """Slicing a tensor of symbolic size gives sizes such as Max(1, s0 - 1)
+        and FloorDiv(s0 + 1, 2): one symbolic graph serves every shape."""
+        fns = {
+            "slice": lambda x: (x[:, 1:] * 2).sum(-1),
+            "both_ends": lambda x: x[1:, :-1].exp() + x[:-1, 1:],
+            "every_other": lambda x: x[:, ::2] + 1,
+            "softmax_of_slice": lambda x: torch.softmax(x[:, 2:], -1),
+        }
+        for name, fn in fns.items():
+            with self.subTest(fn=name):
+                torch._dynamo.reset()
+                be = self.backend("kiln")
+                compiled = torch.compile(fn, backend=be, dynamic=True)
+                for shape in ((8, 33), (5, 17), (12, 64)):
+                    x = torch.randn(shape)
+                    close(self, compiled(x), fn(x), f"{name} {shape}")
+                self.assertEqual(be.stats["eager"], 0, be.stats)
+                self.assertEqual(be.stats["compiles"], 1, be.stats)
+                sizes = [s.expr for ph in be.last_lowered.graph.inputs
+                         for s in ph.value.meta.sizes if s.expr]
+                self.assertTrue(sizes, "the graph was not symbolic")
+        # With gradients the backward could lose the tensor that binds s0:
+        # such a graph runs eagerly, and says why.
+        torch._dynamo.reset()
+        be = self.backend("kiln")
+        compiled = torch.compile(fns["slice"], backend=be, dynamic=True)
+        x = torch.randn(8, 33, requires_grad=True)
+        with self.assertWarnsRegex(RuntimeWarning, r"Max\(1, s\d+ - 1\).*needs gradients"):
+            out = compiled(x)
+        close(self, out, fns["slice"](x), "slice with gradients")
+        self.assertEqual(be.stats["eager"], 1, be.stats)
+
+    def test_size_expressions_kilnd_reads(self):
+        import sympy
+
+        from kiln.lower import Unsupported, size_expr
+
+        s0, s1 = sympy.symbols("s0 s1", integer=True, positive=True)
+        self.assertEqual(size_expr(sympy.Max(1, s0 - 1)), "Max(1, s0 - 1)")
+        self.assertEqual(size_expr(2 * s0 * s1 + 3), "2*s0*s1 + 3")
+        self.assertEqual(size_expr(s0**2), "s0**2")
+        for bad in (s0 / 2, s0 ** -1, sympy.sqrt(s0)):
+            with self.assertRaisesRegex(Unsupported, "which kilnd does not read"):
+                size_expr(bad)
+
     def test_varying_batch_is_one_static_and_one_symbolic_variant(self):
         be = self.backend("kiln", namespace="varying")
         torch.manual_seed(0)

@@ -63,9 +63,28 @@ Lowered = collections.namedtuple("Lowered", [
 ])
 
 
+# Functions of sizes, as sympy and torch's ShapeEnv spell them, that kilnd's
+# grammar (compiler/ir/sym_expr.h) reads by the same names: a slice of a
+# symbolic size is Max(1, s0 - 1), a strided one FloorDiv(s0 + 1, 2).
+_SIZE_FUNCTIONS = frozenset((
+    "Max", "Min", "Mod", "PythonMod", "FloorDiv", "CeilDiv", "Abs", "floor", "ceiling",
+    "FloorToInt", "CeilToInt"))
+
+
+def _size_term(a):
+    import sympy
+
+    if isinstance(a, (sympy.Symbol, sympy.Integer, sympy.Add, sympy.Mul)):
+        return True
+    if isinstance(a, sympy.Pow):
+        return a.exp.is_Integer and int(a.exp) >= 0
+    return type(a).__name__ in _SIZE_FUNCTIONS
+
+
 def size_expr(value):
     """An int, or the expression text of a SymInt (sympy expression) in the
-    grammar kilnd reads; Unsupported beyond + - * and integers."""
+    grammar kilnd reads; Unsupported beyond + - * ** and integers and the
+    functions of _SIZE_FUNCTIONS."""
     if isinstance(value, int):
         return value
     if isinstance(value, torch.SymInt):
@@ -79,10 +98,31 @@ def size_expr(value):
 
     if expr.is_Integer:
         return int(expr)
-    if not all(isinstance(a, (sympy.Symbol, sympy.Integer, sympy.Add, sympy.Mul))
-               for a in sympy.preorder_traversal(expr)):
-        raise Unsupported(f"size expression {expr} uses more than + and *")
+    for a in sympy.preorder_traversal(expr):
+        if not _size_term(a):
+            raise Unsupported(f"size expression {expr} uses {type(a).__name__}, which kilnd "
+                              f"does not read")
     return str(expr)
+
+
+def _check_trainable_sizes(graph):
+    """Unsupported when a graph that needs gradients has a size beyond + - *:
+    the backward kilnd derives may keep a size such as Max(1, s0 - 1) without
+    a tensor whose size binds s0 (inference graphs take them)."""
+    def sizes(meta):
+        return [s.expr for s in list(meta.sizes) + list(meta.strides) if s.expr]
+
+    for ph in graph.inputs:
+        for e in sizes(ph.value.meta):
+            if "(" in e or "**" in e:
+                raise Unsupported(f"size expression {e} of input '{ph.value.name}' in a graph "
+                                  f"that needs gradients")
+    for node in graph.nodes:
+        for out in node.outputs:
+            for e in sizes(out.meta):
+                if "(" in e or "**" in e:
+                    raise Unsupported(f"size expression {e} of '{out.name}' in a graph that "
+                                      f"needs gradients")
 
 
 def _sym_proto(value, out):
@@ -512,6 +552,8 @@ def _lower(gm, placeholders, fakes, fake_mode, name):
         graph.outputs.append(names[leaf])
     mutations = [(tensor_args_index, len(user_outputs) + k)
                  for k, (tensor_args_index, _) in enumerate(writes)]
+    if any(requires_grad.values()):
+        _check_trainable_sizes(graph)
     shape_env = fake_mode.shape_env
     return Lowered(graph, _guards(graph, shape_env), tensor_args, len(user_outputs), mutations,
                    shape_env)
