@@ -562,6 +562,18 @@ class CudaKernelEmitter {
         if (cache_of[j] < 0) fresh.push_back(j);
       }
       int depth = 4;
+      // In a sweep by vectors, Welford's inputs of a chunk are gathered
+      // (wx<j>[v]) and the chunk's mean and M2 merged into the thread's once
+      // per chunk: one division per chunk rather than per element.
+      std::vector<int> welford;
+      for (int j : inner) {
+        if (IsWelford(k_.stmts[j]) && WelfordId(j) == j) welford.push_back(j);
+      }
+      auto gather_welford = [&]() {
+        for (int j : welford) {
+          absl::StrAppend(out, Pad(4), CName(type_[j]), " wx", j, "[", vector, "];\n");
+        }
+      };
       if (cached && vector > 1) {
         absl::StrAppend(out, "#pragma unroll\n    for (int ec = 0; ec < ",
                         sched.per_thread / vector, "; ++ec) {\n      const ", idx_,
@@ -570,6 +582,7 @@ class CudaKernelEmitter {
         RETURN_IF_ERROR(Decompose(k_.inner, "i", "i", 4, out));
         RETURN_IF_ERROR(VectorAccesses(fresh, StmtKind::kLoad, vector, 4, out));
         DeclareStoreChunks(fresh, vector, 4, out);
+        gather_welford();
         absl::StrAppend(out, "#pragma unroll\n        for (int v = 0; v < ", vector,
                         "; ++v) {\n          const int e = ec * ", vector, " + v;\n");
         depth = 5;
@@ -585,6 +598,7 @@ class CudaKernelEmitter {
         RETURN_IF_ERROR(Decompose(k_.inner, "i", "i", 4, out));
         RETURN_IF_ERROR(VectorAccesses(fresh, StmtKind::kLoad, vector, 4, out));
         DeclareStoreChunks(fresh, vector, 4, out);
+        gather_welford();
         absl::StrAppend(out, "#pragma unroll\n        for (int v = 0; v < ", vector, "; ++v) {\n");
         depth = 5;
       } else if (groups > 1) {
@@ -604,7 +618,7 @@ class CudaKernelEmitter {
         RETURN_IF_ERROR(Decompose(k_.inner, "i", "i", 4, out));
       }
       // The sweep's statements for one element (at `depth`).
-      auto body = [&](int depth) -> absl::Status {
+      auto body = [&](int depth, bool chunk) -> absl::Status {
         const std::string pad = Pad(depth);
         for (int j : inner) {
           const Stmt& s = k_.stmts[j];
@@ -625,6 +639,10 @@ class CudaKernelEmitter {
           if (IsWelford(s)) {
             if (WelfordId(j) != j) continue;
             const char* T = CName(type_[j]);
+            if (chunk) {
+              absl::StrAppend(out, pad, "wx", j, "[v] = ", v, ";\n");
+              continue;
+            }
             absl::StrAppend(out, pad, "{ wn", j, at, " += ", T, "(1); const ", T, " d = ", v,
                             " - wm", j, at, "; wm", j, at, " += d / wn", j, at, "; wq", j, at,
                             " += d * (", v, " - wm", j, at, "); }\n");
@@ -635,8 +653,20 @@ class CudaKernelEmitter {
         }
         return absl::OkStatus();
       };
-      RETURN_IF_ERROR(body(depth));
+      RETURN_IF_ERROR(body(depth, vector > 1));
       if (vector > 1 || groups > 1) absl::StrAppend(out, "        }\n");
+      if (vector > 1) {
+        for (int j : welford) {
+          const char* T = CName(type_[j]);
+          absl::StrAppend(out, Pad(4), "{\n", Pad(5), T, " s = 0, q = 0;\n", "#pragma unroll\n",
+                          Pad(5), "for (int v = 0; v < ", vector, "; ++v) s += wx", j, "[v];\n",
+                          Pad(5), "const ", T, " m = s / ", T, "(", vector, ");\n",
+                          "#pragma unroll\n", Pad(5), "for (int v = 0; v < ", vector,
+                          "; ++v) q += (wx", j, "[v] - m) * (wx", j, "[v] - m);\n", Pad(5),
+                          "kiln_welford_merge(wm", j, ", wq", j, ", wn", j, ", m, q, ", T, "(",
+                          vector, "));\n", Pad(4), "}\n");
+        }
+      }
       if (vector > 1) RETURN_IF_ERROR(VectorAccesses(fresh, StmtKind::kStore, vector, 4, out));
       absl::StrAppend(out, "      }\n    }\n");
       if (sched.vector_tail) {
@@ -647,7 +677,7 @@ class CudaKernelEmitter {
         absl::StrAppend(out, "    for (", idx_, " i = inner_n / ", vector, " * ", vector,
                         " + lane; i < inner_n; i += ", lanes, ") {\n      {\n");
         RETURN_IF_ERROR(Decompose(k_.inner, "i", "i", 4, out));
-        RETURN_IF_ERROR(body(4));
+        RETURN_IF_ERROR(body(4, false));
         absl::StrAppend(out, "      }\n    }\n");
         vectorized_ = chunked;
       }

@@ -310,6 +310,29 @@ TEST(CudaCodegen, SixteenBitResultsTakeTheFastApproximations) {
   ASSERT_TRUE(module.ok()) << module.status();
 }
 
+// Long rows swept in vectors merge Welford's mean and M2 once per chunk.
+TEST(CudaCodegen, WelfordMergesEachVectorChunk) {
+  KernelBuilder kb("row_var", {C(8)}, {C(100000)});
+  const int x = kb.Buffer("x", v1::FLOAT32);
+  const int var = kb.Buffer("var", v1::FLOAT32, true);
+  kb.At(0, true);
+  const int load = kb.Load(x, Idx({C(100000)}, {C(1)}));
+  kb.Reduce(ReduceOp::kWelfordMean, load);
+  const int m2 = kb.Reduce(ReduceOp::kWelfordM2, load);
+  kb.At(0, false);
+  kb.Store(var, Idx({C(1)}, {}), m2);
+  auto backend = Backend();
+  auto source = backend->Generate({kb.kernel()}, {});
+  ASSERT_TRUE(source.ok()) << source.status();
+  EXPECT_TRUE(absl::StrContains(*source, "kiln_vload<4>(v")) << *source;
+  EXPECT_TRUE(absl::StrContains(*source, "wx1[v] = t0;")) << *source;
+  EXPECT_TRUE(absl::StrContains(*source, "kiln_welford_merge(wm1, wq1, wn1, m, q, float(4));"))
+      << *source;
+  EXPECT_FALSE(absl::StrContains(*source, "+= d / wn1")) << *source;
+  auto module = backend->Compile(*source);
+  ASSERT_TRUE(module.ok()) << module.status();
+}
+
 TEST(CudaCodegen, NvrtcBuildsACubinForSm90) {
   auto backend = Backend();
   auto source = backend->Generate(
