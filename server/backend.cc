@@ -51,6 +51,7 @@ class KilnBackend final : public Backend {
     kiln.toolchain.timeout = options_.native_compile_timeout;
     kiln.toolchain.cpp_compiler = options_.native_compiler;
     kiln.toolchain.nvrtc_helper = options_.nvrtc_helper;
+    kiln.toolchain.nvrtc_fast_compile = options_.nvrtc_fast_compile;
     kiln.toolchain.cancel = input.cancel;
     kiln.compile_jobs = options_.compile_jobs;
     bool tune = options_.tune_every_compile;

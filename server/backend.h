@@ -59,7 +59,8 @@ struct BackendOptions {
   std::string scratch_dir = "/tmp";  // sources and objects while g++ or NVRTC runs
   absl::Duration native_compile_timeout = absl::Seconds(120);  // per g++ or NVRTC run
   std::string native_compiler = "g++";                         // searched in PATH
-  std::string nvrtc_helper;  // empty: kiln_nvrtc beside kilnd (codegen.h, CudaOptions)
+  std::string nvrtc_helper;        // empty: kiln_nvrtc beside kilnd (codegen.h, CudaOptions)
+  std::string nvrtc_fast_compile;  // NVRTC's --Ofast-compile level; empty: none
   // Native compiler processes per graph (compiler/codegen/modules.h).
   int compile_jobs = 1;
   // Times cuda kernels' block sizes on a GPU of this process, for the

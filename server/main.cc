@@ -95,6 +95,10 @@ ABSL_FLAG(int32_t, idle_connection_timeout_s, 300,
           "close a client connection with no call for this long (clients reconnect)");
 ABSL_FLAG(std::string, nvrtc_helper, "",
           "the program that runs NVRTC for cuda targets (default: kiln_nvrtc beside kilnd)");
+ABSL_FLAG(std::string, nvrtc_fast_compile, "",
+          "NVRTC's --Ofast-compile level for cuda kernels: min, mid or max (shorter cold "
+          "compiles, less optimized kernels); empty: full optimization. Artifacts compiled at "
+          "any level are interchangeable (the level is not in the key)");
 ABSL_FLAG(std::string, autotune, "auto",
           "cuda kernels' block sizes timed on this machine's GPU (compiler/codegen/cuda_tuner.h) "
           "for the requests that ask (mode=\"max-autotune\"): auto (when a GPU and its driver "
@@ -227,6 +231,12 @@ absl::Status Serve() {
   backend_options.native_compile_timeout = absl::Seconds(timeout_s);
   backend_options.native_compiler = absl::GetFlag(FLAGS_native_compiler);
   backend_options.nvrtc_helper = absl::GetFlag(FLAGS_nvrtc_helper);
+  backend_options.nvrtc_fast_compile = absl::GetFlag(FLAGS_nvrtc_fast_compile);
+  if (const std::string& level = backend_options.nvrtc_fast_compile;
+      !level.empty() && level != "min" && level != "mid" && level != "max") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("nvrtc_fast_compile: '", level.substr(0, 32), "' is not min, mid or max"));
+  }
   const int32_t jobs = absl::GetFlag(FLAGS_compile_jobs);
   if (jobs < 0 || jobs > 64) return absl::InvalidArgumentError("compile_jobs: not in 0..64");
   backend_options.compile_jobs =
@@ -252,6 +262,7 @@ absl::Status Serve() {
     // is missing this does nothing but find it out.
     codegen::CudaOptions cuda;
     cuda.helper = backend_options.nvrtc_helper;
+    cuda.fast_compile = backend_options.nvrtc_fast_compile;
     cuda.scratch_dir = backend_options.scratch_dir;
     cuda.timeout = backend_options.native_compile_timeout;
     // Twice compile_jobs: the two halves of a training graph compile at once.

@@ -94,6 +94,10 @@ struct CudaOptions {
   // g++, and a crash in it cannot take the server down. Empty: the
   // kiln_nvrtc beside the running program, else the one of the build tree.
   std::string helper;
+  // NVRTC's --Ofast-compile level: "min", "mid" or "max" (shorter compiles,
+  // less optimized code); empty: full optimization. Not in the key: code
+  // compiled at any level computes the same.
+  std::string fast_compile;
   std::string scratch_dir = "/tmp";
   absl::Duration timeout = absl::Seconds(120);
   const std::atomic<bool>* cancel = nullptr;

@@ -760,15 +760,18 @@ std::string NvrtcHelper(const std::string& configured) {
   return KILN_NVRTC_HELPER_BUILD_PATH;
 }
 
-CompilerWorkers& NvrtcWorkers(const std::string& helper) {
+CompilerWorkers& NvrtcWorkers(const std::string& helper, const std::string& fast_compile) {
   static absl::Mutex mu(absl::kConstInit);
   // Never destroyed: the workers end with kilnd (their stdin closes).
-  static auto* workers = new std::map<std::string, std::unique_ptr<CompilerWorkers>>();
+  static auto* workers =
+      new std::map<std::pair<std::string, std::string>, std::unique_ptr<CompilerWorkers>>();
   absl::MutexLock lock(&mu);
-  std::unique_ptr<CompilerWorkers>& w = (*workers)[helper];
+  std::unique_ptr<CompilerWorkers>& w = (*workers)[{helper, fast_compile}];
   if (w == nullptr) {
-    w = std::make_unique<CompilerWorkers>(std::vector<std::string>{helper, "--serve"},
-                                          kMaxIdleNvrtcWorkers);
+    std::vector<std::string> argv = {helper};
+    if (!fast_compile.empty()) argv.push_back(absl::StrCat("--fast-compile=", fast_compile));
+    argv.push_back("--serve");
+    w = std::make_unique<CompilerWorkers>(std::move(argv), kMaxIdleNvrtcWorkers);
   }
   return *w;
 }
@@ -803,8 +806,14 @@ class CudaBackend : public CodegenBackend {
                          version, " or on a server that has ", options_.cuda_version));
       }
     }
-    const std::vector<std::string> argv = {helper, absl::StrCat("--arch=", options_.sm_arch), "-o",
-                                           cubin.path(), src.path()};
+    std::vector<std::string> argv = {helper};
+    if (!options_.fast_compile.empty()) {
+      argv.push_back(absl::StrCat("--fast-compile=", options_.fast_compile));
+    }
+    for (const std::string& a :
+         {absl::StrCat("--arch=", options_.sm_arch), std::string("-o"), cubin.path(), src.path()}) {
+      argv.push_back(a);
+    }
     const std::string command = absl::StrJoin(argv, " ");
     // A serving helper first; the helper run once when none can serve.
     absl::StatusOr<CommandResult> run = absl::UnavailableError("");
@@ -814,7 +823,8 @@ class CudaBackend : public CodegenBackend {
         absl::StrContains(cubin.path(), '\n')) {
       run = absl::UnavailableError("a line break in a path");
     } else {
-      run = NvrtcWorkers(helper).Run(request, options_.timeout, options_.cancel);
+      run = NvrtcWorkers(helper, options_.fast_compile)
+                .Run(request, options_.timeout, options_.cancel);
     }
     if (absl::IsUnavailable(run.status())) {
       run = RunCommand(argv, options_.timeout, options_.cancel);

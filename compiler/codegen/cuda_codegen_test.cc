@@ -442,6 +442,24 @@ TEST(CudaCodegen, OneServingHelperCompilesModuleAfterModule) {
   EXPECT_EQ(NvrtcWorkers(options.helper).started(), started);
 }
 
+// A level of NVRTC's --Ofast-compile reaches its own serving helpers.
+TEST(CudaCodegen, FastCompileLevelsHaveHelpersOfTheirOwn) {
+  CudaOptions options;
+  options.helper = NvrtcHelper("");
+  options.fast_compile = "min";
+  auto backend = MakeCudaBackend(options);
+  auto source = backend->Generate({Softmax(512, 4096, C(4096), C(1))}, {});
+  ASSERT_TRUE(source.ok()) << source.status();
+  auto module = backend->Compile(*source);
+  ASSERT_TRUE(module.ok()) << module.status();
+  EXPECT_EQ(module->binary().substr(0, 4),
+            "\x7f"
+            "ELF");
+  EXPECT_TRUE(absl::StrContains(module->compile_command(), "--fast-compile=min"))
+      << module->compile_command();
+  EXPECT_GE(NvrtcWorkers(options.helper, "min").started(), 1);
+}
+
 TEST(CudaCodegen, CompileErrorIsInternalWithNvrtcsLog) {
   auto backend = Backend();
   auto module = backend->Compile("extern \"C\" __global__ void k() { undefined_thing(); }\n");

@@ -91,10 +91,14 @@ bool ValidArch(const std::string& arch) {
 }
 
 int Usage() {
-  std::cerr << "usage: kiln_nvrtc --arch=sm_NN -o OUT.cubin IN.cu | kiln_nvrtc --serve | "
-               "kiln_nvrtc --version\n";
+  std::cerr << "usage: kiln_nvrtc [--fast-compile=min|mid|max] --arch=sm_NN -o OUT.cubin IN.cu | "
+               "kiln_nvrtc [--fast-compile=...] --serve | kiln_nvrtc --version\n";
   return 2;
 }
+
+// NVRTC's --Ofast-compile level (shorter compiles, less optimized code), or
+// "" for its default.
+std::string fast_compile;
 
 // Compiles the file `in` for `arch` into the file `out`. Returns 0, 1 on a
 // compile error or 2 on a setup error; `log` gets NVRTC's log and what went
@@ -119,8 +123,10 @@ int CompileFile(const Nvrtc& api, const std::string& arch, const std::string& in
     return 2;
   }
   const std::string arch_option = "--gpu-architecture=" + arch;
-  const char* options[] = {arch_option.c_str(), "--std=c++17", "-default-device"};
-  rc = api.compile(prog, 3, options);
+  const std::string fast_option = "--Ofast-compile=" + fast_compile;
+  const char* options[] = {arch_option.c_str(), "--std=c++17", "-default-device",
+                           fast_option.c_str()};
+  rc = api.compile(prog, fast_compile.empty() ? 3 : 4, options);
   size_t log_size = 0;
   api.log_size(prog, &log_size);
   if (log_size > 1) {
@@ -182,6 +188,13 @@ int main(int argc, char** argv) {
       version = true;
     } else if (a == "--serve") {
       serve = true;
+    } else if (a.rfind("--fast-compile=", 0) == 0) {
+      fast_compile = a.substr(15);
+      if (fast_compile != "min" && fast_compile != "mid" && fast_compile != "max") {
+        std::cerr << "kiln_nvrtc: --fast-compile takes min, mid or max, not '" << fast_compile
+                  << "'\n";
+        return Usage();
+      }
     } else if (a == "--help") {
       return Usage();
     } else if (!a.empty() && a[0] != '-' && in.empty()) {

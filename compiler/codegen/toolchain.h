@@ -114,10 +114,11 @@ class CompilerWorkers {
 // running program, else the build tree's.
 std::string NvrtcHelper(const std::string& configured);
 
-// The serving NVRTC helpers (`helper` --serve) of this process, for the
-// CUDA backend: at most kMaxIdleNvrtcWorkers wait between compiles.
+// The serving NVRTC helpers (`helper` [--fast-compile=LEVEL] --serve) of
+// this process, for the CUDA backend: at most kMaxIdleNvrtcWorkers wait
+// between compiles (per helper and level).
 inline constexpr int kMaxIdleNvrtcWorkers = 16;
-CompilerWorkers& NvrtcWorkers(const std::string& helper);
+CompilerWorkers& NvrtcWorkers(const std::string& helper, const std::string& fast_compile = "");
 
 // Whether `run` exited with status 0.
 bool Succeeded(const CommandResult& run);

@@ -40,6 +40,7 @@ class CudaTarget final : public Target {
     cuda.sm_arch = proto_.sm_arch();
     cuda.cuda_version = proto_.cuda_version();
     cuda.helper = options.nvrtc_helper;
+    cuda.fast_compile = options.nvrtc_fast_compile;
     cuda.scratch_dir = options.scratch_dir;
     cuda.timeout = options.timeout;
     cuda.cancel = options.cancel;

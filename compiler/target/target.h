@@ -33,6 +33,8 @@ struct ToolchainOptions {
   // The NVRTC helper program (codegen.h, CudaOptions::helper); empty: the
   // one installed beside the running program.
   std::string nvrtc_helper;
+  // NVRTC's --Ofast-compile level (codegen.h, CudaOptions::fast_compile).
+  std::string nvrtc_fast_compile;
   const std::atomic<bool>* cancel = nullptr;
 };
 
