@@ -20,16 +20,19 @@
 //       }
 //
 //   - With reductions, one block per row (grid-stride over rows), or 32
-//     rows per block in the column layout: each pass sweeps the row with
-//     the threads, every thread keeping its own accumulators; they are then
-//     combined (warp shuffles, then one value per warp through shared
-//     memory) so that every thread holds the row's result for the
-//     statements after the sweep, whose stores one thread makes. Welford's
-//     mean and M2 merge by Chan's formula.
+//     rows per block in the column layout (several groups of 32 where the
+//     schedule says so): each pass sweeps the row with the threads, every
+//     thread keeping its own accumulators; they are then combined (warp
+//     shuffles, then one value per warp through shared memory) so that
+//     every thread holds the row's result for the statements after the
+//     sweep, whose stores one thread makes. Welford's mean and M2 merge by
+//     Chan's formula, per element or, in a sweep by vectors, per chunk.
 //
 // Values compute as on the CPU (c_family.h): float16 and bfloat16 in float32,
 // stored as 16-bit patterns; sums accumulate in the compute type per thread
-// and then in a tree.
+// and then in a tree. A kernel whose every store is 16-bit is generated
+// inside namespace kiln_fast, whose exp and division are the hardware's
+// approximations (the CUDA prelude says how close).
 #include <algorithm>
 #include <atomic>
 #include <filesystem>
