@@ -8,7 +8,7 @@ float32 and bfloat16, in one run.
 (tests/gpu/run.sh --bench starts kilnd and runs this.) Per row, in this
 process:
   - steady state: CUDA events around each call, 5 warm-up calls, then the
-    median of 20, each on one of 4 sets of fresh random inputs (never
+    median of 50, each on one of 4 sets of fresh random inputs (never
     zeros); training calls run forward and backward;
   - cold compile: the first call's time less the steady-state time
     (Inductor: its caches are empty on a fresh machine; kiln: kilnd's cache
@@ -21,7 +21,8 @@ process:
     the bytes the operation must move (inputs read and outputs written once)
     over the time per call of 20 calls issued back to back between two
     events (as the copy is timed: the kernels' throughput, not each call's
-    host time), against a device-to-device copy measured in the same run.
+    host time), the median of 7 such runs, against a device-to-device copy
+    measured in the same run.
 With `--models families --modes inference`, one row per kernel family
 (pointwise chains, broadcasting through a transpose, row and column sums,
 softmax, the norms, Welford over long rows) with its bandwidth. Prints one
@@ -122,7 +123,7 @@ CUDA_GRAPHS = False
 TUNE_LINES = False
 
 
-def time_calls(fn, input_sets, training, reps=20, warmup=5):
+def time_calls(fn, input_sets, training, reps=50, warmup=5):
     """Median milliseconds of fn over `reps` calls (after `warmup`)."""
     def call(inputs):
         if training:
@@ -145,12 +146,13 @@ def time_calls(fn, input_sets, training, reps=20, warmup=5):
     return statistics.median(times)
 
 
-def time_stream(fn, input_sets, calls=20):
+def time_stream(fn, input_sets, calls=20, runs=7):
     """Milliseconds per inference call of fn over `calls` calls issued back
-    to back between two CUDA events (the median of 3 such runs)."""
+    to back between two CUDA events (the median of `runs` such runs: the
+    same code's bandwidth moved by up to 30 points between runs of 3)."""
     times = []
     with torch.no_grad():
-        for _ in range(3):
+        for _ in range(runs):
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
             for i in range(calls):
