@@ -3,10 +3,12 @@
 #include <algorithm>
 #include <deque>
 #include <limits>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "compiler/ir/builder.h"
+#include "compiler/ir/sym_expr.h"
 
 namespace kiln::autograd {
 namespace {
@@ -203,6 +205,32 @@ int64_t ValueBytes(const ir::TensorMeta& meta, int64_t hint) {
   return n;
 }
 
+// The symbols the sizes, strides and offsets of `g`'s values use that no
+// dimension of its inputs binds (is the symbol alone).
+std::set<std::string> UnboundSymbols(const ir::Graph& g) {
+  std::set<std::string> bound, used;
+  for (const auto& in : g.inputs()) {
+    for (const ir::SymInt& s : g.value(in.value).meta.sizes) {
+      if (!s.is_constant() && ir::IsSymbolName(s.expr())) bound.insert(s.expr());
+    }
+  }
+  std::vector<std::string> symbols;
+  auto collect = [&](const ir::SymInt& s) {
+    if (s.is_constant()) return;
+    absl::StatusOr<ir::SymExpr> e = ir::SymExpr::Parse(s.expr());
+    if (e.ok()) e->CollectSymbols(&symbols);
+  };
+  for (const ir::Value& v : g.values()) {
+    for (const ir::SymInt& s : v.meta.sizes) collect(s);
+    for (const ir::SymInt& s : v.meta.strides) collect(s);
+    collect(v.meta.storage_offset);
+  }
+  for (const std::string& s : symbols) {
+    if (bound.count(s) == 0) used.insert(s);
+  }
+  return used;
+}
+
 absl::StatusOr<Partition> PartitionJointGraph(const JointGraph& joint,
                                               const PartitionOptions& options) {
   const ir::Graph& g = joint.graph;
@@ -292,27 +320,45 @@ absl::StatusOr<Partition> PartitionJointGraph(const JointGraph& joint,
   }
 
   Partition p;
-  p.num_forward_outputs = joint.num_forward_outputs;
-  std::vector<ValueId> primals, fwd_outputs, saved_values, bw_inputs, grads;
-  for (int i = 0; i < joint.num_primals; ++i) primals.push_back(g.inputs()[i].value);
-  for (int i = 0; i < joint.num_forward_outputs; ++i) fwd_outputs.push_back(g.outputs()[i]);
-  for (ValueId v = 0; v < nv; ++v) {
-    if (!saved[v]) continue;
-    saved_values.push_back(v);
-    p.saved.push_back(g.value(v).name);
-    p.saved_bytes += ValueBytes(g.value(v).meta, options.symbolic_size_hint);
-  }
-  fwd_outputs.insert(fwd_outputs.end(), saved_values.begin(), saved_values.end());
-  ASSIGN_OR_RETURN(p.forward,
-                   Extract(g, absl::StrCat(g.name(), "_forward"), primals, fwd_outputs, nullptr));
-  bw_inputs = saved_values;
-  for (size_t i = joint.num_primals; i < g.inputs().size(); ++i)
-    bw_inputs.push_back(g.inputs()[i].value);
-  for (size_t i = joint.num_forward_outputs; i < g.outputs().size(); ++i)
-    grads.push_back(g.outputs()[i]);
   std::vector<int> bw_nodes;
-  ASSIGN_OR_RETURN(p.backward,
-                   Extract(g, absl::StrCat(g.name(), "_backward"), bw_inputs, grads, &bw_nodes));
+  // Twice at most: a symbol the backward's sizes use (Max(1, s0 - 1) of a
+  // slice) that no saved value's or tangent's dimension binds is bound by
+  // saving a primal that has it as a dimension (a reference: primals exist
+  // anyway), and the graphs are extracted again.
+  for (int attempt = 0;; ++attempt) {
+    p = Partition();
+    p.num_forward_outputs = joint.num_forward_outputs;
+    std::vector<ValueId> primals, fwd_outputs, saved_values, bw_inputs, grads;
+    for (int i = 0; i < joint.num_primals; ++i) primals.push_back(g.inputs()[i].value);
+    for (int i = 0; i < joint.num_forward_outputs; ++i) fwd_outputs.push_back(g.outputs()[i]);
+    for (ValueId v = 0; v < nv; ++v) {
+      if (!saved[v]) continue;
+      saved_values.push_back(v);
+      p.saved.push_back(g.value(v).name);
+      p.saved_bytes += ValueBytes(g.value(v).meta, options.symbolic_size_hint);
+    }
+    fwd_outputs.insert(fwd_outputs.end(), saved_values.begin(), saved_values.end());
+    ASSIGN_OR_RETURN(p.forward,
+                     Extract(g, absl::StrCat(g.name(), "_forward"), primals, fwd_outputs, nullptr));
+    bw_inputs = saved_values;
+    for (size_t i = joint.num_primals; i < g.inputs().size(); ++i)
+      bw_inputs.push_back(g.inputs()[i].value);
+    for (size_t i = joint.num_forward_outputs; i < g.outputs().size(); ++i)
+      grads.push_back(g.outputs()[i]);
+    bw_nodes.clear();
+    ASSIGN_OR_RETURN(p.backward,
+                     Extract(g, absl::StrCat(g.name(), "_backward"), bw_inputs, grads, &bw_nodes));
+    if (attempt > 0) break;
+    const std::set<std::string> unbound = UnboundSymbols(p.backward);
+    bool more = false;
+    for (ValueId v : primals) {
+      for (const ir::SymInt& s : g.value(v).meta.sizes) {
+        if (saved[v] || s.is_constant() || unbound.count(s.expr()) == 0) continue;
+        saved[v] = more = true;
+      }
+    }
+    if (!more) break;
+  }
   for (int i : bw_nodes) {
     const ir::Node& node = g.nodes()[i];
     if (joint.forward_nodes.contains(node.name) && !node.outputs.empty()) {

@@ -97,6 +97,30 @@ TEST(PartitionTest, SavesAPrimalAndAPerRowValueRatherThanANewWholeTensor) {
       << absl::StrJoin(p.saved, ", ");
 }
 
+// x[:, 1:] of an x of symbolic sizes [s0, s1]: the slice's size is
+// Max(1, s1 - 1), and its backward writes a gradient of size s1, which no
+// tangent's dimension binds. The partition saves x (a primal: a
+// reference) so that the backward's plan can bind s1 from it.
+TEST(PartitionTest, SavesAPrimalThatBindsASymbolOnlyTheBackwardNeeds) {
+  ir::GraphBuilder b("slice");
+  ir::TensorMeta m = Meta({4, 4}, true);
+  m.sizes = {ir::SymInt{std::string("s0")}, ir::SymInt{std::string("s1")}};
+  m.strides = {ir::SymInt{std::string("s1")}, ir::SymInt{int64_t{1}}};
+  ir::ValueId x = b.AddInput(m, v1::Placeholder::USER_INPUT, "x");
+  ir::ValueId sliced = Op(b, "aten.slice.Tensor",
+                          {Ref(x), ir::Int(1), ir::Int(1), ir::Int(int64_t{1} << 62), ir::Int(1)});
+  b.AddOutput(Op(b, "aten.sum.dim_IntList", {Ref(sliced), ir::Ints({-1})}));
+  Partition p = Split(std::move(b).Build());
+  EXPECT_EQ(p.saved, std::vector<std::string>{"x"});
+  bool binds = false;
+  for (const auto& in : p.backward.inputs()) {
+    for (const ir::SymInt& s : p.backward.value(in.value).meta.sizes) {
+      binds = binds || (!s.is_constant() && s.expr() == "s1");
+    }
+  }
+  EXPECT_TRUE(binds) << "no backward input has a dimension s1";
+}
+
 TEST(PartitionTest, NeverRecomputesMatmulsOrReductions) {
   ir::GraphBuilder b("mlp");
   ir::ValueId x = b.AddInput(Meta({8, 64}, true), v1::Placeholder::USER_INPUT, "x");

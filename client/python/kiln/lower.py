@@ -105,26 +105,6 @@ def size_expr(value):
     return str(expr)
 
 
-def _check_trainable_sizes(graph):
-    """Unsupported when a graph that needs gradients has a size beyond + - *:
-    the backward kilnd derives may keep a size such as Max(1, s0 - 1) without
-    a tensor whose size binds s0 (inference graphs take them)."""
-    def sizes(meta):
-        return [s.expr for s in list(meta.sizes) + list(meta.strides) if s.expr]
-
-    for ph in graph.inputs:
-        for e in sizes(ph.value.meta):
-            if "(" in e or "**" in e:
-                raise Unsupported(f"size expression {e} of input '{ph.value.name}' in a graph "
-                                  f"that needs gradients")
-    for node in graph.nodes:
-        for out in node.outputs:
-            for e in sizes(out.meta):
-                if "(" in e or "**" in e:
-                    raise Unsupported(f"size expression {e} of '{out.name}' in a graph that "
-                                      f"needs gradients")
-
-
 def _sym_proto(value, out):
     e = size_expr(value)
     if isinstance(e, int):
@@ -552,8 +532,6 @@ def _lower(gm, placeholders, fakes, fake_mode, name):
         graph.outputs.append(names[leaf])
     mutations = [(tensor_args_index, len(user_outputs) + k)
                  for k, (tensor_args_index, _) in enumerate(writes)]
-    if any(requires_grad.values()):
-        _check_trainable_sizes(graph)
     shape_env = fake_mode.shape_env
     return Lowered(graph, _guards(graph, shape_env), tensor_args, len(user_outputs), mutations,
                    shape_env)
