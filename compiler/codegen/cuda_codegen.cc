@@ -416,16 +416,24 @@ class CudaKernelEmitter {
     }
     std::string live;
     // kColumn in groups: each lane takes one row of each of `groups` groups
-    // of 32 rows, its accumulators arrays indexed by the group g (`at`).
+    // of 32 rows, its accumulators arrays indexed by the group g (`at`);
+    // packed, `groups` adjacent rows, read as vectors.
     const int groups = column ? sched.column_groups : 1;
+    const bool packed = groups > 1 && sched.column_packed;
     const std::string at = groups > 1 ? "[g]" : "";
-    // The row of group g and whether it exists, at `depth`.
-    auto group_row = [&](int depth) -> absl::Status {
-      absl::StrAppend(out, Pad(depth), "const ", idx_, " o = tile * ", 32 * groups,
-                      " + g * 32 + (threadIdx.x & 31);\n", Pad(depth),
-                      "const bool live = o < outer_n;\n");
+    // The first row of the lane's chunk (packed), or the row of group g,
+    // and whether it exists, at `depth`.
+    auto group_row = [&](int depth, bool chunk = false) -> absl::Status {
+      const std::string row =
+          packed ? absl::StrCat("(threadIdx.x & 31) * ", groups, chunk ? "" : " + g")
+                 : "g * 32 + (threadIdx.x & 31)";
+      absl::StrAppend(out, Pad(depth), "const ", idx_, " o = tile * ", 32 * groups, " + ", row,
+                      ";\n", Pad(depth), "const bool live = o < outer_n;\n");
       return Decompose(k_.outer, "o", "o", depth, out);
     };
+    if (packed) {
+      RETURN_IF_ERROR(DeclareVectors(groups, static_cast<int>(k_.outer.size()) - 1, {}, out));
+    }
     if (groups > 1) {
       absl::StrAppend(out, "  const int lane = threadIdx.x >> 5;  // along the rows\n", "  for (",
                       idx_, " tile = blockIdx.x; tile * ", 32 * groups,
@@ -609,7 +617,34 @@ class CudaKernelEmitter {
         absl::StrAppend(out, "#pragma unroll 4\n    for (", idx_,
                         " i = lane; i < inner_n; i += ", lanes, ") {\n      {\n");
         RETURN_IF_ERROR(Decompose(k_.inner, "i", "i", 4, out));
+        if (packed) {
+          // The lane's chunk of each load moving along the rows, as one
+          // vector; a chunk is wholly live or not (rows divide into them).
+          // The stores moving along them gather each chunk and write it
+          // after the groups.
+          RETURN_IF_ERROR(group_row(4, true));
+          std::vector<int> loaded;
+          for (int j : fresh) {
+            const Stmt& s = k_.stmts[j];
+            if (vectorized_.count(j) == 0) continue;
+            auto same =
+                std::find_if(loaded.begin(), loaded.end(), [&](int q) { return SameLoad(q, j); });
+            if (s.kind == StmtKind::kLoad && same != loaded.end()) {
+              absl::StrAppend(out, Pad(4), "const auto& v", j, " = v", *same, ";\n");
+              continue;
+            }
+            if (s.kind == StmtKind::kLoad) loaded.push_back(j);
+            absl::StrAppend(out, Pad(4), "alignas(16) ", StorageName(k_.buffers[s.buffer].dtype),
+                            " v", j, "[", groups, "];\n");
+            if (s.kind != StmtKind::kLoad) continue;
+            ASSIGN_OR_RETURN(std::string addr, Access(j));
+            absl::StrAppend(out, Pad(4), "if (live) kiln_vload<", groups, ">(v", j, ", &", addr,
+                            ", aligned);\n");
+          }
+        }
         absl::StrAppend(out, "#pragma unroll\n        for (int g = 0; g < ", groups, "; ++g) {\n");
+        if (packed)
+          absl::StrAppend(out, "          const int v = g;  // the element of each chunk\n");
         RETURN_IF_ERROR(group_row(5));
         live = "live";
         depth = 5;
@@ -658,6 +693,15 @@ class CudaKernelEmitter {
       };
       RETURN_IF_ERROR(body(depth, vector > 1));
       if (vector > 1 || groups > 1) absl::StrAppend(out, "        }\n");
+      if (packed) {
+        for (int j : fresh) {
+          const Stmt& s = k_.stmts[j];
+          if (s.kind != StmtKind::kStore || vectorized_.count(j) == 0) continue;
+          ASSIGN_OR_RETURN(std::string addr, Access(j));
+          absl::StrAppend(out, Pad(4), "if (live) kiln_vstore<", groups, ">(&", addr, ", v", j,
+                          ", aligned);\n");
+        }
+      }
       if (vector > 1) {
         for (int j : welford) {
           const char* T = CName(type_[j]);

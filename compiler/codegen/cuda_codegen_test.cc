@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "compiler/codegen/codegen.h"
 #include "compiler/codegen/cuda_schedule.h"
 #include "compiler/codegen/cuda_tuner.h"
@@ -278,6 +279,46 @@ TEST(CudaCodegen, ColumnsAreReadInGroupsOf512Bytes) {
   EXPECT_EQ(softmax->rows_per_block, 32);
   auto module = backend->Compile(*source);
   ASSERT_TRUE(module.ok()) << module.status();
+}
+
+// Where a lane's rows can be adjacent in memory, it takes adjacent ones and
+// reads each step's as one 16-byte vector; rows that do not divide into
+// vectors, and loads offset off a vector's boundary, keep the groups 32
+// rows apart.
+TEST(CudaCodegen, AdjacentColumnsAreReadAsOneVectorPerLane) {
+  auto backend = Backend();
+  for (auto [dtype, vector] : {std::pair{v1::FLOAT32, 4}, std::pair{v1::BFLOAT16, 8}}) {
+    const Kernel k = ColumnStats(4096, 1024, dtype);
+    EXPECT_TRUE(ScheduleOf(k).column_packed);
+    auto source = backend->Generate({k}, {});
+    ASSERT_TRUE(source.ok()) << source.status();
+    EXPECT_TRUE(absl::StrContains(*source, absl::StrCat("kiln_vload<", vector, ">(v"))) << *source;
+    EXPECT_TRUE(absl::StrContains(*source, absl::StrCat("(threadIdx.x & 31) * ", vector, " + g")))
+        << *source;
+    auto module = backend->Compile(*source);
+    ASSERT_TRUE(module.ok()) << module.status();
+  }
+  EXPECT_FALSE(ScheduleOf(ColumnStats(4096, 999, v1::FLOAT32)).column_packed);
+  // Each column scaled by its row's value (a load that does not move along
+  // the columns, read per element), and a load one element past a vector
+  // boundary.
+  for (int64_t offset : {0, 1}) {
+    KernelBuilder kb("scaled_columns", {C(512)}, {C(2048)});
+    const int x = kb.Buffer("x", v1::FLOAT32);
+    const int r = kb.Buffer("r", v1::FLOAT32);
+    const int out = kb.Buffer("out", v1::FLOAT32, true);
+    kb.At(0, true);
+    const int lx = kb.Load(x, Idx({C(1)}, {C(520)}, C(offset)));
+    const int lr = kb.Load(r, Idx({C(0)}, {C(1)}));
+    const int total = kb.Reduce(ReduceOp::kSum, kb.Op(ScalarOp::kMul, {lx, lr}));
+    kb.At(0, false);
+    kb.Store(out, Idx({C(1)}, {}), total);
+    EXPECT_EQ(ScheduleOf(kb.kernel()).column_packed, offset == 0) << offset;
+    auto source = backend->Generate({kb.kernel()}, {});
+    ASSERT_TRUE(source.ok()) << source.status();
+    auto module = backend->Compile(*source);
+    ASSERT_TRUE(module.ok()) << module.status();
+  }
 }
 
 // A softmax row kept in registers computes each exp once: the pass that

@@ -49,11 +49,18 @@ const ir::SymInt& LastStride(const std::vector<ir::SymInt>& strides) {
 }
 
 // Whether the kernel's inner loads mostly read along the outer space
-// (adjacent rows adjacent in memory) rather than along their rows.
+// (adjacent rows adjacent in memory) rather than along their rows. A load
+// that every row shares (its outer strides all 0: a column's scale by each
+// row's value of a sum over the rows) reads one element per step whatever
+// the layout, and does not count.
 bool ReadsAcrossRows(const Kernel& k) {
   int across = 0, along = 0;
   for (const Stmt& s : k.stmts) {
     if (s.kind != StmtKind::kLoad || !s.inner) continue;
+    if (std::all_of(s.index.outer_strides.begin(), s.index.outer_strides.end(),
+                    [](const ir::SymInt& st) { return IsZero(st); })) {
+      continue;
+    }
     const ir::SymInt& inner = LastStride(s.index.inner_strides);
     if (IsOne(inner)) {
       ++along;
@@ -130,12 +137,42 @@ int ColumnGroups(const Kernel& k) {
   for (const Stmt& s : k.stmts) {
     if (s.kind != StmtKind::kLoad && s.kind != StmtKind::kStore) continue;
     if (s.kind == StmtKind::kLoad && !s.inner) return 1;
-    if (s.inner) widest = std::max(widest, StorageBytes(k.buffers[s.buffer].dtype));
+    // Accesses that the 32 adjacent rows of a warp share (no stride along
+    // the last outer dimension) do not count.
+    if (MovesAlong(k, s, static_cast<int>(k.outer.size()) - 1)) {
+      widest = std::max(widest, StorageBytes(k.buffers[s.buffer].dtype));
+    }
   }
   if (widest == 0) return 1;
   int groups = std::max(1, 512 / (kColumnRows * widest));
   while (groups > 1 && int64_t{kColumnRows} * groups > rows) groups /= 2;
   return groups;
+}
+
+// Whether the `groups` rows a column-layout lane takes can be adjacent and
+// read as one vector (Schedule::column_packed): the last outer dimension's
+// size divides by `groups`; every load and store of the sweep that moves
+// along it has stride 1 there, and
+// constant other strides and offset that divide by `groups` (a chunk
+// starts aligned where its buffer is: checked as the kernel runs).
+bool ColumnPacked(const Kernel& k, int groups) {
+  if (groups <= 1 || k.outer.empty()) return false;
+  const int dim = static_cast<int>(k.outer.size()) - 1;
+  if (!k.outer.back().is_constant() || k.outer.back().constant() % groups != 0) return false;
+  const int n = static_cast<int>(k.outer.size() + k.inner.size());
+  bool any = false;
+  for (const Stmt& s : k.stmts) {
+    if (!MovesAlong(k, s, dim)) continue;
+    if (!IsOne(StrideAlong(k, s, dim))) return false;
+    if (!s.index.offset.is_constant() || s.index.offset.constant() % groups != 0) return false;
+    for (int d = 0; d < n; ++d) {
+      if (d == dim) continue;
+      const ir::SymInt& stride = StrideAlong(k, s, d);
+      if (!stride.is_constant() || stride.constant() % groups != 0) return false;
+    }
+    any = true;
+  }
+  return any;
 }
 
 // The last inner dimension, along which rows are swept.
@@ -299,6 +336,7 @@ Schedule ScheduleOf(const Kernel& k) {
     s.layout = Layout::kColumn;
     s.block = 32 * kColumnRows;
     s.column_groups = ColumnGroups(k);
+    s.column_packed = ColumnPacked(k, s.column_groups);
     return s;
   }
   // A long row, or one of symbolic length, is swept by a loop over chunks

@@ -21,7 +21,13 @@
 //     32 rows per block, each lane one row of every group: a warp then
 //     reads 512 adjacent bytes per step (four 128-byte rows of float32,
 //     eight 64-byte ones of bfloat16), which DRAM serves far better than
-//     128 bytes scattered over many rows.
+//     128 bytes scattered over many rows. Where the rows a lane takes can
+//     be adjacent in memory (`column_packed`: the sweep's loads and stores
+//     move along the last outer dimension with stride 1, and every other
+//     stride and offset keeps a lane's rows in one aligned chunk), each
+//     lane takes `column_groups` adjacent rows instead, read as one 16-byte
+//     vector: the same 512 bytes per warp step in a quarter (float32) or an
+//     eighth (16-bit) of the load instructions.
 //
 // Internal to compiler/codegen. Pure functions; thread-safe.
 #ifndef KILN_COMPILER_CODEGEN_CUDA_SCHEDULE_H_
@@ -66,6 +72,11 @@ struct Schedule {
   // kColumn: groups of 32 rows each block takes, each lane one row of
   // every group (the groups 32 rows apart); 1 for any other layout.
   int column_groups = 1;
+  // kColumn with groups: each lane's rows adjacent instead (lane l of the
+  // block's tile takes rows l * column_groups + g), and the sweep's loads
+  // and stores that move along the last outer dimension access vectors of
+  // column_groups elements.
+  bool column_packed = false;
 };
 
 // Threads per block of a pointwise kernel.

@@ -288,6 +288,11 @@ SPLIT = {
     # Columns that leave the last block's groups of 32 partly idle.
     "column_sum_ragged": (lambda x: x.sum(0) + x.amax(0), (8192, 1000)),
     "column_var_ragged": (lambda x: x.var(0) + x.mean(0), (8192, 999)),
+    # Columns read as vectors beside a per-row value read per element, and
+    # through a view 4 elements into each row (a float32 vector's boundary,
+    # not a bfloat16 one's).
+    "column_sum_row_scaled": (lambda x: (x * x.mean(1, keepdim=True)).sum(0), (16384, 512)),
+    "column_sum_offset_view": (lambda x: x[:, 4:].sum(0), (16384, 516)),
     "welford_rows": (lambda x: x.var(-1) + x.mean(-1), (8, 65536)),
     "batch_norm_normalize": (lambda x: (x - x.mean((0, 2, 3), keepdim=True)) * torch.rsqrt(
         x.var((0, 2, 3), correction=0, keepdim=True) + 1e-5), (64, 8, 64, 64)),
