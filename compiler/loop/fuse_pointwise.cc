@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "compiler/loop/fuse_internal.h"
+#include "compiler/ops/shape_util.h"
 
 namespace kiln::loop::fuse_internal {
 
@@ -118,7 +119,21 @@ const std::map<std::string, PointwiseRule>& PointwiseRules() {
                                         v1::DType t) -> absl::StatusOr<int> {
       ASSIGN_OR_RETURN(int x, b.T("self"));
       ASSIGN_OR_RETURN(double e, b.S("exponent"));
+      // The exponents ATen computes without pow (as the derivative of
+      // x.pow(2) asks for x.pow(1)): the same roundings, and no pow routine
+      // for the compilers to inline.
+      if (e == 1.0) return b.Cast(x, Compute(t));
       if (e == 2.0) return b.Ar(ScalarOp::kMul, {x, x}, t);
+      if (ops::IsFloating(t)) {
+        if (e == 0.5) return b.Ar(ScalarOp::kSqrt, {x}, t);
+        if (e == -0.5) return b.Ar(ScalarOp::kRsqrt, {x}, t);
+        if (e == -1.0) return b.Ar(ScalarOp::kReciprocal, {x}, t);
+      }
+      // Two products: ATen's CPU kernels round a 16-bit one in between.
+      if (t == v1::FLOAT32 || t == v1::FLOAT64) {
+        if (e == 3.0) return b.Ar(ScalarOp::kMul, {b.Ar(ScalarOp::kMul, {x, x}, t), x}, t);
+        if (e == -2.0) return b.Ar(ScalarOp::kReciprocal, {b.Ar(ScalarOp::kMul, {x, x}, t)}, t);
+      }
       return b.Ar(ScalarOp::kPow, {x, b.C(e, t)}, t);
     };
     (*m)["aten.pow.Tensor_Tensor"] = [](Builder& b, const ops::OpCall&,

@@ -95,6 +95,9 @@ UNARY = {
     torch.sin(x) + torch.cos(x), "floor_ceil": lambda x: torch.floor(x * 4) + torch.ceil(x),
     "reciprocal": lambda x: 1.0 / (x.abs() + 0.5), "log1p_expm1": lambda x:
     torch.log1p(x.abs()) + torch.expm1(x * 0.1), "sign": torch.sign,
+    # The exponents computed without pow.
+    "pow_special": lambda x: x.pow(1) + x.pow(3) + (x.abs() + 0.5).pow(0.5)
+    + (x.abs() + 0.5).pow(-0.5) + (x.abs() + 0.5).pow(-1) + (x.abs() + 0.5).pow(-2),
 }
 
 

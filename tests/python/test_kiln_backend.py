@@ -483,6 +483,38 @@ class KilnBackendTest(test_server.SharedKilnd, test_training.TrainingGraphCases,
                                     [torch.empty(8, 32)], kernels=1, externs=[[]])
         self.assertEqual(artifact.compiled.plan.kernels, 1)
 
+    def test_powers_that_aten_computes_without_pow(self):
+        """x.pow(e) for the exponents ATen computes by products, sqrt or a
+        reciprocal (x.pow(1) is what the derivative of x.pow(2) asks for):
+        no pow call in the generated code, and ATen's results; other
+        exponents (and two products in 16 bits) still call pow."""
+        for dtype in (torch.float32, torch.bfloat16, torch.float64):
+            special = (1, 2, 0.5, -0.5, -1) + ((3, -2) if dtype != torch.bfloat16 else ())
+            for e in (1, 2, 3, 0.5, -0.5, -1, -2, 1.5, 4):
+                with self.subTest(dtype=dtype, exponent=e):
+                    x = torch.rand(8, 32, dtype=dtype) + 0.5
+                    compiled = kiln.compile(lambda x, e=e: x.pow(e) * 2, x,
+                                            client=self.client, backend="kiln")
+                    source = "".join(m.source for m in compiled.artifact.compiled.modules)
+                    body = source[source.index("kernel_0"):]
+                    self.assertEqual("pow(" in body, e not in special, f"pow({e}) in {body}")
+                    x = torch.rand(8, 32, dtype=dtype) + 0.5
+                    if dtype == torch.bfloat16:
+                        # ATen's CPU kernel rounds x * x of x.pow(3) to 16
+                        # bits, pow does not: a bfloat16 step apart.
+                        torch.testing.assert_close(compiled(x), x.pow(e) * 2)
+                    else:
+                        assert_close(self, compiled(x), x.pow(e) * 2, f"{dtype} pow {e}")
+        # Integers: x.pow(1) is a copy; a float exponent makes floats.
+        for e in (1, 1.0, 3):
+            with self.subTest(dtype=torch.int64, exponent=e):
+                x = torch.randint(-5, 5, (8, 32))
+                compiled = kiln.compile(lambda x, e=e: x.pow(e) + 1, x, client=self.client,
+                                        backend="kiln")
+                out = compiled(x)
+                self.assertEqual(out.dtype, (x.pow(e) + 1).dtype)
+                torch.testing.assert_close(out, x.pow(e) + 1, rtol=0, atol=0)
+
     def test_gelu_of_a_linear_layer_is_a_matmul_and_one_kernel(self):
         # x @ w + b captures as mm then add: the add and the gelu fuse into
         # one kernel after the mm. (Were it captured as addmm, the addmm
