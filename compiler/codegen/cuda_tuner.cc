@@ -57,16 +57,11 @@ std::optional<std::vector<int64_t>> BufferBytes(const loop::Kernel& k) {
   return bytes;
 }
 
-// What the cache knows a kernel by: its printed form without the names.
+// What the cache knows a kernel by: its code, whatever block it had.
 std::string CacheKey(const std::string& sm_arch, const loop::Kernel& k) {
-  loop::Kernel anonymous = k;
-  anonymous.name = "k";
-  anonymous.nodes.clear();
-  anonymous.block = 0;
-  for (size_t b = 0; b < anonymous.buffers.size(); ++b) {
-    anonymous.buffers[b].value = absl::StrCat("b", b);
-  }
-  return Sha256Hex(absl::StrCat(sm_arch, "\n", loop::PrintKernel(anonymous)));
+  loop::Kernel untuned = k;
+  untuned.block = 0;
+  return Sha256Hex(absl::StrCat(sm_arch, "\n", loop::KernelCode(untuned)));
 }
 
 constexpr int64_t kMaxTuneBytes = int64_t{4} << 30;

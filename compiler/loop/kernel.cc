@@ -200,4 +200,12 @@ std::string PrintKernel(const Kernel& kernel) {
   return out;
 }
 
+std::string KernelCode(const Kernel& kernel) {
+  Kernel bare = kernel;
+  bare.name.clear();
+  bare.nodes.clear();
+  for (KernelBuffer& b : bare.buffers) b.value.clear();
+  return PrintKernel(bare);
+}
+
 }  // namespace kiln::loop

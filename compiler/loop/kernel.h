@@ -169,6 +169,11 @@ struct Kernel {
 // Readable listing of a kernel, for the debug trace and for tests.
 std::string PrintKernel(const Kernel& kernel);
 
+// The text two kernels share exactly when their generated code would be the
+// same: PrintKernel of the kernel without its name, its nodes and the plan
+// values its buffers are bound to (launches pass their own).
+std::string KernelCode(const Kernel& kernel);
+
 }  // namespace kiln::loop
 
 #endif  // KILN_COMPILER_LOOP_KERNEL_H_

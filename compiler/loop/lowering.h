@@ -6,8 +6,9 @@
 //
 //   lower         lower.h         LowerNodes   PrintNodeLowerings
 //   fuse          fuse.h          Fuse         PrintFused
-//   (cuda: split-reductions, split_reductions.h, between plan and memory plan)
 //   plan          plan_build.h    BuildPlan    PrintLowered
+//   (cuda: split-reductions, split_reductions.h)
+//   share-kernels share_kernels.h ShareIdenticalKernels
 //   memory-plan   memory_plan.h   PlanMemory   PrintSteps
 //
 // LowerGraph runs them in that order, for callers that want the result
@@ -26,11 +27,12 @@
 #include "compiler/loop/lower.h"
 #include "compiler/loop/memory_plan.h"
 #include "compiler/loop/plan_build.h"
+#include "compiler/loop/share_kernels.h"
 #include "compiler/ops/registry.h"
 
 namespace kiln::loop {
 
-// lower, fuse, plan and memory-plan.
+// lower, fuse, plan, share-kernels and memory-plan.
 absl::StatusOr<LoweredGraph> LowerGraph(const ir::Graph& graph,
                                         const ops::Registry& registry = ops::DefaultRegistry(),
                                         const FusionPolicy& policy = FusionPolicy());

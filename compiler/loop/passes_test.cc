@@ -3,6 +3,7 @@
 // (every refusal with its reason), and the memory plan.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -314,6 +315,42 @@ TEST(MemoryPlanTest, SymbolicAndOtherDtypeAllocationsAreNotReused) {
             "free b\n"
             "alloc c [4] float32\n"
             "launch kernel_2 (c)\n");
+}
+
+// Two layers of the same code between matmuls share one kernel; a third of
+// other code (tanh), and one of the same ops over another shape, keep their
+// own. Each launch passes its own tensors.
+TEST(ShareKernelsTest, LayersOfTheSameCodeShareOneKernel) {
+  const ir::Graph g = Parse(R"(
+def forward(self, x: "f32[8, 16]", w: "f32[16, 16]", v: "f32[16, 4]"):
+    mm: "f32[8, 16]" = aten.mm.default(x, w)
+    relu: "f32[8, 16]" = aten.relu.default(mm)
+    mm_1: "f32[8, 16]" = aten.mm.default(relu, w)
+    relu_1: "f32[8, 16]" = aten.relu.default(mm_1)
+    mm_2: "f32[8, 16]" = aten.mm.default(relu_1, w)
+    tanh: "f32[8, 16]" = aten.tanh.default(mm_2)
+    mm_3: "f32[8, 4]" = aten.mm.default(tanh, v)
+    relu_2: "f32[8, 4]" = aten.relu.default(mm_3)
+    return (relu_2,)
+)");
+  absl::StatusOr<LoweredGraph> lowered = LowerGraph(g);
+  ASSERT_TRUE(lowered.ok()) << lowered.status();
+  std::vector<std::string> names, launches, buffers;
+  for (const Kernel& k : lowered->kernels) names.push_back(k.name);
+  for (const v1::PlanStep& step : lowered->plan.steps()) {
+    if (!step.has_launch()) continue;
+    launches.push_back(step.launch().symbol());
+    buffers.push_back(absl::StrJoin(step.launch().buffers(), " "));
+  }
+  EXPECT_EQ(names, (std::vector<std::string>{"kernel_0", "kernel_2", "kernel_3"}));
+  EXPECT_EQ(launches, (std::vector<std::string>{"kernel_0", "kernel_0", "kernel_2", "kernel_3"}));
+  EXPECT_EQ(buffers[0], "mm relu");
+  EXPECT_EQ(buffers[1], "mm_1 relu_1");
+  EXPECT_EQ(lowered->plan.kernels(), 4);
+  EXPECT_NE(std::find(lowered->decisions.begin(), lowered->decisions.end(),
+                      "share: kernel_1 runs kernel_0's code"),
+            lowered->decisions.end())
+      << absl::StrJoin(lowered->decisions, "\n");
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // kiln_dump_code: the generated code of graph files, for one target.
 //
-//   kiln_dump_code --target=cpu|cuda [--compile] --out=DIR GRAPH.json...
+//   kiln_dump_code --target=cpu|cuda [--compile [--compile_jobs=N]] [--times]
+//                  [--share_kernels=false] --out=DIR GRAPH.json...
 //
 // For each graph (a kiln.v1.GraphFile in JSON), the kiln backend's compile as
 // kilnd runs it (for cuda, with every tensor moved to the GPU): training graphs (an input that
@@ -11,9 +12,11 @@
 //
 // CI compiles every graph under tests/data for sm_90 with it; comparing two
 // DIRs shows what a change to the compiler did to the generated code.
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -33,6 +36,12 @@ ABSL_FLAG(std::string, target, "cpu", "device type: cpu or cuda");
 ABSL_FLAG(std::string, sm_arch, "", "for cuda: the SM arch (default sm_90)");
 ABSL_FLAG(bool, compile, false, "also compile the generated code");
 ABSL_FLAG(std::string, out, "", "directory for the generated sources");
+ABSL_FLAG(bool, share_kernels, true,
+          "compile kernels of the same code once (false: each on its own, to measure what "
+          "sharing saves)");
+ABSL_FLAG(int, compile_jobs, 1, "with --compile: native compiler processes per graph");
+ABSL_FLAG(bool, times, false,
+          "print each graph's compile phases (ms) and its kernels: launched, compiled");
 ABSL_FLAG(bool, trace, false,
           "also write the rest of the debug trace (graphs, fusion decisions, IR) as "
           "STEM.NAME");
@@ -58,6 +67,8 @@ absl::Status DumpOne(const std::string& path, const std::string& out_dir) {
   const kiln::v1::CompileOptions normalized = kiln::ir::NormalizeOptions(wanted);
   kiln::pipeline::KilnOptions options;
   options.compile = absl::GetFlag(FLAGS_compile);
+  options.share_kernels = absl::GetFlag(FLAGS_share_kernels);
+  options.compile_jobs = std::max(1, absl::GetFlag(FLAGS_compile_jobs));
   options.toolchain.scratch_dir = std::filesystem::temp_directory_path().string();
   kiln::pipeline::Trace trace;
   kiln::pipeline::PhaseTimes times;
@@ -86,6 +97,25 @@ absl::Status DumpOne(const std::string& path, const std::string& out_dir) {
   }
   std::cout << path << ": " << written << " source(s)" << (options.compile ? ", compiled" : "")
             << "\n";
+  if (absl::GetFlag(FLAGS_times)) {
+    for (const kiln::v1::PhaseTime& t : times.phases()) {
+      std::cout << "  phase " << t.phase() << " " << t.micros() / 1000.0 << " ms\n";
+    }
+    const kiln::v1::CompiledGraph* graphs[] = {&artifact.compiled(), &artifact.compiled_forward(),
+                                               &artifact.compiled_backward()};
+    for (const kiln::v1::CompiledGraph* g : graphs) {
+      std::set<std::string> compiled;
+      int launched = 0;
+      for (const kiln::v1::PlanStep& step : g->plan().steps()) {
+        if (!step.has_launch()) continue;
+        ++launched;
+        compiled.insert(step.launch().symbol());
+      }
+      if (launched > 0) {
+        std::cout << "  kernels launched " << launched << " compiled " << compiled.size() << "\n";
+      }
+    }
+  }
   return absl::OkStatus();
 }
 

@@ -101,6 +101,9 @@ absl::StatusOr<v1::CompiledGraph> CompileGraph(const ir::Graph& graph, const std
     };
     times->Time(prefix + "split-reductions", [&] { loop::SplitReductions(policy, &lowered); });
   }
+  if (options.share_kernels) {
+    times->Time(prefix + "share-kernels", [&] { loop::ShareIdenticalKernels(&lowered); });
+  }
   times->Time(prefix + "memory-plan", [&] { loop::PlanMemory(&lowered.plan); });
   (*trace)[prefix + "memory_plan.txt"] = loop::PrintSteps(lowered.plan);
   const bool cuda = target.device_type() == "cuda";

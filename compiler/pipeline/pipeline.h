@@ -87,6 +87,10 @@ struct KilnOptions {
   // Native compiler processes per graph: its kernels are compiled as up to
   // this many modules at once (compiler/codegen/modules.h).
   int compile_jobs = 1;
+  // Kernels of the same code compiled once (compiler/loop/share_kernels.h);
+  // false only to measure what that saves (kiln_dump_code
+  // --share_kernels=false).
+  bool share_kernels = true;
 };
 
 // kiln: artifact->compiled for inference, or artifact->autograd with

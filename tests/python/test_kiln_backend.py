@@ -515,6 +515,44 @@ class KilnBackendTest(test_server.SharedKilnd, test_training.TrainingGraphCases,
                 self.assertEqual(out.dtype, (x.pow(e) + 1).dtype)
                 torch.testing.assert_close(out, x.pow(e) + 1, rtol=0, atol=0)
 
+    def test_identical_layers_share_their_kernels(self):
+        """Six identical layers: the kernels of the middle layers (the first
+        and last fuse with what is around them) are generated and compiled
+        once and launched once per layer, each launch on its own tensors;
+        inference and training match eager."""
+        class Layer(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.norm = nn.LayerNorm(32)
+                self.fc = nn.Linear(32, 32)
+
+            def forward(self, x):
+                return x + torch.tanh(self.fc(self.norm(x)))
+
+        torch.manual_seed(0)
+        model = nn.Sequential(*[Layer() for _ in range(6)])
+        x = torch.randn(16, 32)
+        with torch.no_grad():
+            compiled = kiln.compile(copy.deepcopy(model).requires_grad_(False), x,
+                                    client=self.client, backend="kiln")
+            plan = compiled.artifact.compiled
+            launches = [s.launch.symbol for s in steps_of(plan, "launch")]
+            defined = "".join(m.source for m in plan.modules).count("void kernel_")
+            self.assertLess(len(set(launches)), len(launches), launches)
+            self.assertEqual(defined, len(set(launches)), launches)
+            assert_close(self, compiled(x), model(x), "inference")
+        xs = [x.clone().requires_grad_(True) for _ in range(2)]
+        twin = copy.deepcopy(model)
+        compiled = kiln.compile(model, xs[0], client=self.client, backend="kiln")
+        backward = compiled.artifact.compiled_backward
+        launches = [s.launch.symbol for s in steps_of(backward, "launch")]
+        self.assertLess(len(set(launches)), len(launches), launches)
+        compiled(xs[0]).pow(2).sum().backward()
+        twin(xs[1]).pow(2).sum().backward()
+        assert_close(self, xs[0].grad, xs[1].grad, "input gradient")
+        for (name, p), q in zip(model.named_parameters(), twin.parameters()):
+            assert_close(self, p.grad, q.grad, f"gradient of {name}")
+
     def test_gelu_of_a_linear_layer_is_a_matmul_and_one_kernel(self):
         # x @ w + b captures as mm then add: the add and the gelu fuse into
         # one kernel after the mm. (Were it captured as addmm, the addmm
