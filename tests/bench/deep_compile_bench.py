@@ -70,6 +70,8 @@ def main():
     args = parser.parse_args()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
+        # NVRTC and the binary from a cold disk, before anything is timed.
+        compile_once(args.dump, capture(1, False, tmp), 1, True, tmp)
         for layers in [int(n) for n in args.layers.split(",")]:
             for training in (False, True):
                 path = capture(layers, training, tmp)

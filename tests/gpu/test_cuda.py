@@ -477,6 +477,48 @@ def test_model(name, training):
     assert _kernels(backend) >= 1
 
 
+class Stack(torch.nn.Module):
+    """Six GPT-2 blocks: the middle ones share their kernels."""
+
+    def __init__(self):
+        super().__init__()
+        self.blocks = torch.nn.Sequential(*[Block(128) for _ in range(6)])
+
+    def forward(self, x):
+        return self.blocks(x)
+
+
+@pytest.mark.parametrize("training", [False, True], ids=["inference", "training"])
+def test_identical_blocks_share_kernels(training):
+    """Kernels of the same code compiled once and launched once per block,
+    each launch on its own tensors: outputs and gradients as eager's."""
+    torch.manual_seed(0)
+    model, ref = Stack().to(DEVICE), Stack().to(DEVICE)
+    ref.load_state_dict(model.state_dict())
+    torch._dynamo.reset()
+    backend = _backend()
+    compiled = torch.compile(model, backend=backend)
+    x = rand(2, 64, 128)
+    with torch.set_grad_enabled(training):
+        got, want = compiled(x), ref(x)
+    _close(got, want, torch.float32, "output")
+    if training:
+        seed = torch.randn_like(want)
+        got.backward(seed)
+        want.backward(seed)
+        for (pname, p), (_, q) in zip(model.named_parameters(), ref.named_parameters()):
+            _close(p.grad, q.grad, torch.float32, f"grad of {pname}")
+    torch.cuda.synchronize()
+    launched = compiled_kernels = 0
+    for fn in backend.loaded:
+        art = fn.artifact
+        for g in (art.compiled, art.compiled_forward, art.compiled_backward):
+            symbols = [s.launch.symbol for s in g.plan.steps if s.WhichOneof("kind") == "launch"]
+            launched += len(symbols)
+            compiled_kernels += len(set(symbols))
+    assert 0 < compiled_kernels < launched, (compiled_kernels, launched)
+
+
 def test_arch_mismatch_is_refused():
     """The runtime refuses CUBINs for an arch this GPU cannot run, naming
     both, when they would load (the first run on the device)."""
