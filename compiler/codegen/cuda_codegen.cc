@@ -648,8 +648,9 @@ class CudaKernelEmitter {
           }
         }
         absl::StrAppend(out, "#pragma unroll\n        for (int g = 0; g < ", groups, "; ++g) {\n");
-        if (packed)
+        if (packed) {
           absl::StrAppend(out, "          const int v = g;  // the element of each chunk\n");
+        }
         RETURN_IF_ERROR(group_row(5));
         live = "live";
         depth = 5;

@@ -152,9 +152,9 @@ int ColumnGroups(const Kernel& k) {
 // Whether the `groups` rows a column-layout lane takes can be adjacent and
 // read as one vector (Schedule::column_packed): the last outer dimension's
 // size divides by `groups`; every load and store of the sweep that moves
-// along it has stride 1 there, and
-// constant other strides and offset that divide by `groups` (a chunk
-// starts aligned where its buffer is: checked as the kernel runs).
+// along it has stride 1 there, and constant other strides and offset that
+// divide by `groups` (a chunk starts aligned where its buffer is: checked
+// as the kernel runs).
 bool ColumnPacked(const Kernel& k, int groups) {
   if (groups <= 1 || k.outer.empty()) return false;
   const int dim = static_cast<int>(k.outer.size()) - 1;
