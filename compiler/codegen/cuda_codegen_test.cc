@@ -8,7 +8,6 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "compiler/codegen/codegen.h"
-#include "compiler/codegen/cuda_prelude.h"
 #include "compiler/codegen/cuda_schedule.h"
 #include "compiler/codegen/cuda_tuner.h"
 #include "compiler/codegen/toolchain.h"
@@ -485,38 +484,6 @@ TEST(CudaCodegen, OneServingHelperCompilesModuleAfterModule) {
 }
 
 // A level of NVRTC's --Ofast-compile reaches its own serving helpers.
-// A unit that begins with the prelude compiles with it precompiled
-// (nvrtc_main.cc): the same CUBIN as the unit compiled whole (behind a
-// comment line, which turns that off), module after module in one helper;
-// and NVRTC's errors name the unit's own lines, with nothing of the
-// precompiled header in the log.
-TEST(CudaCodegen, ThePreludeIsPrecompiledWithoutChangingTheCubin) {
-  auto backend = Backend();
-  for (const Kernel& k : {Pointwise(C(64), 1024), ColumnStats(4096, 1024, v1::BFLOAT16),
-                          Softmax(300, 1000, C(1000), C(1))}) {
-    auto source = backend->Generate({k}, {});
-    ASSERT_TRUE(source.ok()) << source.status();
-    ASSERT_TRUE(absl::StartsWith(*source, kCudaPrelude));
-    auto precompiled = backend->Compile(*source);
-    auto whole = backend->Compile("// whole\n" + *source);
-    ASSERT_TRUE(precompiled.ok()) << precompiled.status();
-    ASSERT_TRUE(whole.ok()) << whole.status();
-    EXPECT_EQ(precompiled->binary(), whole->binary()) << k.name;
-  }
-  auto source = backend->Generate({Pointwise(C(64), 1024)}, {});
-  ASSERT_TRUE(source.ok()) << source.status();
-  const std::string broken = *source + "extern \"C\" __global__ void k() { undefined_thing(); }\n";
-  const int line = static_cast<int>(std::count(broken.begin(), broken.end(), '\n'));
-  auto module = backend->Compile(broken);
-  ASSERT_FALSE(module.ok());
-  auto log = module.status().GetPayload(kCompilerLogPayload);
-  ASSERT_TRUE(log.has_value());
-  const std::string text(*log);
-  EXPECT_TRUE(absl::StrContains(text, absl::StrCat(".cu(", line, "): error"))) << text;
-  EXPECT_FALSE(absl::StrContains(text, "precompiled")) << text;
-  EXPECT_FALSE(absl::StrContains(text, "#line")) << text;
-}
-
 TEST(CudaCodegen, FastCompileLevelsHaveHelpersOfTheirOwn) {
   CudaOptions options;
   options.helper = NvrtcHelper("");

@@ -13,23 +13,14 @@
 // no GPU. Prints NVRTC's log; exits 0 on success, 1 on a compile error, 2
 // on a usage or setup error.
 #include <dlfcn.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
-#include <algorithm>
-#include <cerrno>
-#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <iterator>
 #include <string>
-#include <string_view>
 #include <vector>
-
-#include "compiler/codegen/prelude_cuda_text.h"
 
 namespace {
 
@@ -109,39 +100,6 @@ int Usage() {
 // "" for its default.
 std::string fast_compile;
 
-// Every unit the CUDA backend generates begins with the CUDA prelude. Such a
-// unit is compiled as an #include of the prelude (the same text, handed to
-// NVRTC in memory) under NVRTC's automatic precompiled headers: the first
-// compile in this process writes the parsed prelude to `pch_dir`, and every
-// later one loads it rather than parsing it again (the CUBIN is the same
-// byte for byte). A #line directive keeps the unit's own file name and line
-// numbers in NVRTC's messages. The directory goes when the process ends
-// (Done); kilnd clears the scratch directory it is made in as it starts.
-constexpr char kPreludeInclude[] = "kiln_cuda_prelude.h";
-std::string pch_dir;  // "<directory of the first output>/pch-<pid>", once made
-
-// The directory for precompiled headers beside `out`; "" when it cannot be
-// made (the unit then compiles whole).
-const std::string& PchDir(const std::string& out) {
-  static bool tried = false;
-  if (!tried) {
-    tried = true;
-    const size_t slash = out.rfind('/');
-    const std::string parent = slash == std::string::npos ? "." : out.substr(0, slash);
-    const std::string dir = parent + "/pch-" + std::to_string(getpid());
-    if (mkdir(dir.c_str(), 0700) == 0 || errno == EEXIST) pch_dir = dir;
-  }
-  return pch_dir;
-}
-
-// Whether `path` can stand in a #line directive as it is.
-bool PlainPath(const std::string& path) {
-  for (char c : path) {
-    if (c == '"' || c == '\\' || static_cast<unsigned char>(c) < 0x20) return false;
-  }
-  return true;
-}
-
 // Compiles the file `in` for `arch` into the file `out`. Returns 0, 1 on a
 // compile error or 2 on a setup error; `log` gets NVRTC's log and what went
 // wrong.
@@ -158,38 +116,17 @@ int CompileFile(const Nvrtc& api, const std::string& arch, const std::string& in
   }
   const std::string source((std::istreambuf_iterator<char>(src_file)),
                            std::istreambuf_iterator<char>());
-  const std::string_view prelude(kiln::codegen::kCudaPrelude);
-  const bool precompiled =
-      source.compare(0, prelude.size(), prelude) == 0 && PlainPath(in) && !PchDir(out).empty();
-  std::string program;
-  if (precompiled) {
-    const int64_t lines = std::count(prelude.begin(), prelude.end(), '\n');
-    program = std::string("#include \"") + kPreludeInclude + "\"\n#line " +
-              std::to_string(lines + 1) + " \"" + in + "\"\n" + source.substr(prelude.size());
-  }
-  const char* header = kiln::codegen::kCudaPrelude;
-  const char* header_name = kPreludeInclude;
   nvrtcProgram prog = nullptr;
-  int rc = precompiled ? api.create(&prog, program.c_str(), in.c_str(), 1, &header, &header_name)
-                       : api.create(&prog, source.c_str(), in.c_str(), 0, nullptr, nullptr);
+  int rc = api.create(&prog, source.c_str(), in.c_str(), 0, nullptr, nullptr);
   if (rc != 0) {
     *log += std::string("kiln_nvrtc: nvrtcCreateProgram: ") + api.error_string(rc) + "\n";
     return 2;
   }
   const std::string arch_option = "--gpu-architecture=" + arch;
   const std::string fast_option = "--Ofast-compile=" + fast_compile;
-  const std::string pch_option = "--pch-dir=" + pch_dir;
-  std::vector<const char*> options = {arch_option.c_str(), "--std=c++17", "-default-device"};
-  if (!fast_compile.empty()) options.push_back(fast_option.c_str());
-  if (precompiled) {
-    // Quiet: the header's creation and use, and that the #line after the
-    // #include ends the precompiled part (as it should), are not news.
-    for (const char* o : {"-pch", "--pch-messages=false", "-diag-suppress=20283"}) {
-      options.push_back(o);
-    }
-    options.push_back(pch_option.c_str());
-  }
-  rc = api.compile(prog, static_cast<int>(options.size()), options.data());
+  const char* options[] = {arch_option.c_str(), "--std=c++17", "-default-device",
+                           fast_option.c_str()};
+  rc = api.compile(prog, fast_compile.empty() ? 3 : 4, options);
   size_t log_size = 0;
   api.log_size(prog, &log_size);
   if (log_size > 1) {
@@ -236,14 +173,6 @@ int Serve(const Nvrtc& api) {
   return 0;
 }
 
-// Removes the directory of precompiled headers (NVRTC would delete the
-// files only as the process ends, after this).
-int Done(int rc) {
-  std::error_code ec;
-  if (!pch_dir.empty()) std::filesystem::remove_all(pch_dir, ec);
-  return rc;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -287,10 +216,10 @@ int main(int argc, char** argv) {
     std::cout << major << "." << minor << "\n";
     return 0;
   }
-  if (serve) return Done(Serve(api));
+  if (serve) return Serve(api);
   if (in.empty() || out.empty()) return Usage();
   std::string log;
   const int rc = CompileFile(api, arch, in, out, &log);
   std::cout << log;
-  return Done(rc);
+  return rc;
 }
