@@ -1,5 +1,5 @@
 """The kiln backend against Inductor and eager on a CUDA GPU: steady-state
-time, cold compile and warm start for six models, inference and training,
+time, cold compile and warm start for seven models, inference and training,
 float32 and bfloat16, in one run.
 
     KILN_SERVER=127.0.0.1:50151 python3 tests/bench/cuda_bench.py [--dtypes float32,bfloat16]
@@ -90,6 +90,10 @@ MODELS = {
     "mlp_gelu": (lambda: GeluMLP(1024), [(8192, 1024)]),
     "convnet": (lambda: ConvNet(), [(128, 3, 64, 64)]),
     "gpt2_block": (lambda: Block(768), [(8, 1024, 768)]),
+    # Six blocks in one graph: the cold compile of a deep model, whose
+    # middle blocks share their kernels (compiler/loop/share_kernels.h).
+    "gpt2_6_blocks": (lambda: torch.nn.Sequential(*[Block(768) for _ in range(6)]),
+                      [(4, 1024, 768)]),
 }
 class Fn(torch.nn.Module):
     """A kernel family: one function of its inputs."""
