@@ -1,9 +1,10 @@
 // Pass "share-kernels": kernels whose code would be the same (the same
 // KernelCode: loop IR but for their names, the nodes they came from and the
-// plan values their buffers are bound to) are compiled once. A model of N identical
-// layers fuses into N copies of each layer's kernels; every launch of a
-// copy now names the first of them, and the copies are dropped, so that
-// NVRTC or g++ compiles (and the autotuner times) one layer's worth.
+// plan values their buffers are bound to) are compiled once. The middle
+// layers of a model of N identical layers fuse into copies of the same
+// kernels; every launch of a copy now names the first of them, and the
+// copies are dropped, so that NVRTC or g++ compiles (and the autotuner
+// times) about one layer's worth.
 //
 // Launches pass their own buffers (v1::PlanStep::Launch::buffers) and the
 // graph's symbols, so a shared kernel runs on each launch's tensors. Runs
@@ -14,8 +15,6 @@
 // Pure function; thread-safe.
 #ifndef KILN_COMPILER_LOOP_SHARE_KERNELS_H_
 #define KILN_COMPILER_LOOP_SHARE_KERNELS_H_
-
-#include <string>
 
 #include "compiler/loop/plan_build.h"
 
