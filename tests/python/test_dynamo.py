@@ -6,6 +6,7 @@ answer for kilnd. Counters come from the server (Stats) and from the backend
 (KilnBackend.stats), so a test also proves where each graph was compiled.
 """
 
+import contextlib
 import copy
 import os
 import shutil
@@ -295,6 +296,24 @@ class TorchCompileTest(SharedKilnd, unittest.TestCase):
                     close(self, x.grad, y.grad, f"{name} {shape} gradient")
                 self.assertEqual(be.stats["eager"], 0, be.stats)
                 self.assertEqual(be.stats["compiles"], 1, be.stats)
+        # A size bound only by an int argument: no input tensor binds its
+        # symbol for the backward, so the graph runs eagerly and says why.
+        torch._dynamo.reset()
+        be = self.backend("kiln")
+
+        def head(x, n):
+            return x[:, :n] * 2
+
+        compiled = torch.compile(head, backend=be, dynamic=True)
+        for n in (5, 7):
+            x = torch.randn(6, 9, requires_grad=True)
+            with self.assertWarnsRegex(RuntimeWarning, r"no input tensor's dimension") \
+                    if n == 5 else contextlib.nullcontext():
+                out = compiled(x, n)
+            close(self, out, head(x, n), f"head {n}")
+            out.sum().backward()
+            close(self, x.grad, (torch.arange(9) < n).float().expand(6, 9) * 2, f"grad {n}")
+        self.assertGreaterEqual(be.stats["eager"], 1, be.stats)
 
     def test_size_expressions_kilnd_reads(self):
         import sympy

@@ -35,6 +35,7 @@ import hashlib
 import json
 import operator
 import os
+import re
 import tempfile
 
 import torch
@@ -103,6 +104,32 @@ def size_expr(value):
             raise Unsupported(f"size expression {expr} uses {type(a).__name__}, which kilnd "
                               f"does not read")
     return str(expr)
+
+
+_NAME = re.compile(r"[A-Za-z_][A-Za-z_0-9]*")
+
+
+def _check_trainable_symbols(graph):
+    """Unsupported when a graph that needs gradients sizes a value by a
+    symbol that no input tensor has as a dimension of its own (one bound
+    only by an int argument): kilnd's partition binds each symbol its
+    backward uses by saving an input tensor that has it as a dimension
+    (inference graphs take them as they are)."""
+    bound = {s.expr for ph in graph.inputs for s in ph.value.meta.sizes
+             if s.expr and _NAME.fullmatch(s.expr)}
+
+    def check(meta, what):
+        for s in list(meta.sizes) + list(meta.strides) + [meta.storage_offset]:
+            for name in _NAME.findall(s.expr):
+                if name not in bound and name not in _SIZE_FUNCTIONS:
+                    raise Unsupported(f"symbol {name} of {what} ({s.expr}) is no input "
+                                      f"tensor's dimension, in a graph that needs gradients")
+
+    for ph in graph.inputs:
+        check(ph.value.meta, f"input '{ph.value.name}'")
+    for node in graph.nodes:
+        for out in node.outputs:
+            check(out.meta, f"'{out.name}'")
 
 
 def _sym_proto(value, out):
@@ -532,6 +559,8 @@ def _lower(gm, placeholders, fakes, fake_mode, name):
         graph.outputs.append(names[leaf])
     mutations = [(tensor_args_index, len(user_outputs) + k)
                  for k, (tensor_args_index, _) in enumerate(writes)]
+    if any(requires_grad.values()):
+        _check_trainable_symbols(graph)
     shape_env = fake_mode.shape_env
     return Lowered(graph, _guards(graph, shape_env), tensor_args, len(user_outputs), mutations,
                    shape_env)
