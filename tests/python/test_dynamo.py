@@ -297,23 +297,40 @@ class TorchCompileTest(SharedKilnd, unittest.TestCase):
                 self.assertEqual(be.stats["eager"], 0, be.stats)
                 self.assertEqual(be.stats["compiles"], 1, be.stats)
         # A size bound only by an int argument: no input tensor binds its
-        # symbol for the backward, so the graph runs eagerly and says why.
-        torch._dynamo.reset()
-        be = self.backend("kiln")
-
+        # symbol for the plan (or the backward), so the graph runs eagerly
+        # and says why; a guard on such an int (a branch on it) is
+        # Dynamo's to check, and the graph compiles.
         def head(x, n):
             return x[:, :n] * 2
 
-        compiled = torch.compile(head, backend=be, dynamic=True)
-        for n in (5, 7):
-            x = torch.randn(6, 9, requires_grad=True)
-            with self.assertWarnsRegex(RuntimeWarning, r"no input tensor's dimension") \
-                    if n == 5 else contextlib.nullcontext():
-                out = compiled(x, n)
-            close(self, out, head(x, n), f"head {n}")
-            out.sum().backward()
-            close(self, x.grad, (torch.arange(9) < n).float().expand(6, 9) * 2, f"grad {n}")
-        self.assertGreaterEqual(be.stats["eager"], 1, be.stats)
+        def branch(x, n):
+            return x * 2 if n > 3 else x - 1
+
+        for training in (False, True):
+            with self.subTest(training=training):
+                torch._dynamo.reset()
+                be = self.backend("kiln")
+                compiled = torch.compile(head, backend=be, dynamic=True)
+                for n in (5, 7):
+                    x = torch.randn(6, 9, requires_grad=training)
+                    with self.assertWarnsRegex(RuntimeWarning, r"s\d+ .*no input tensor's "
+                                               r"dimension") if n == 5 else \
+                            contextlib.nullcontext():
+                        out = compiled(x, n)
+                    close(self, out, head(x, n), f"head {n}")
+                    if training:
+                        out.sum().backward()
+                        close(self, x.grad, (torch.arange(9) < n).float().expand(6, 9) * 2,
+                              f"grad {n}")
+                self.assertGreaterEqual(be.stats["eager"], 1, be.stats)
+        torch._dynamo.reset()
+        be = self.backend("kiln")
+        compiled = torch.compile(branch, backend=be, dynamic=True)
+        for n in (5, 7, 2):
+            x = torch.randn(6, 9)
+            close(self, compiled(x, n), branch(x, n), f"branch {n}")
+        self.assertEqual(be.stats["eager"], 0, be.stats)
+        self.assertGreaterEqual(be.stats["compiles"], 1, be.stats)
 
     def test_size_expressions_kilnd_reads(self):
         import sympy

@@ -109,21 +109,27 @@ def size_expr(value):
 _NAME = re.compile(r"[A-Za-z_][A-Za-z_0-9]*")
 
 
-def _check_trainable_symbols(graph):
-    """Unsupported when a graph that needs gradients sizes a value by a
-    symbol that no input tensor has as a dimension of its own (one bound
-    only by an int argument): kilnd's partition binds each symbol its
-    backward uses by saving an input tensor that has it as a dimension
-    (inference graphs take them as they are)."""
-    bound = {s.expr for ph in graph.inputs for s in ph.value.meta.sizes
-             if s.expr and _NAME.fullmatch(s.expr)}
+def _bound_symbols(graph):
+    """The symbols some input tensor has as a dimension of its own: those a
+    plan binds (from the input's size) and kilnd's guards evaluate."""
+    return {s.expr for ph in graph.inputs for s in ph.value.meta.sizes
+            if s.expr and _NAME.fullmatch(s.expr)}
+
+
+def _check_bound_symbols(graph):
+    """Unsupported when the graph sizes a value by a symbol that no input
+    tensor has as a dimension of its own (one bound only by an int
+    argument, as in x[:, :n]): kilnd's plans bind symbols from input sizes
+    only, and the partition of a graph that needs gradients binds each
+    symbol its backward uses by saving an input that has it."""
+    bound = _bound_symbols(graph)
 
     def check(meta, what):
         for s in list(meta.sizes) + list(meta.strides) + [meta.storage_offset]:
             for name in _NAME.findall(s.expr):
                 if name not in bound and name not in _SIZE_FUNCTIONS:
                     raise Unsupported(f"symbol {name} of {what} ({s.expr}) is no input "
-                                      f"tensor's dimension, in a graph that needs gradients")
+                                      f"tensor's dimension (an int argument's?)")
 
     for ph in graph.inputs:
         check(ph.value.meta, f"input '{ph.value.name}'")
@@ -324,6 +330,7 @@ def _guards(graph, shape_env):
             for s in ph.value.meta.sizes:
                 if s.WhichOneof("value") == "expr":
                     used.add(s.expr)
+        bound = _bound_symbols(graph)
         for symbol, bounds in sorted(shape_env.var_to_range.items(), key=lambda kv: str(kv[0])):
             if str(symbol) not in used:
                 continue
@@ -333,7 +340,9 @@ def _guards(graph, shape_env):
                 guards.shape_guards.append(f"{symbol} <= {int(bounds.upper)}")
         for guard in shape_env.guards:
             text = _guard_text(guard.expr)
-            if text is None:
+            # A guard on a symbol no input size binds (an int argument's,
+            # as in `if n > 3`) is Dynamo's to check: kilnd cannot.
+            if text is None or any(str(sym) not in bound for sym in guard.expr.free_symbols):
                 opaque.append(str(guard.expr))
             else:
                 guards.shape_guards.append(text)
@@ -559,8 +568,7 @@ def _lower(gm, placeholders, fakes, fake_mode, name):
         graph.outputs.append(names[leaf])
     mutations = [(tensor_args_index, len(user_outputs) + k)
                  for k, (tensor_args_index, _) in enumerate(writes)]
-    if any(requires_grad.values()):
-        _check_trainable_symbols(graph)
+    _check_bound_symbols(graph)
     shape_env = fake_mode.shape_env
     return Lowered(graph, _guards(graph, shape_env), tensor_args, len(user_outputs), mutations,
                    shape_env)
