@@ -449,6 +449,12 @@ MODELS = {
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_model(name, training):
     cls, shape = MODELS[name]
+    _check_model(name, cls, shape, training)
+
+
+def _check_model(name, cls, shape, training):
+    """`cls` compiled by kiln against eager: outputs, and in training the
+    parameters' gradients and the buffers. Returns the backend."""
     torch.manual_seed(0)
     model = cls().to(DEVICE)
     ref = cls().to(DEVICE)
@@ -475,6 +481,7 @@ def test_model(name, training):
     torch.cuda.synchronize()
     assert backend.stats["eager"] == 0, backend.stats
     assert _kernels(backend) >= 1
+    return backend
 
 
 class Stack(torch.nn.Module):
@@ -492,23 +499,7 @@ class Stack(torch.nn.Module):
 def test_identical_blocks_share_kernels(training):
     """Kernels of the same code compiled once and launched once per block,
     each launch on its own tensors: outputs and gradients as eager's."""
-    torch.manual_seed(0)
-    model, ref = Stack().to(DEVICE), Stack().to(DEVICE)
-    ref.load_state_dict(model.state_dict())
-    torch._dynamo.reset()
-    backend = _backend()
-    compiled = torch.compile(model, backend=backend)
-    x = rand(2, 64, 128)
-    with torch.set_grad_enabled(training):
-        got, want = compiled(x), ref(x)
-    _close(got, want, torch.float32, "output")
-    if training:
-        seed = torch.randn_like(want)
-        got.backward(seed)
-        want.backward(seed)
-        for (pname, p), (_, q) in zip(model.named_parameters(), ref.named_parameters()):
-            _close(p.grad, q.grad, torch.float32, f"grad of {pname}")
-    torch.cuda.synchronize()
+    backend = _check_model("stack", Stack, (2, 64, 128), training)
     launched = compiled_kernels = 0
     for fn in backend.loaded:
         art = fn.artifact
