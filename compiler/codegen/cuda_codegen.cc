@@ -620,19 +620,16 @@ class CudaKernelEmitter {
         // one reading three or more (an RMS norm's weight gradient beside
         // its dx) none: its body, copied for 8 groups and 2 steps, took
         // NVRTC 0.3 s more per module than for 8 groups and 1.
-        int unroll = 4;
-        if (packed) {
-          std::vector<int> distinct;
-          for (int j : fresh) {
-            if (k_.stmts[j].kind != StmtKind::kLoad || vectorized_.count(j) == 0) continue;
-            if (std::none_of(distinct.begin(), distinct.end(),
-                             [&](int q) { return SameLoad(q, j); })) {
-              distinct.push_back(j);
-            }
+        // The sweep's distinct loads moving along the rows (one of each
+        // set of loads of the same element), read as vectors when packed.
+        std::vector<int> chunked;
+        for (int j : fresh) {
+          if (!packed || k_.stmts[j].kind != StmtKind::kLoad || vectorized_.count(j) == 0) continue;
+          if (std::none_of(chunked.begin(), chunked.end(), [&](int q) { return SameLoad(q, j); })) {
+            chunked.push_back(j);
           }
-          const int loads = std::max<int>(1, distinct.size());
-          unroll = std::clamp(4 / loads, 1, 4);
         }
+        const int unroll = packed ? std::clamp(4 / std::max<int>(1, chunked.size()), 1, 4) : 4;
         absl::StrAppend(out, "#pragma unroll ", unroll, "\n    for (", idx_,
                         " i = lane; i < inner_n; i += ", lanes, ") {\n      {\n");
         RETURN_IF_ERROR(Decompose(k_.inner, "i", "i", 4, out));
@@ -642,17 +639,17 @@ class CudaKernelEmitter {
           // The stores moving along them gather each chunk and write it
           // after the groups.
           RETURN_IF_ERROR(group_row(4, true));
-          std::vector<int> loaded;
           for (int j : fresh) {
             const Stmt& s = k_.stmts[j];
             if (vectorized_.count(j) == 0) continue;
-            auto same =
-                std::find_if(loaded.begin(), loaded.end(), [&](int q) { return SameLoad(q, j); });
-            if (s.kind == StmtKind::kLoad && same != loaded.end()) {
-              absl::StrAppend(out, Pad(4), "const auto& v", j, " = v", *same, ";\n");
-              continue;
+            if (s.kind == StmtKind::kLoad) {
+              const int q = *std::find_if(chunked.begin(), chunked.end(),
+                                          [&](int c) { return SameLoad(c, j); });
+              if (q != j) {
+                absl::StrAppend(out, Pad(4), "const auto& v", j, " = v", q, ";\n");
+                continue;
+              }
             }
-            if (s.kind == StmtKind::kLoad) loaded.push_back(j);
             absl::StrAppend(out, Pad(4), "alignas(16) ", StorageName(k_.buffers[s.buffer].dtype),
                             " v", j, "[", groups, "];\n");
             if (s.kind != StmtKind::kLoad) continue;
