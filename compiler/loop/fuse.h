@@ -77,6 +77,13 @@ struct FusionPolicy {
   // and an FMA long). Two-pass is at least as accurate as Welford. Longer
   // rows, or rows of a symbolic size, keep Welford.
   int64_t two_pass_max_row = 16384;
+  // A value that a later pass over the row reads again and that its node's
+  // output is made of (a softmax's exp, divided by the row's sum) is stored
+  // in that output's buffer and reloaded, rather than recomputed from the
+  // inputs. Worth it where recomputing costs more than a store and a load
+  // (a CPU's exp); a GPU keeps the row in registers or rereads the input
+  // from cache, and recomputing costs it nothing but arithmetic.
+  bool keep_in_output = true;
 
   // nullopt: join; else why not.
   std::optional<std::string> Refuse(const FusionCandidate& c) const;

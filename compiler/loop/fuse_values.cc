@@ -527,7 +527,8 @@ absl::Status Fuser::BuildReduction(int gi, int node_index, bool fresh,
     int out;
     if (node.target == "aten._softmax.default") {
       out = full.Op(ScalarOp::kDiv, {e, s}, Compute(in.dtype));
-      if (Compute(in.dtype) == out_t) grp.keep_in_output.push_back({e, out, node.outputs[0]});
+      if (policy_.keep_in_output && Compute(in.dtype) == out_t)
+        grp.keep_in_output.push_back({e, out, node.outputs[0]});
     } else {
       Builder r = make(Level::kRowKeep);
       out = full.Op(ScalarOp::kSub, {shifted, r.Op(ScalarOp::kLog, {s}, Compute(in.dtype))},

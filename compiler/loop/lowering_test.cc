@@ -99,6 +99,30 @@ TEST(LoweringTest, SoftmaxIsOneKernelInThreePasses) {
   EXPECT_EQ(l.kernels[0].passes, 3);
 }
 
+// By default a float32 softmax keeps its exps in the output, storing it
+// twice and reading it back once; with keep_in_output off (a GPU's policy)
+// the output is written once and never read.
+TEST(LoweringTest, SoftmaxKeepsItsExpsInTheOutputOnlyWhenThePolicySaysSo) {
+  for (bool keep : {true, false}) {
+    ir::GraphBuilder b("softmax");
+    ir::ValueId x = b.AddInput(Meta({8, 128}), v1::Placeholder::USER_INPUT, "x");
+    b.AddOutput(Op(b, "aten._softmax.default", {Ref(x), ir::Int(-1), ir::Bool(false)}));
+    FusionPolicy policy;
+    policy.keep_in_output = keep;
+    auto l = LowerGraph(std::move(b).Build(), ops::DefaultRegistry(), policy);
+    ASSERT_TRUE(l.ok()) << l.status();
+    ASSERT_EQ(l->kernels.size(), 1u) << PrintLowered(*l);
+    const Kernel& k = l->kernels[0];
+    int stores = 0, output_loads = 0;
+    for (const Stmt& s : k.stmts) {
+      if (s.kind == StmtKind::kStore) ++stores;
+      if (s.kind == StmtKind::kLoad && k.buffers[s.buffer].written) ++output_loads;
+    }
+    EXPECT_EQ(stores, keep ? 2 : 1) << PrintLowered(*l);
+    EXPECT_EQ(output_loads, keep ? 1 : 0) << PrintLowered(*l);
+  }
+}
+
 TEST(LoweringTest, GeluChainAfterMatmulIsOneKernel) {
   ir::GraphBuilder b("mm_gelu");
   ir::ValueId x = b.AddInput(Meta({8, 32}), v1::Placeholder::USER_INPUT, "x");

@@ -48,6 +48,11 @@ class CudaTarget final : public Target {
   }
   // An H100's or H200's (sm_90). A kernel of fewer blocks leaves SMs idle.
   int64_t multiprocessors() const override { return 132; }
+  loop::FusionPolicy fusion_policy() const override {
+    loop::FusionPolicy policy;
+    policy.keep_in_output = false;
+    return policy;
+  }
 
  private:
   const v1::Target proto_;
