@@ -163,15 +163,31 @@ TEST(CudaCodegen, ShortRowsStayInRegistersAcrossPasses) {
   const Kernel k = Softmax(512, 4096, C(4096), C(1));
   auto source = backend->Generate({k}, {});
   ASSERT_TRUE(source.ok()) << source.status();
-  // 4096 elements: 256 threads of 16, loaded once, reread from registers.
-  EXPECT_TRUE(absl::StrContains(*source, "__launch_bounds__(256)")) << *source;
-  EXPECT_TRUE(absl::StrContains(*source, "c0[16]")) << *source;
+  // 4096 float32 elements: 512 threads of two 4-element vectors, loaded
+  // once, reread from registers; the row's 16 registers (its elements and
+  // their exps) leave room for an SM's 2048 threads at 32 registers each.
+  EXPECT_TRUE(absl::StrContains(*source, "__launch_bounds__(512, 4)")) << *source;
+  EXPECT_TRUE(absl::StrContains(*source, "c0[8]")) << *source;
   EXPECT_TRUE(absl::StrContains(*source, "= c0[e];")) << *source;
   EXPECT_TRUE(absl::StrContains(*source, "kiln_block_reduce(")) << *source;
   auto launch = backend->Launch(k);
   ASSERT_TRUE(launch.ok());
-  EXPECT_EQ(launch->block, 256);
+  EXPECT_EQ(launch->block, 512);
   EXPECT_EQ(launch->grid, C(512));
+  auto module = backend->Compile(*source);
+  ASSERT_TRUE(module.ok()) << module.status();
+}
+
+// A row whose registers would not fit 32 per thread keeps the compiler's
+// own register count: 16 elements per thread are not capped.
+TEST(CudaCodegen, LongCachedRowsKeepTheirRegisters) {
+  auto backend = Backend();
+  Kernel k = Softmax(512, 4096, C(4096), C(1));
+  k.block = 256;  // 16 per thread
+  auto source = backend->Generate({k}, {});
+  ASSERT_TRUE(source.ok()) << source.status();
+  EXPECT_TRUE(absl::StrContains(*source, "c0[16]")) << *source;
+  EXPECT_TRUE(absl::StrContains(*source, "__launch_bounds__(256)")) << *source;
 }
 
 // A row of symbolic length is swept in chunks too: aligned only when its
@@ -420,10 +436,10 @@ TEST(CudaCodegen, TunedBlockSizesAreTakenAndCompile) {
     EXPECT_NE(std::find(rows.begin(), rows.end(), block), rows.end()) << block;
   }
   EXPECT_TRUE(BlockCandidates(Softmax(300, 1000, C(1), C(300))).empty());
-  // A block that is not whole warps is not taken.
+  // A block that is not whole warps is not taken: the heuristic's is.
   Kernel odd = Softmax(512, 4096, C(4096), C(1));
   odd.block = 100;
-  EXPECT_EQ(backend->Launch(odd)->block, 256);
+  EXPECT_EQ(backend->Launch(odd)->block, 512);
 
   auto source = backend->Generate(variants, {});
   ASSERT_TRUE(source.ok()) << source.status();

@@ -38,6 +38,13 @@ constexpr int kMaxCachedPerThread = 16;
 // many independent loads per thread, and blocks small enough (a row of 4096
 // takes 256 threads) that several rows are in flight on each SM.
 constexpr int kRowElementsPerThread = 16;
+// The same for a row read in 16-byte vectors and kept in registers across
+// passes: two vectors per thread (8 float32 or 16 bfloat16 elements). On an
+// H100, float32 rows of 4096 at 8 per thread (512 threads, occupancy full
+// at 32 registers, see CudaKernelEmitter) ran softmax in 188 us against
+// 222 us at 16 (53 registers, half occupancy), layer norm in 183 against
+// 194; bfloat16 rows ran fastest at 16 per thread.
+constexpr int kCachedVectorsPerThread = 2;
 // The same for a one-pass row of 16-bit elements, which keeps nothing in
 // registers across passes: 64 bytes per thread as in float32.
 constexpr int kOnePassBytesPerThread = 64;
@@ -356,8 +363,9 @@ Schedule ScheduleOf(const Kernel& k) {
     return s;
   }
   int elements = kRowElementsPerThread;
-  if (k.passes == 1 && s.vector > 1) {
-    elements = std::max(elements, kOnePassBytesPerThread * s.vector / 16);
+  if (s.vector > 1) {
+    elements = k.passes == 1 ? std::max(elements, kOnePassBytesPerThread * s.vector / 16)
+                             : kCachedVectorsPerThread * s.vector;
   }
   if (tuned == 0) {
     const int64_t threads = (row + elements - 1) / elements;
