@@ -429,6 +429,25 @@ class LoweringCacheTest(unittest.TestCase):
         self.assertEqual(again.graph, first.graph)
         self.assertEqual(lower.cache_stats["misses"], misses + 3)
 
+    def test_a_graph_traced_again_hits_and_another_constant_misses(self):
+        from kiln import lower
+
+        def scaled(k):
+            return lambda x: torch.relu(x * k + 1.0)
+
+        x = torch.randn(4, 8)
+        first = lower.lower(*self.dynamo_graph(scaled(2.0), x), name="g")
+        hits, misses = lower.cache_stats["hits"], lower.cache_stats["misses"]
+        torch._dynamo.reset()
+        # A new GraphModule of the same graph.
+        again = lower.lower(*self.dynamo_graph(scaled(2.0), x), name="g")
+        self.assertEqual(lower.cache_stats["hits"], hits + 1)
+        self.assertEqual(again.graph, first.graph)
+        torch._dynamo.reset()
+        other = lower.lower(*self.dynamo_graph(scaled(3.0), x), name="g")
+        self.assertEqual(lower.cache_stats["misses"], misses + 1)
+        self.assertNotEqual(other.graph, first.graph)
+
     def test_batch_norm_mutations_survive_the_cache(self):
         from kiln import lower
 
