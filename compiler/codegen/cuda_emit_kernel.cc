@@ -1,0 +1,296 @@
+// The CUDA backend's kernel function: its signature and launch bounds, its
+// buffers and sizes, the pointwise form (a grid-stride loop), and the
+// statements and element addresses every form shares.
+#include <algorithm>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/status_macros.h"
+#include "compiler/codegen/c_family.h"
+#include "compiler/codegen/cuda_codegen_internal.h"
+#include "compiler/codegen/cuda_schedule.h"
+
+namespace kiln::codegen::cuda_internal {
+
+absl::StatusOr<std::string> CudaKernelEmitter::Emit() {
+  if (!IsIdentifier(k_.name) || absl::StartsWith(k_.name, "kiln_")) {
+    return KernelError(k_, "the name is not a C identifier (or starts with kiln_)");
+  }
+  ASSIGN_OR_RETURN(KernelCheck check, CheckKernel(k_, "CUDA"));
+  if (IndexesFitInt32(k_)) idx_ = "int32_t";
+  type_ = std::move(check.type);
+  after_ = std::move(check.after);
+  if (k_.buffers.empty()) return KernelError(k_, "has no buffers");
+  const Schedule sched = ScheduleOf(k_);
+  const bool fast = StoresSixteenBitFloats(k_);
+  if (fast) dialect_ = &kCudaFastDialect;
+  std::string body;
+  RETURN_IF_ERROR(HasReduction(k_) ? EmitReduction(sched, &body) : EmitPointwise(sched, &body));
+
+  std::string out = absl::StrCat(
+      fast ? "\n// Every floating-point result in 16 bits: the approximations of kiln_fast.\n"
+             "namespace kiln_fast {\n"
+           : "",
+      "\nstruct ", k_.name, "_args {\n  void* b[", k_.buffers.size(), "];\n");
+  if (symbols_.size() > 0) absl::StrAppend(&out, "  int64_t s[", symbols_.size(), "];\n");
+  absl::StrAppend(&out, "};\n\nextern \"C\" __global__ void __launch_bounds__(",
+                  LaunchBounds(sched), ") ", k_.name, "(const ", k_.name, "_args a) {\n");
+  if (!k_.nodes.empty()) {
+    absl::StrAppend(&out, "  // nodes: ", CommentText(absl::StrJoin(k_.nodes, ", ")), "\n");
+  }
+  for (int k : ints_.used_symbols()) {
+    absl::StrAppend(&out, "  const int64_t ", symbols_.CppName(k), " = a.s[", k, "];\n");
+  }
+  for (size_t b = 0; b < k_.buffers.size(); ++b) {
+    const loop::KernelBuffer& buf = k_.buffers[b];
+    const std::string type = buf.written
+                                 ? absl::StrCat(StorageName(buf.dtype), "*")
+                                 : absl::StrCat("const ", StorageName(buf.dtype), "* __restrict__");
+    const std::string cast = absl::StrCat(buf.written ? "" : "const ", StorageName(buf.dtype), "*");
+    absl::StrAppend(&out, "  ", type, " buf", b, " = static_cast<", cast, ">(a.b[", b, "]);  // ",
+                    CommentText(buf.value), "\n");
+  }
+  for (const std::string& decl : ints_.hoisted()) absl::StrAppend(&out, "  ", decl, "\n");
+  absl::StrAppend(&out, body, "}\n", fast ? "\n}  // namespace kiln_fast\n" : "");
+  return out;
+}
+
+absl::StatusOr<std::string> CudaKernelEmitter::Product(const std::vector<ir::SymInt>& sizes,
+                                                       size_t from) {
+  return ints_.Product(sizes, from);
+}
+
+absl::Status CudaKernelEmitter::Decompose(const std::vector<ir::SymInt>& sizes,
+                                          const std::string& flat, const std::string& prefix,
+                                          int depth, std::string* out) {
+  std::vector<std::string> names;
+  for (size_t k = 0; k < sizes.size(); ++k) names.push_back(absl::StrCat(prefix, k));
+  return Decompose(sizes, names, flat, depth, out);
+}
+
+absl::Status CudaKernelEmitter::Decompose(const std::vector<ir::SymInt>& sizes,
+                                          const std::vector<std::string>& names,
+                                          const std::string& flat, int depth, std::string* out) {
+  const size_t n = sizes.size();
+  for (size_t k = 0; k < n; ++k) {
+    std::string value = flat;
+    if (n > 1) {
+      ASSIGN_OR_RETURN(std::string div, Product(sizes, k + 1));
+      ASSIGN_OR_RETURN(std::string size, Int(sizes[k]));
+      if (div.find(' ') != std::string::npos) div = absl::StrCat("(", div, ")");
+      if (k == 0) {
+        value = absl::StrCat(flat, " / ", div);
+      } else if (k + 1 == n) {
+        value = absl::StrCat(flat, " % ", size);
+      } else {
+        value = absl::StrCat("(", flat, " / ", div, ") % ", size);
+      }
+    }
+    absl::StrAppend(out, Pad(depth), "const ", idx_, " ", names[k], " = ", value, ";\n");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> CudaKernelEmitter::Access(int j) {
+  const Stmt& s = k_.stmts[j];
+  std::vector<std::string> terms;
+  auto add = [&](const std::string& var, const ir::SymInt& stride) -> absl::Status {
+    if (IsZero(stride)) return absl::OkStatus();
+    if (IsOne(stride)) {
+      terms.push_back(var);
+      return absl::OkStatus();
+    }
+    ASSIGN_OR_RETURN(std::string st, Int(stride));
+    terms.push_back(absl::StrCat(var, " * ", st));
+    return absl::OkStatus();
+  };
+  for (size_t k = 0; k < s.index.outer_strides.size(); ++k) {
+    RETURN_IF_ERROR(add(absl::StrCat("o", k), s.index.outer_strides[k]));
+  }
+  if (s.inner) {
+    for (size_t k = 0; k < s.index.inner_strides.size(); ++k) {
+      RETURN_IF_ERROR(add(absl::StrCat("i", k), s.index.inner_strides[k]));
+    }
+  }
+  if (!IsZero(s.index.offset)) {
+    ASSIGN_OR_RETURN(std::string off, Int(s.index.offset));
+    terms.push_back(off);
+  }
+  return absl::StrCat("buf", s.buffer, "[", terms.empty() ? "0" : absl::StrJoin(terms, " + "), "]");
+}
+
+absl::StatusOr<std::string> CudaKernelEmitter::Statement(int j, const std::string& guard,
+                                                         const std::string& live) {
+  const Stmt& s = k_.stmts[j];
+  const char* T = CName(type_[j]);
+  switch (s.kind) {
+    case StmtKind::kLoad: {
+      std::string addr;
+      if (vectorized_.count(j) > 0) {
+        addr = absl::StrCat("v", j, "[v]");
+      } else {
+        ASSIGN_OR_RETURN(addr, Access(j));
+      }
+      ASSIGN_OR_RETURN(std::string value,
+                       LoadValue(k_.buffers[s.buffer].dtype, type_[j], addr, "CUDA"));
+      if (!live.empty()) value = absl::StrCat("(", live, ") ? ", value, " : ", T, "(0)");
+      return absl::StrCat("const ", T, " t", j, " = ", value, ";");
+    }
+    case StmtKind::kConstant:
+      return absl::StrCat("const ", T, " t", j, " = ", Literal(s.constant, type_[j], kCudaDialect),
+                          ";");
+    case StmtKind::kOp: {
+      ASSIGN_OR_RETURN(std::string e, ScalarOpExpr(k_, type_, j, *dialect_));
+      return absl::StrCat("const ", T, " t", j, " = ", e, ";");
+    }
+    case StmtKind::kStore: {
+      const int a = s.args[0];
+      if (vectorized_.count(j) > 0) {
+        return absl::StrCat("v", j,
+                            "[v] = ", ToStorage(k_.buffers[s.buffer].dtype, type_[a], Val(a)), ";");
+      }
+      ASSIGN_OR_RETURN(std::string addr, Access(j));
+      std::string line =
+          absl::StrCat(addr, " = ", ToStorage(k_.buffers[s.buffer].dtype, type_[a], Val(a)), ";");
+      std::string cond = s.inner ? "" : guard;
+      if (!live.empty()) cond = cond.empty() ? live : absl::StrCat(cond, " && ", live);
+      if (!cond.empty()) line = absl::StrCat("if (", cond, ") ", line);
+      return line;
+    }
+    case StmtKind::kReduce:
+      break;
+  }
+  return StmtError(k_, j, "internal: a reduction is not a plain statement");
+}
+
+absl::Status CudaKernelEmitter::Sizes(std::string* out) {
+  ASSIGN_OR_RETURN(std::string outer_n, Product(k_.outer, 0));
+  ASSIGN_OR_RETURN(std::string inner_n, Product(k_.inner, 0));
+  absl::StrAppend(out, "  const ", idx_, " outer_n = ", outer_n, ";\n");
+  absl::StrAppend(out, "  const ", idx_, " inner_n = ", inner_n, ";\n");
+  return absl::OkStatus();
+}
+
+absl::Status CudaKernelEmitter::DeclareVectors(int vector, int dim,
+                                               const std::vector<ir::SymInt>& checks,
+                                               std::string* out) {
+  std::vector<std::string> masks;
+  std::set<int> buffers;
+  for (size_t j = 0; j < k_.stmts.size(); ++j) {
+    if (!MovesAlong(k_, k_.stmts[j], dim)) continue;
+    vectorized_.insert(static_cast<int>(j));
+    buffers.insert(k_.stmts[j].buffer);
+  }
+  for (int b : buffers) {
+    masks.push_back(absl::StrCat("(reinterpret_cast<uint64_t>(buf", b, ") & ",
+                                 vector * StorageBytes(k_.buffers[b].dtype) - 1, ")"));
+  }
+  for (const ir::SymInt& c : checks) {
+    ASSIGN_OR_RETURN(std::string text, Int(c));
+    masks.push_back(absl::StrCat("((", text, ") % ", vector, ")"));
+  }
+  absl::StrAppend(out, "  const bool aligned = (", absl::StrJoin(masks, " | "), ") == 0;\n");
+  return absl::OkStatus();
+}
+
+absl::Status CudaKernelEmitter::VectorAccesses(const std::vector<int>& stmts, StmtKind kind,
+                                               int vector, int depth, std::string* out) {
+  for (int j : stmts) {
+    const Stmt& s = k_.stmts[j];
+    if (s.kind != kind || vectorized_.count(j) == 0) continue;
+    ASSIGN_OR_RETURN(std::string addr, Access(j));
+    const char* storage = StorageName(k_.buffers[s.buffer].dtype);
+    if (kind == StmtKind::kLoad) {
+      absl::StrAppend(out, Pad(depth), "alignas(16) ", storage, " v", j, "[", vector, "];\n",
+                      Pad(depth), "kiln_vload<", vector, ">(v", j, ", &", addr, ", aligned);\n");
+    } else {
+      absl::StrAppend(out, Pad(depth), "kiln_vstore<", vector, ">(&", addr, ", v", j,
+                      ", aligned);\n");
+    }
+  }
+  return absl::OkStatus();
+}
+
+void CudaKernelEmitter::DeclareStoreChunks(const std::vector<int>& stmts, int vector, int depth,
+                                           std::string* out) {
+  for (int j : stmts) {
+    const Stmt& s = k_.stmts[j];
+    if (s.kind != StmtKind::kStore || vectorized_.count(j) == 0) continue;
+    absl::StrAppend(out, Pad(depth), "alignas(16) ", StorageName(k_.buffers[s.buffer].dtype), " v",
+                    j, "[", vector, "];\n");
+  }
+}
+
+absl::Status CudaKernelEmitter::EmitPointwise(const Schedule& sched, std::string* out) {
+  RETURN_IF_ERROR(Sizes(out));
+  const int block = sched.block, vector = sched.vector;
+  if (vector > 1) RETURN_IF_ERROR(DeclareVectors(vector, sched.vector_dim, {}, out));
+  const std::string step = vector > 1 ? absl::StrCat(" * ", vector) : "";
+  absl::StrAppend(out, "  const ", idx_, " total = outer_n * inner_n;\n", "  for (", idx_,
+                  " x = (static_cast<", idx_, ">(blockIdx.x) * ", block, " + threadIdx.x)", step,
+                  "; x < total;\n       x += static_cast<", idx_, ">(gridDim.x) * ", block, step,
+                  ") {\n");
+  if (!sched.order.empty()) {
+    // Consecutive threads take consecutive elements of the output.
+    std::vector<ir::SymInt> sizes;
+    std::vector<std::string> names;
+    const int n_outer = static_cast<int>(k_.outer.size());
+    for (int d : sched.order) {
+      sizes.push_back(d < n_outer ? k_.outer[d] : k_.inner[d - n_outer]);
+      names.push_back(d < n_outer ? absl::StrCat("o", d) : absl::StrCat("i", d - n_outer));
+    }
+    RETURN_IF_ERROR(Decompose(sizes, names, "x", 2, out));
+  } else {
+    absl::StrAppend(out, "    const ", idx_, " o = x / inner_n;\n", "    const ", idx_,
+                    " i = x - o * inner_n;\n");
+    RETURN_IF_ERROR(Decompose(k_.outer, "o", "o", 2, out));
+    RETURN_IF_ERROR(Decompose(k_.inner, "i", "i", 2, out));
+  }
+  std::vector<int> all(k_.stmts.size());
+  for (size_t j = 0; j < all.size(); ++j) all[j] = static_cast<int>(j);
+  int depth = 2;
+  std::string first = "i == 0";
+  if (vector > 1) {
+    RETURN_IF_ERROR(VectorAccesses(all, StmtKind::kLoad, vector, depth, out));
+    DeclareStoreChunks(all, vector, depth, out);
+    absl::StrAppend(out, "#pragma unroll\n    for (int v = 0; v < ", vector, "; ++v) {\n");
+    depth = 3;
+    first = "i == 0 && v == 0";
+  }
+  for (int j : all) {
+    ASSIGN_OR_RETURN(std::string line, Statement(j, first));
+    absl::StrAppend(out, Pad(depth), line, "\n");
+  }
+  if (vector > 1) {
+    absl::StrAppend(out, "    }\n");
+    RETURN_IF_ERROR(VectorAccesses(all, StmtKind::kStore, vector, 2, out));
+  }
+  absl::StrAppend(out, "  }\n");
+  return absl::OkStatus();
+}
+
+bool CudaKernelEmitter::StoresSixteenBitFloats(const Kernel& k) {
+  bool any = false;
+  for (const Stmt& s : k.stmts) {
+    if (s.kind != StmtKind::kStore) continue;
+    const v1::DType dtype = k.buffers[s.buffer].dtype;
+    if (dtype != v1::FLOAT16 && dtype != v1::BFLOAT16) return false;
+    any = true;
+  }
+  return any;
+}
+
+std::string CudaKernelEmitter::LaunchBounds(const Schedule& sched) const {
+  constexpr int kThreadsPerSm = 2048;
+  if (sched.per_thread == 0 || sched.per_thread > 8 || cached_values_ > 16 ||
+      kThreadsPerSm % sched.block != 0) {
+    return absl::StrCat(sched.block);
+  }
+  return absl::StrCat(sched.block, ", ", kThreadsPerSm / sched.block);
+}
+
+}  // namespace kiln::codegen::cuda_internal

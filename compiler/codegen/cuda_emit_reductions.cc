@@ -1,0 +1,450 @@
+// The CUDA backend's kernels with reductions: rows swept by a block (kept in
+// registers across passes where they fit) or 32 rows per block in the
+// column layout, each pass's accumulators combined by warp shuffles and
+// shared memory, and the statements after each sweep.
+#include <algorithm>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/status_macros.h"
+#include "compiler/codegen/c_family.h"
+#include "compiler/codegen/cuda_codegen_internal.h"
+#include "compiler/codegen/cuda_schedule.h"
+
+namespace kiln::codegen::cuda_internal {
+
+std::string CudaKernelEmitter::Identity(int j) const {
+  const CType t = type_[j];
+  switch (k_.stmts[j].reduce) {
+    case ReduceOp::kMax:
+      return IsFloat(t) ? absl::StrCat("-", Limit(t, "infinity", kCudaDialect))
+                        : Limit(t, "lowest", kCudaDialect);
+    case ReduceOp::kMin:
+      return IsFloat(t) ? Limit(t, "infinity", kCudaDialect) : Limit(t, "max", kCudaDialect);
+    default:
+      return absl::StrCat(CName(t), "(0)");
+  }
+}
+
+const char* CudaKernelEmitter::Combiner(ReduceOp op) {
+  return op == ReduceOp::kMax ? "kiln_max()" : op == ReduceOp::kMin ? "kiln_min()" : "kiln_add()";
+}
+
+bool CudaKernelEmitter::Costly(loop::ScalarOp op) {
+  using loop::ScalarOp;
+  switch (op) {
+    case ScalarOp::kExp:
+    case ScalarOp::kLog:
+    case ScalarOp::kLog1p:
+    case ScalarOp::kExpm1:
+    case ScalarOp::kSin:
+    case ScalarOp::kCos:
+    case ScalarOp::kTanh:
+    case ScalarOp::kErf:
+    case ScalarOp::kSigmoid:
+    case ScalarOp::kGelu:
+    case ScalarOp::kGeluTanh:
+    case ScalarOp::kSilu:
+    case ScalarOp::kSqrt:
+    case ScalarOp::kRsqrt:
+    case ScalarOp::kReciprocal:
+    case ScalarOp::kDiv:
+    case ScalarOp::kPow:
+      return true;
+    default:
+      return false;
+  }
+}
+
+bool CudaKernelEmitter::SameLoad(int a, int b) const {
+  const Stmt& x = k_.stmts[a];
+  const Stmt& y = k_.stmts[b];
+  return x.buffer == y.buffer && type_[a] == type_[b] &&
+         x.index.outer_strides == y.index.outer_strides &&
+         x.index.inner_strides == y.index.inner_strides && x.index.offset == y.index.offset;
+}
+
+std::vector<int> CudaKernelEmitter::CacheOf() const {
+  const int n = static_cast<int>(k_.stmts.size());
+  std::vector<int> cache_of(n, -1);
+  // The first statement of the sweeps that computes the value j does.
+  std::vector<int> same(n);
+  for (int j = 0; j < n; ++j) {
+    same[j] = j;
+    const Stmt& s = k_.stmts[j];
+    if (!s.inner || s.kind == StmtKind::kReduce || s.kind == StmtKind::kStore) continue;
+    if (s.kind == StmtKind::kOp && s.op == loop::ScalarOp::kCast && type_[s.args[0]] == type_[j] &&
+        same[s.args[0]] != s.args[0]) {
+      same[j] = same[s.args[0]];  // a copy of a repeated value is that value
+      continue;
+    }
+    for (int q = 0; q < j; ++q) {
+      const Stmt& t = k_.stmts[q];
+      if (same[q] != q || !t.inner || t.kind != s.kind || type_[q] != type_[j]) continue;
+      bool equal = false;
+      if (s.kind == StmtKind::kLoad) {
+        equal = SameLoad(q, j);
+      } else if (s.kind == StmtKind::kConstant) {
+        equal = t.constant == s.constant;
+      } else {
+        equal = t.op == s.op && t.dtype == s.dtype && t.args.size() == s.args.size();
+        for (size_t a = 0; equal && a < s.args.size(); ++a) {
+          equal = same[t.args[a]] == same[s.args[a]];
+        }
+      }
+      if (equal) {
+        same[j] = q;
+        break;
+      }
+    }
+  }
+  // Whether an op's value takes a transcendental function or a division
+  // to compute: worth registers across passes (an add is not).
+  std::vector<bool> costly(n, false);
+  for (int j = 0; j < n; ++j) {
+    const Stmt& s = k_.stmts[j];
+    if (s.kind != StmtKind::kOp || !s.inner) continue;
+    costly[j] = Costly(s.op);
+    for (int a : s.args) costly[j] = costly[j] || costly[a];
+  }
+  for (int j = 0; j < n; ++j) {
+    const Stmt& s = k_.stmts[j];
+    const int q = same[j];
+    if (q == j || k_.stmts[q].pass >= s.pass) continue;
+    if (s.kind != StmtKind::kLoad && !(s.kind == StmtKind::kOp && costly[q])) continue;
+    bool needed = s.kind == StmtKind::kLoad;
+    for (int u = j + 1; u < n && !needed; ++u) {
+      const std::vector<int>& args = k_.stmts[u].args;
+      needed = same[u] == u && std::find(args.begin(), args.end(), j) != args.end();
+    }
+    if (needed) cache_of[j] = q;
+  }
+  return cache_of;
+}
+
+absl::Status CudaKernelEmitter::EmitReduction(const Schedule& sched, std::string* out) {
+  RETURN_IF_ERROR(Sizes(out));
+  const bool column = sched.layout == Layout::kColumn;
+  const bool cached = sched.per_thread > 0;
+  // Shared memory for the combination of one value per warp (kRow) or
+  // 32 x 32 values (kColumn, padded), three for Welford.
+  absl::StrAppend(out, "  __shared__ double kiln_smem[", column ? 3 * 32 * 33 : 96, "];\n");
+  if (sched.vector > 1) {
+    RETURN_IF_ERROR(DeclareVectors(sched.vector, sched.vector_dim, sched.vector_checks, out));
+  }
+  std::string live;
+  // kColumn in groups: each lane takes one row of each of `groups` groups
+  // of 32 rows, its accumulators arrays indexed by the group g (`at`);
+  // packed, `groups` adjacent rows, read as vectors.
+  const int groups = column ? sched.column_groups : 1;
+  const bool packed = groups > 1 && sched.column_packed;
+  const std::string at = groups > 1 ? "[g]" : "";
+  // The first row of the lane's chunk (packed), or the row of group g,
+  // and whether it exists, at `depth`.
+  auto group_row = [&](int depth, bool chunk = false) -> absl::Status {
+    const std::string row = packed
+                                ? absl::StrCat("(threadIdx.x & 31) * ", groups, chunk ? "" : " + g")
+                                : "g * 32 + (threadIdx.x & 31)";
+    absl::StrAppend(out, Pad(depth), "const ", idx_, " o = tile * ", 32 * groups, " + ", row, ";\n",
+                    Pad(depth), "const bool live = o < outer_n;\n");
+    return Decompose(k_.outer, "o", "o", depth, out);
+  };
+  if (packed) {
+    RETURN_IF_ERROR(DeclareVectors(groups, static_cast<int>(k_.outer.size()) - 1, {}, out));
+  }
+  if (groups > 1) {
+    absl::StrAppend(out, "  const int lane = threadIdx.x >> 5;  // along the rows\n", "  for (",
+                    idx_, " tile = blockIdx.x; tile * ", 32 * groups,
+                    " < outer_n; tile += gridDim.x) {\n");
+  } else if (column) {
+    absl::StrAppend(out, "  const int lane = threadIdx.x >> 5;  // along the rows\n", "  for (",
+                    idx_, " tile = blockIdx.x; tile * 32 < outer_n; tile += gridDim.x) {\n",
+                    "    const ", idx_, " o = tile * 32 + (threadIdx.x & 31);\n",
+                    "    const bool live = o < outer_n;\n");
+    live = "live";
+  } else {
+    absl::StrAppend(out, "  const int lane = threadIdx.x;\n", "  for (", idx_,
+                    " o = blockIdx.x; o < outer_n; o += gridDim.x) {\n");
+  }
+  if (groups == 1) RETURN_IF_ERROR(Decompose(k_.outer, "o", "o", 2, out));
+  const std::string store_guard = column ? "lane == 0" : "threadIdx.x == 0";
+  const int lanes = column ? kColumnRows : sched.block;
+  const int n = static_cast<int>(k_.stmts.size());
+  // A statement of a later pass -> the earlier pass's statement whose
+  // registers it reads (CacheOf).
+  const std::vector<int> cache_of = cached ? CacheOf() : std::vector<int>(n, -1);
+  for (int p = 0; p < k_.passes; ++p) {
+    std::vector<int> before, inner, after;
+    for (int j = 0; j < n; ++j) {
+      const Stmt& s = k_.stmts[j];
+      if (s.pass != p) continue;
+      (s.inner ? inner : after_[j] ? after : before).push_back(j);
+    }
+    absl::StrAppend(out, "    // pass ", p, "\n");
+    for (int j : before) {
+      ASSIGN_OR_RETURN(std::string line, Statement(j, store_guard, live));
+      absl::StrAppend(out, "    ", line, "\n");
+    }
+    if (inner.empty()) {
+      for (int j : after) {
+        ASSIGN_OR_RETURN(std::string line, Statement(j, store_guard, live));
+        absl::StrAppend(out, "    ", line, "\n");
+      }
+      continue;
+    }
+    // What a later pass reads again is kept: registers c<j>[e].
+    std::vector<int> keep;
+    if (cached) {
+      for (int j : inner) {
+        if (cache_of[j] >= 0) continue;
+        if (std::find(cache_of.begin(), cache_of.end(), j) != cache_of.end()) keep.push_back(j);
+      }
+      for (int j : keep) {
+        absl::StrAppend(out, "    ", CName(type_[j]), " c", j, "[", sched.per_thread, "];\n");
+        cached_values_ += sched.per_thread;
+      }
+    }
+    for (int j : inner) {
+      const Stmt& s = k_.stmts[j];
+      if (s.kind != StmtKind::kReduce) continue;
+      const char* T = CName(type_[j]);
+      if (groups > 1) {
+        const std::string each = absl::StrCat(
+            "[", groups, "] = {",
+            absl::StrJoin(
+                std::vector<std::string>(groups, IsWelford(s) ? std::string("0") : Identity(j)),
+                ", "),
+            "}");
+        if (!IsWelford(s)) {
+          absl::StrAppend(out, "    ", T, " acc", j, each, ";\n");
+        } else if (WelfordId(j) == j) {
+          absl::StrAppend(out, "    ", T, " wm", j, each, ", wq", j, each, ", wn", j, each,
+                          ";  // mean, M2, count\n");
+        }
+      } else if (IsWelford(s)) {
+        if (WelfordId(j) == j) {
+          absl::StrAppend(out, "    ", T, " wm", j, " = 0, wq", j, " = 0, wn", j,
+                          " = 0;  // mean, M2, count\n");
+        }
+      } else {
+        absl::StrAppend(out, "    ", T, " acc", j, " = ", Identity(j), ";\n");
+      }
+    }
+    const int vector = sched.vector;
+    std::vector<int> fresh;  // the sweep's statements that are not read from registers
+    for (int j : inner) {
+      if (cache_of[j] < 0) fresh.push_back(j);
+    }
+    int depth = 4;
+    // In a sweep by vectors, Welford's inputs of a chunk are gathered
+    // (wx<j>[v]) and the chunk's mean and M2 merged into the thread's once
+    // per chunk: one division per chunk rather than per element.
+    std::vector<int> welford;
+    for (int j : inner) {
+      if (IsWelford(k_.stmts[j]) && WelfordId(j) == j) welford.push_back(j);
+    }
+    auto gather_welford = [&]() {
+      for (int j : welford) {
+        absl::StrAppend(out, Pad(4), CName(type_[j]), " wx", j, "[", vector, "];\n");
+      }
+    };
+    if (cached && vector > 1) {
+      absl::StrAppend(out, "#pragma unroll\n    for (int ec = 0; ec < ", sched.per_thread / vector,
+                      "; ++ec) {\n      const ", idx_, " i = (lane + ec * ", lanes, ") * ", vector,
+                      ";\n      if (i < inner_n) {\n");
+      RETURN_IF_ERROR(Decompose(k_.inner, "i", "i", 4, out));
+      RETURN_IF_ERROR(VectorAccesses(fresh, StmtKind::kLoad, vector, 4, out));
+      DeclareStoreChunks(fresh, vector, 4, out);
+      gather_welford();
+      absl::StrAppend(out, "#pragma unroll\n        for (int v = 0; v < ", vector,
+                      "; ++v) {\n          const int e = ec * ", vector, " + v;\n");
+      depth = 5;
+    } else if (cached) {
+      absl::StrAppend(out, "#pragma unroll\n    for (int e = 0; e < ", sched.per_thread,
+                      "; ++e) {\n      const ", idx_, " i = lane + e * ", lanes, ";\n",
+                      "      if (i < inner_n) {\n");
+      RETURN_IF_ERROR(Decompose(k_.inner, "i", "i", 4, out));
+    } else if (vector > 1) {
+      absl::StrAppend(out, "#pragma unroll 4\n    for (", idx_, " ch = lane; ch < inner_n / ",
+                      vector, "; ch += ", lanes, ") {\n      const ", idx_, " i = ch * ", vector,
+                      ";\n      {\n");
+      RETURN_IF_ERROR(Decompose(k_.inner, "i", "i", 4, out));
+      RETURN_IF_ERROR(VectorAccesses(fresh, StmtKind::kLoad, vector, 4, out));
+      DeclareStoreChunks(fresh, vector, 4, out);
+      gather_welford();
+      absl::StrAppend(out, "#pragma unroll\n        for (int v = 0; v < ", vector, "; ++v) {\n");
+      depth = 5;
+    } else if (groups > 1) {
+      // Every group's element of the step's row: 512 adjacent bytes.
+      // Packed, steps unrolled to about four vector loads per lane in
+      // flight (64 bytes, as four unrolled steps of scalars were): a sum
+      // over one buffer unrolls 4 steps, a kernel reading two buffers 2,
+      // one reading three or more (an RMS norm's weight gradient beside
+      // its dx) none: its body, copied for 8 groups and 2 steps, took
+      // NVRTC 0.3 s more per module than for 8 groups and 1.
+      // The sweep's distinct loads moving along the rows (one of each
+      // set of loads of the same element), read as vectors when packed.
+      std::vector<int> chunked;
+      for (int j : fresh) {
+        if (!packed || k_.stmts[j].kind != StmtKind::kLoad || vectorized_.count(j) == 0) continue;
+        if (std::none_of(chunked.begin(), chunked.end(), [&](int q) { return SameLoad(q, j); })) {
+          chunked.push_back(j);
+        }
+      }
+      const int unroll = packed ? std::clamp(4 / std::max<int>(1, chunked.size()), 1, 4) : 4;
+      absl::StrAppend(out, "#pragma unroll ", unroll, "\n    for (", idx_,
+                      " i = lane; i < inner_n; i += ", lanes, ") {\n      {\n");
+      RETURN_IF_ERROR(Decompose(k_.inner, "i", "i", 4, out));
+      if (packed) {
+        // The lane's chunk of each load moving along the rows, as one
+        // vector; a chunk is wholly live or not (rows divide into them).
+        // The stores moving along them gather each chunk and write it
+        // after the groups.
+        RETURN_IF_ERROR(group_row(4, true));
+        for (int j : fresh) {
+          const Stmt& s = k_.stmts[j];
+          if (vectorized_.count(j) == 0) continue;
+          if (s.kind == StmtKind::kLoad) {
+            const int q = *std::find_if(chunked.begin(), chunked.end(),
+                                        [&](int c) { return SameLoad(c, j); });
+            if (q != j) {
+              absl::StrAppend(out, Pad(4), "const auto& v", j, " = v", q, ";\n");
+              continue;
+            }
+          }
+          absl::StrAppend(out, Pad(4), "alignas(16) ", StorageName(k_.buffers[s.buffer].dtype),
+                          " v", j, "[", groups, "];\n");
+          if (s.kind != StmtKind::kLoad) continue;
+          ASSIGN_OR_RETURN(std::string addr, Access(j));
+          absl::StrAppend(out, Pad(4), "if (live) kiln_vload<", groups, ">(v", j, ", &", addr,
+                          ", aligned);\n");
+        }
+      }
+      absl::StrAppend(out, "#pragma unroll\n        for (int g = 0; g < ", groups, "; ++g) {\n");
+      if (packed) {
+        absl::StrAppend(out, "          const int v = g;  // the element of each chunk\n");
+      }
+      RETURN_IF_ERROR(group_row(5));
+      live = "live";
+      depth = 5;
+    } else {
+      // Unrolled: several rows' loads in flight per thread (a column
+      // sweep reads one element per row).
+      absl::StrAppend(out, "#pragma unroll 4\n    for (", idx_, " i = lane; ",
+                      column ? "live && " : "", "i < inner_n; i += ", lanes, ") {\n      {\n");
+      RETURN_IF_ERROR(Decompose(k_.inner, "i", "i", 4, out));
+    }
+    // The sweep's statements for one element (at `depth`).
+    auto body = [&](int depth, bool chunk) -> absl::Status {
+      const std::string pad = Pad(depth);
+      for (int j : inner) {
+        const Stmt& s = k_.stmts[j];
+        if (s.kind != StmtKind::kReduce) {
+          if (cache_of[j] >= 0) {
+            absl::StrAppend(out, pad, "const ", CName(type_[j]), " t", j, " = c", cache_of[j],
+                            "[e];\n");
+            continue;
+          }
+          ASSIGN_OR_RETURN(std::string line, Statement(j, "", live));
+          absl::StrAppend(out, pad, line, "\n");
+          if (std::find(keep.begin(), keep.end(), j) != keep.end()) {
+            absl::StrAppend(out, pad, "c", j, "[e] = t", j, ";\n");
+          }
+          continue;
+        }
+        const std::string v = CastValue(type_, s.args[0], type_[j]);
+        if (IsWelford(s)) {
+          if (WelfordId(j) != j) continue;
+          const char* T = CName(type_[j]);
+          if (chunk) {
+            absl::StrAppend(out, pad, "wx", j, "[v] = ", v, ";\n");
+            continue;
+          }
+          absl::StrAppend(out, pad, "{ wn", j, at, " += ", T, "(1); const ", T, " d = ", v, " - wm",
+                          j, at, "; wm", j, at, " += d / wn", j, at, "; wq", j, at, " += d * (", v,
+                          " - wm", j, at, "); }\n");
+        } else {
+          absl::StrAppend(out, pad, "acc", j, at, " = ", Combiner(s.reduce), "(acc", j, at, ", ", v,
+                          ");\n");
+        }
+      }
+      return absl::OkStatus();
+    };
+    RETURN_IF_ERROR(body(depth, vector > 1));
+    if (vector > 1 || groups > 1) absl::StrAppend(out, "        }\n");
+    if (packed) {
+      for (int j : fresh) {
+        const Stmt& s = k_.stmts[j];
+        if (s.kind != StmtKind::kStore || vectorized_.count(j) == 0) continue;
+        ASSIGN_OR_RETURN(std::string addr, Access(j));
+        absl::StrAppend(out, Pad(4), "if (live) kiln_vstore<", groups, ">(&", addr, ", v", j,
+                        ", aligned);\n");
+      }
+    }
+    if (vector > 1) {
+      for (int j : welford) {
+        const char* T = CName(type_[j]);
+        absl::StrAppend(out, Pad(4), "{\n", Pad(5), T, " s = 0, q = 0;\n", "#pragma unroll\n",
+                        Pad(5), "for (int v = 0; v < ", vector, "; ++v) s += wx", j, "[v];\n",
+                        Pad(5), "const ", T, " m = s / ", T, "(", vector, ");\n",
+                        "#pragma unroll\n", Pad(5), "for (int v = 0; v < ", vector,
+                        "; ++v) q += (wx", j, "[v] - m) * (wx", j, "[v] - m);\n", Pad(5),
+                        "kiln_welford_merge(wm", j, ", wq", j, ", wn", j, ", m, q, ", T, "(",
+                        vector, "));\n", Pad(4), "}\n");
+      }
+    }
+    if (vector > 1) RETURN_IF_ERROR(VectorAccesses(fresh, StmtKind::kStore, vector, 4, out));
+    absl::StrAppend(out, "      }\n    }\n");
+    if (sched.vector_tail) {
+      // A row of symbolic length: its last inner_n % vector elements one
+      // by one.
+      const std::set<int> chunked = vectorized_;
+      vectorized_.clear();
+      absl::StrAppend(out, "    for (", idx_, " i = inner_n / ", vector, " * ", vector,
+                      " + lane; i < inner_n; i += ", lanes, ") {\n      {\n");
+      RETURN_IF_ERROR(Decompose(k_.inner, "i", "i", 4, out));
+      RETURN_IF_ERROR(body(4, false));
+      absl::StrAppend(out, "      }\n    }\n");
+      vectorized_ = chunked;
+    }
+    // The combination and the epilogue, for each group in turn.
+    std::string pad = "    ";
+    if (groups > 1) {
+      absl::StrAppend(out, "#pragma unroll\n    for (int g = 0; g < ", groups, "; ++g) {\n");
+      RETURN_IF_ERROR(group_row(3));
+      pad = "      ";
+    }
+    for (int j : inner) {
+      const Stmt& s = k_.stmts[j];
+      if (s.kind != StmtKind::kReduce) continue;
+      const char* T = CName(type_[j]);
+      if (IsWelford(s)) {
+        const int w = WelfordId(j);
+        if (w == j) {
+          absl::StrAppend(out, pad, column ? "kiln_column_welford" : "kiln_block_welford", "(wm", j,
+                          at, ", wq", j, at, ", wn", j, at, ", kiln_smem);\n");
+        }
+        absl::StrAppend(out, pad, "const ", T, " t", j, " = ",
+                        s.reduce == ReduceOp::kWelfordMean ? "wm" : "wq", w, at, ";\n");
+      } else if (column) {
+        absl::StrAppend(out, pad, "const ", T, " t", j, " = kiln_column_reduce(acc", j, at, ", ",
+                        Combiner(s.reduce), ", kiln_smem);\n");
+      } else {
+        absl::StrAppend(out, pad, "const ", T, " t", j, " = kiln_block_reduce(acc", j, ", ",
+                        Combiner(s.reduce), ", ", T, "(", Identity(j), "), kiln_smem);\n");
+      }
+    }
+    for (int j : after) {
+      ASSIGN_OR_RETURN(std::string line, Statement(j, store_guard, live));
+      absl::StrAppend(out, pad, line, "\n");
+    }
+    if (groups > 1) absl::StrAppend(out, "    }\n");
+  }
+  absl::StrAppend(out, "  }\n");
+  return absl::OkStatus();
+}
+
+}  // namespace kiln::codegen::cuda_internal
