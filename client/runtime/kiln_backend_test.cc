@@ -416,6 +416,20 @@ TEST(KilnBackendTest, SoftmaxLayerNormAndRmsNormAreOneKernel) {
         b.AddOutput(Op(b, "aten._log_softmax.default", {Ref(in[0]), ir::Int(0), ir::Bool(false)}));
       },
       {Rand({7, 3})}, 1);
+  // The backwards: the gradient's sum over each row of the output, then
+  // one pass over both.
+  for (const char* target :
+       {"aten._softmax_backward_data.default", "aten._log_softmax_backward_data.default"}) {
+    for (int64_t dim : {-1, 0}) {
+      CheckOne(
+          absl::StrCat(target, " dim ", dim), {Meta(S({6, 50})), Meta(S({6, 50}))},
+          [&](ir::GraphBuilder& b, const std::vector<ir::ValueId>& in) {
+            b.AddOutput(Op(b, target,
+                           {Ref(in[0]), Ref(in[1]), ir::Int(dim), ir::Argument{"", v1::FLOAT32}}));
+          },
+          {Rand({6, 50}), Rand({6, 50}).softmax(dim)}, 1);
+    }
+  }
   // Rows of 32 get their mean and variance in two sweeps; rows longer than
   // the lowering's two-pass limit keep one Welford sweep.
   for (const int64_t d : {32, 20000}) {

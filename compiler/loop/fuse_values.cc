@@ -535,6 +535,27 @@ absl::Status Fuser::BuildReduction(int gi, int node_index, bool fresh,
                     Compute(in.dtype));
     }
     finish({{node.outputs[0], {full.Cast(out, ct), Level::kFull}}});
+  } else if (node.target == "aten._softmax_backward_data.default" ||
+             node.target == "aten._log_softmax_backward_data.default") {
+    // x is the forward's output y, dy the gradient of it, both in the
+    // compute type of the wider: softmax's dx = dy*y - y * sum(dy*y) over
+    // the row, log-softmax's dx = dy - exp(y) * sum(dy).
+    ASSIGN_OR_RETURN(ValueId grad, call.Tensor("grad_output"));
+    const v1::DType t = Compute(ops::PromoteTypes(g_.value(grad).meta.dtype, in.dtype));
+    ASSIGN_OR_RETURN(int dy, full.T("grad_output"));
+    dy = full.Cast(dy, t);
+    const int y = full.Cast(x, t);
+    int out;
+    if (node.target == "aten._softmax_backward_data.default") {
+      const int p = full.Op(ScalarOp::kMul, {dy, y}, t);
+      const int s = reduce(p, ReduceOp::kSum, Level::kRowKeep);
+      out = full.Op(ScalarOp::kSub, {p, full.Op(ScalarOp::kMul, {y, s}, t)}, t);
+    } else {
+      const int s = reduce(dy, ReduceOp::kSum, Level::kRowKeep);
+      out = full.Op(ScalarOp::kSub,
+                    {dy, full.Op(ScalarOp::kMul, {full.Op(ScalarOp::kExp, {y}, t), s}, t)}, t);
+    }
+    finish({{node.outputs[0], {full.Cast(out, ct), Level::kFull}}});
   } else {  // native_layer_norm
     ASSIGN_OR_RETURN(double eps, call.Double("eps"));
     const v1::DType st = Compute(g_.value(node.outputs[1]).meta.dtype);

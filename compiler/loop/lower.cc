@@ -30,6 +30,8 @@ bool IsReduction(const std::string& target) {
                                                     "aten.var.correction",
                                                     "aten._softmax.default",
                                                     "aten._log_softmax.default",
+                                                    "aten._softmax_backward_data.default",
+                                                    "aten._log_softmax_backward_data.default",
                                                     "aten.native_layer_norm.default"};
   return kReductions.count(target) > 0;
 }
@@ -46,8 +48,14 @@ absl::StatusOr<ops::OpCall> BindNode(const ir::Graph& g, const ir::Node& node) {
 // lowering instead (its kind stays kExtern).
 absl::Status LowerReduction(const ir::Graph& g, const ir::Node& node, NodeLowering* out) {
   ASSIGN_OR_RETURN(ops::OpCall call, BindNode(g, node));
+  const bool softmax_backward = node.target == "aten._softmax_backward_data.default" ||
+                                node.target == "aten._log_softmax_backward_data.default";
+  // The tensor whose rows the node reduces (a softmax's backward sums the
+  // gradient over its output's rows).
   ASSIGN_OR_RETURN(ir::ValueId input,
-                   call.Tensor(node.target == "aten.native_layer_norm.default" ? "input" : "self"));
+                   call.Tensor(node.target == "aten.native_layer_norm.default" ? "input"
+                               : softmax_backward                              ? "output"
+                                                                               : "self"));
   const ir::TensorMeta& in = g.value(input).meta;
   const int rank = static_cast<int>(in.sizes.size());
   if (rank == 0) {
@@ -74,7 +82,20 @@ absl::Status LowerReduction(const ir::Graph& g, const ir::Node& node, NodeLoweri
   };
   if (node.target == "aten.sum.default" || node.target == "aten.mean.default") {
     dims = all_dims();
-  } else if (node.target == "aten._softmax.default" || node.target == "aten._log_softmax.default") {
+  } else if (node.target == "aten._softmax.default" || node.target == "aten._log_softmax.default" ||
+             softmax_backward) {
+    if (softmax_backward) {
+      ASSIGN_OR_RETURN(ir::ValueId grad, call.Tensor("grad_output"));
+      const ir::TensorMeta& gm = g.value(grad).meta;
+      if (!SupportedDType(gm.dtype) || !ops::IsFloating(gm.dtype)) {
+        out->why = absl::StrCat("its grad_output has dtype ", v1::DType_Name(gm.dtype));
+        return absl::OkStatus();
+      }
+      if (gm.sizes != in.sizes) {
+        out->why = "its grad_output and output differ in shape";
+        return absl::OkStatus();
+      }
+    }
     ASSIGN_OR_RETURN(int64_t d, call.Int("dim"));
     ASSIGN_OR_RETURN(int64_t w, ops::WrapDim(d, rank));
     dims = {static_cast<int>(w)};
