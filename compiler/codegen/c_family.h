@@ -132,6 +132,10 @@ std::string CastValue(const std::vector<CType>& type, int a, CType to);
 absl::StatusOr<std::string> LoadValue(v1::DType dtype, CType type, const std::string& element,
                                       absl::string_view backend);
 
+// Whether `op` calls a transcendental function (tens of cycles per element):
+// a sweep computing one is bound by arithmetic rather than by memory.
+bool IsTranscendental(loop::ScalarOp op);
+
 // Whether `s` is a Welford reduction (its mean or its M2).
 bool IsWelford(const loop::Stmt& s);
 // The Welford accumulator of reduction j: the first Welford statement of its

@@ -15,64 +15,8 @@
 #include "compiler/codegen/cpp_codegen_internal.h"
 
 namespace kiln::codegen::cpp_internal {
-namespace {
 
 using loop::ScalarOp;
-
-// Whether `op` calls a transcendental function (tens of cycles per element):
-// a sweep computing one is bound by arithmetic rather than by memory.
-bool IsTranscendental(ScalarOp op) {
-  switch (op) {
-    case ScalarOp::kExp:
-    case ScalarOp::kLog:
-    case ScalarOp::kLog1p:
-    case ScalarOp::kExpm1:
-    case ScalarOp::kSin:
-    case ScalarOp::kCos:
-    case ScalarOp::kTanh:
-    case ScalarOp::kErf:
-    case ScalarOp::kSigmoid:
-    case ScalarOp::kSilu:
-    case ScalarOp::kGelu:
-    case ScalarOp::kGeluTanh:
-      return true;
-    case ScalarOp::kNeg:
-    case ScalarOp::kAbs:
-    case ScalarOp::kSqrt:
-    case ScalarOp::kRsqrt:
-    case ScalarOp::kReciprocal:
-    case ScalarOp::kRelu:
-    case ScalarOp::kSign:
-    case ScalarOp::kFloor:
-    case ScalarOp::kCeil:
-    case ScalarOp::kNot:
-    case ScalarOp::kIsnan:
-    case ScalarOp::kAdd:
-    case ScalarOp::kSub:
-    case ScalarOp::kMul:
-    case ScalarOp::kDiv:
-    case ScalarOp::kDivFloor:
-    case ScalarOp::kDivTrunc:
-    case ScalarOp::kPow:
-    case ScalarOp::kMax:
-    case ScalarOp::kMin:
-    case ScalarOp::kEq:
-    case ScalarOp::kNe:
-    case ScalarOp::kLt:
-    case ScalarOp::kLe:
-    case ScalarOp::kGt:
-    case ScalarOp::kGe:
-    case ScalarOp::kAnd:
-    case ScalarOp::kOr:
-    case ScalarOp::kXor:
-    case ScalarOp::kWhere:
-    case ScalarOp::kCast:
-      return false;
-  }
-  return false;
-}
-
-}  // namespace
 
 // Whether pass `pass` may take the fast path: every inner access has a
 // constant inner stride of 0 or 1 (stores: 1).

@@ -35,28 +35,8 @@ const char* CudaKernelEmitter::Combiner(ReduceOp op) {
 
 bool CudaKernelEmitter::Costly(loop::ScalarOp op) {
   using loop::ScalarOp;
-  switch (op) {
-    case ScalarOp::kExp:
-    case ScalarOp::kLog:
-    case ScalarOp::kLog1p:
-    case ScalarOp::kExpm1:
-    case ScalarOp::kSin:
-    case ScalarOp::kCos:
-    case ScalarOp::kTanh:
-    case ScalarOp::kErf:
-    case ScalarOp::kSigmoid:
-    case ScalarOp::kGelu:
-    case ScalarOp::kGeluTanh:
-    case ScalarOp::kSilu:
-    case ScalarOp::kSqrt:
-    case ScalarOp::kRsqrt:
-    case ScalarOp::kReciprocal:
-    case ScalarOp::kDiv:
-    case ScalarOp::kPow:
-      return true;
-    default:
-      return false;
-  }
+  return IsTranscendental(op) || op == ScalarOp::kSqrt || op == ScalarOp::kRsqrt ||
+         op == ScalarOp::kReciprocal || op == ScalarOp::kDiv || op == ScalarOp::kPow;
 }
 
 bool CudaKernelEmitter::SameLoad(int a, int b) const {
