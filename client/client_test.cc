@@ -143,7 +143,9 @@ class FakeAdmin final : public v1::Admin::Service {
   std::atomic<int> stats_calls{0};
   std::atomic<int> get_entry_calls{0};
   std::atomic<int> freeze_calls{0};
-  int unavailable_first = 0;  // Stats fails this many times first
+  // Stats fails this many times first (set by the test, read on the
+  // server's threads).
+  std::atomic<int> unavailable_first{0};
 
   grpc::Status Stats(grpc::ServerContext*, const v1::StatsRequest*,
                      v1::StatsResponse* response) override {
