@@ -49,6 +49,7 @@ TEST(CrashTest, AcknowledgedCompilesSurviveKillNine) {
     }
     // A stream of compiles, killed at a random moment.
     std::atomic<bool> stop{false};
+    std::atomic<int> acked{0};
     std::vector<v1::Graph> acked_now;
     std::thread stream([&] {
       while (!stop.load()) {
@@ -58,8 +59,14 @@ TEST(CrashTest, AcknowledgedCompilesSurviveKillNine) {
         auto done = client->Compile(r);
         if (!done.ok()) break;  // killed
         acked_now.push_back(r.graph());
+        ++acked;
       }
     });
+    // The kill comes at a random moment once the stream is under way (its
+    // first compile acknowledged): on a loaded machine a restarted kilnd's
+    // first compile has taken longer than the whole window.
+    const absl::Time under_way = absl::Now() + absl::Seconds(30);
+    while (acked.load() == 0 && absl::Now() < under_way) absl::SleepFor(absl::Milliseconds(1));
     absl::SleepFor(absl::Milliseconds(std::uniform_int_distribution<int>(100, 400)(rng)));
     kilnd.Kill();
     stop = true;
