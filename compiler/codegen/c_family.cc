@@ -412,6 +412,7 @@ absl::StatusOr<KernelCheck> CheckKernel(const Kernel& k_, absl::string_view back
         break;
       case StmtKind::kReduce:
       case StmtKind::kStore:
+      case StmtKind::kAccumulate:
         want = 1;
         break;
       case StmtKind::kOp: {
@@ -431,11 +432,25 @@ absl::StatusOr<KernelCheck> CheckKernel(const Kernel& k_, absl::string_view back
     if (s.args.size() != want) {
       return StmtError(k_, j, absl::StrCat("takes ", want, " operands, has ", s.args.size()));
     }
-    if (s.kind == StmtKind::kLoad || s.kind == StmtKind::kStore) {
+    const bool accumulates = s.kind == StmtKind::kAccumulate;
+    if (accumulates) {
+      if (k_.row_groups < 1) {
+        return StmtError(k_, j, "sums across rows in a kernel without row groups");
+      }
+      if (!s.inner) return StmtError(k_, j, "a sum across rows must be an inner statement");
+      if (!IsFloat(type_[j])) return StmtError(k_, j, "a sum across rows must be of a float dtype");
+      for (size_t d = 1; d < s.index.outer_strides.size(); ++d) {
+        if (!IsZero(s.index.outer_strides[d])) {
+          return StmtError(k_, j,
+                           "a sum across rows has an outer stride past the first (its group's)");
+        }
+      }
+    }
+    if (s.kind == StmtKind::kLoad || s.kind == StmtKind::kStore || accumulates) {
       if (s.buffer < 0 || s.buffer >= static_cast<int>(k_.buffers.size())) {
         return StmtError(k_, j, absl::StrCat("buffer ", s.buffer, " is out of range"));
       }
-      if (s.kind == StmtKind::kStore && !k_.buffers[s.buffer].written) {
+      if (s.kind != StmtKind::kLoad && !k_.buffers[s.buffer].written) {
         return StmtError(k_, j,
                          absl::StrCat("stores to buf", s.buffer, ", which is not marked written"));
       }
@@ -450,8 +465,10 @@ absl::StatusOr<KernelCheck> CheckKernel(const Kernel& k_, absl::string_view back
         return StmtError(k_, j, absl::StrCat("operand %", a, " is not an earlier statement"));
       }
       const Stmt& arg = k_.stmts[a];
-      if (arg.kind == StmtKind::kStore) {
-        return StmtError(k_, j, absl::StrCat("operand %", a, " is a store"));
+      if (arg.kind == StmtKind::kStore || arg.kind == StmtKind::kAccumulate) {
+        return StmtError(k_, j,
+                         absl::StrCat("operand %", a, " is a ",
+                                      arg.kind == StmtKind::kStore ? "store" : "sum across rows"));
       }
       if (arg.pass > s.pass) {
         return StmtError(k_, j, absl::StrCat("reads %", a, " of a later pass"));

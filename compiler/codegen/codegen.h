@@ -43,6 +43,10 @@ struct LaunchSize {
   int block = 1;
   // Of a reduction kernel: the rows each block reduces at once.
   int64_t rows_per_block = 1;
+  // Each block sweeps its rows with every thread at the same elements of
+  // each row, kept in registers: the kernel can take sums across rows
+  // (loop::StmtKind::kAccumulate).
+  bool row_in_registers = false;
 };
 
 class CodegenBackend {

@@ -88,6 +88,10 @@ absl::StatusOr<std::string> KernelEmitter::Emit() {
 
 absl::Status KernelEmitter::Validate() {
   ASSIGN_OR_RETURN(KernelCheck check, CheckKernel(k_, "C++"));
+  if (k_.row_groups > 0) {
+    // The CUDA target's fusion only (compiler/loop/fold_column_sums.h).
+    return codegen::KernelError(k_, "sums across row groups are not generated as C++");
+  }
   type_ = std::move(check.type);
   after_ = std::move(check.after);
   return absl::OkStatus();

@@ -92,6 +92,7 @@ absl::StatusOr<std::string> KernelEmitter::Statement(int j, SweepMode mode) {
                           ";");
     }
     case StmtKind::kReduce:
+    case StmtKind::kAccumulate:
       break;
   }
   return StmtError(j, "internal: a reduction is not a plain statement");

@@ -112,6 +112,11 @@ class CudaKernelEmitter {
   // the pass that divides it).
   std::vector<int> CacheOf() const;
   absl::Status EmitReduction(const Schedule& sched, std::string* out);
+  // A kernel with row groups (loop::Kernel::row_groups): the registers of
+  // its sums across rows, before the row loop, and each block's partial
+  // sums stored after it.
+  absl::Status DeclareRowSums(const Schedule& sched, std::string* out);
+  absl::Status StoreRowSums(const Schedule& sched, std::string* out);
 
   const Kernel& k_;
   const SymbolTable& symbols_;

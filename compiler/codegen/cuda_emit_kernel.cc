@@ -162,6 +162,7 @@ absl::StatusOr<std::string> CudaKernelEmitter::Statement(int j, const std::strin
       return line;
     }
     case StmtKind::kReduce:
+    case StmtKind::kAccumulate:
       break;
   }
   return StmtError(k_, j, "internal: a reduction is not a plain statement");
@@ -276,7 +277,9 @@ absl::Status CudaKernelEmitter::EmitPointwise(const Schedule& sched, std::string
 bool CudaKernelEmitter::StoresSixteenBitFloats(const Kernel& k) {
   bool any = false;
   for (const Stmt& s : k.stmts) {
-    if (s.kind != StmtKind::kStore) continue;
+    // A sum across rows counts as a store: its partials are added up and
+    // stored by another kernel.
+    if (s.kind != StmtKind::kStore && s.kind != StmtKind::kAccumulate) continue;
     const v1::DType dtype = k.buffers[s.buffer].dtype;
     if (dtype != v1::FLOAT16 && dtype != v1::BFLOAT16) return false;
     any = true;
@@ -286,6 +289,9 @@ bool CudaKernelEmitter::StoresSixteenBitFloats(const Kernel& k) {
 
 std::string CudaKernelEmitter::LaunchBounds(const Schedule& sched) const {
   constexpr int kThreadsPerSm = 2048;
+  if (k_.row_groups > 0) {
+    return absl::StrCat(sched.block, ", ", std::max(1, kRowGroupThreadsPerSm / sched.block));
+  }
   if (sched.per_thread == 0 || sched.per_thread > 8 || cached_values_ > 16 ||
       kThreadsPerSm % sched.block != 0) {
     return absl::StrCat(sched.block);

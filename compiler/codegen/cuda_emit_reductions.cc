@@ -55,7 +55,10 @@ std::vector<int> CudaKernelEmitter::CacheOf() const {
   for (int j = 0; j < n; ++j) {
     same[j] = j;
     const Stmt& s = k_.stmts[j];
-    if (!s.inner || s.kind == StmtKind::kReduce || s.kind == StmtKind::kStore) continue;
+    if (!s.inner || s.kind == StmtKind::kReduce || s.kind == StmtKind::kStore ||
+        s.kind == StmtKind::kAccumulate) {
+      continue;
+    }
     if (s.kind == StmtKind::kOp && s.op == loop::ScalarOp::kCast && type_[s.args[0]] == type_[j] &&
         same[s.args[0]] != s.args[0]) {
       same[j] = same[s.args[0]];  // a copy of a repeated value is that value
@@ -146,8 +149,9 @@ absl::Status CudaKernelEmitter::EmitReduction(const Schedule& sched, std::string
                     "    const bool live = o < outer_n;\n");
     live = "live";
   } else {
-    absl::StrAppend(out, "  const int lane = threadIdx.x;\n", "  for (", idx_,
-                    " o = blockIdx.x; o < outer_n; o += gridDim.x) {\n");
+    absl::StrAppend(out, "  const int lane = threadIdx.x;\n");
+    RETURN_IF_ERROR(DeclareRowSums(sched, out));
+    absl::StrAppend(out, "  for (", idx_, " o = blockIdx.x; o < outer_n; o += gridDim.x) {\n");
   }
   if (groups == 1) RETURN_IF_ERROR(Decompose(k_.outer, "o", "o", 2, out));
   const std::string store_guard = column ? "lane == 0" : "threadIdx.x == 0";
@@ -322,6 +326,11 @@ absl::Status CudaKernelEmitter::EmitReduction(const Schedule& sched, std::string
       const std::string pad = Pad(depth);
       for (int j : inner) {
         const Stmt& s = k_.stmts[j];
+        if (s.kind == StmtKind::kAccumulate) {
+          absl::StrAppend(out, pad, "r", j, "[e] += ", CastValue(type_, s.args[0], type_[j]),
+                          ";\n");
+          continue;
+        }
         if (s.kind != StmtKind::kReduce) {
           if (cache_of[j] >= 0) {
             absl::StrAppend(out, pad, "const ", CName(type_[j]), " t", j, " = c", cache_of[j],
@@ -424,6 +433,43 @@ absl::Status CudaKernelEmitter::EmitReduction(const Schedule& sched, std::string
     if (groups > 1) absl::StrAppend(out, "    }\n");
   }
   absl::StrAppend(out, "  }\n");
+  return StoreRowSums(sched, out);
+}
+
+absl::Status CudaKernelEmitter::DeclareRowSums(const Schedule& sched, std::string* out) {
+  if (k_.row_groups == 0) return absl::OkStatus();
+  if (sched.layout != Layout::kRow || sched.per_thread == 0) {
+    return KernelError(k_, "sums across rows need a row kept in registers");
+  }
+  absl::StrAppend(out, "  // This block's rows' sums, at each element of the thread's share.\n");
+  for (size_t j = 0; j < k_.stmts.size(); ++j) {
+    if (k_.stmts[j].kind != StmtKind::kAccumulate) continue;
+    absl::StrAppend(out, "  ", CName(type_[j]), " r", j, "[", sched.per_thread, "] = {};\n");
+    cached_values_ += sched.per_thread;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaKernelEmitter::StoreRowSums(const Schedule& sched, std::string* out) {
+  if (k_.row_groups == 0) return absl::OkStatus();
+  const int vector = sched.vector;
+  absl::StrAppend(out, "  // The group's partial sums: block g took rows g, g + ", k_.row_groups,
+                  ", ...\n  const ", idx_, " o0 = blockIdx.x;\n", "#pragma unroll\n",
+                  "  for (int e = 0; e < ", sched.per_thread, "; ++e) {\n    const ", idx_, " i = ",
+                  vector > 1 ? absl::StrCat("(lane + e / ", vector, " * ", sched.block, ") * ",
+                                            vector, " + e % ", vector)
+                             : absl::StrCat("lane + e * ", sched.block),
+                  ";\n    if (i < inner_n) {\n");
+  RETURN_IF_ERROR(Decompose(k_.inner, "i", "i", 3, out));
+  for (size_t j = 0; j < k_.stmts.size(); ++j) {
+    const Stmt& s = k_.stmts[j];
+    if (s.kind != StmtKind::kAccumulate) continue;
+    ASSIGN_OR_RETURN(std::string addr, Access(static_cast<int>(j)));
+    absl::StrAppend(out, "      ", addr, " = ",
+                    ToStorage(k_.buffers[s.buffer].dtype, type_[j], absl::StrCat("r", j, "[e]")),
+                    ";\n");
+  }
+  absl::StrAppend(out, "    }\n  }\n");
   return absl::OkStatus();
 }
 

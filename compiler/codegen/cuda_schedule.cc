@@ -49,6 +49,14 @@ constexpr int kCachedVectorsPerThread = 2;
 // registers across passes: 64 bytes per thread as in float32.
 constexpr int kOnePassBytesPerThread = 64;
 
+// Elements per thread of a row kernel with sums across rows.
+constexpr int kAccumulatedPerThread = 8;
+
+bool Accumulates(const Kernel& k) {
+  return std::any_of(k.stmts.begin(), k.stmts.end(),
+                     [](const Stmt& s) { return s.kind == StmtKind::kAccumulate; });
+}
+
 // The stride of the last dimension of `strides` (0 when there is none).
 const ir::SymInt& LastStride(const std::vector<ir::SymInt>& strides) {
   static const ir::SymInt kZero{int64_t{0}};
@@ -255,7 +263,7 @@ std::vector<int> OutputOrder(const Kernel& k) {
 
 bool HasReduction(const Kernel& k) {
   for (const Stmt& s : k.stmts) {
-    if (s.kind == StmtKind::kReduce) return true;
+    if (s.kind == StmtKind::kReduce || s.kind == StmtKind::kAccumulate) return true;
   }
   return false;
 }
@@ -322,6 +330,9 @@ namespace {
 // The autotuner's choice (Kernel::block) when it is one this layout can
 // take: a whole number of warps, at most 1024.
 int TunedBlock(const Kernel& k) {
+  // Sums across rows keep a register per element of the thread's share of
+  // the row: the heuristic's block, which keeps the row in registers.
+  if (k.row_groups > 0) return 0;
   return k.block >= 32 && k.block <= 1024 && k.block % 32 == 0 ? k.block : 0;
 }
 
@@ -367,6 +378,10 @@ Schedule ScheduleOf(const Kernel& k) {
     elements = k.passes == 1 ? std::max(elements, kOnePassBytesPerThread * s.vector / 16)
                              : kCachedVectorsPerThread * s.vector;
   }
+  // Sums across rows take a register per element a thread holds: 8
+  // elements (one vector of 16-bit ones), as float32 rows kept in
+  // registers have.
+  if (Accumulates(k)) elements = std::max(kAccumulatedPerThread, s.vector);
   if (tuned == 0) {
     const int64_t threads = (row + elements - 1) / elements;
     s.block = static_cast<int>(std::clamp<int64_t>((threads + 31) / 32 * 32, 32, 1024));
@@ -379,7 +394,7 @@ Schedule ScheduleOf(const Kernel& k) {
 }
 
 std::vector<int> BlockCandidates(const Kernel& k) {
-  if (HasReduction(k) && ReadsAcrossRows(k)) return {};
+  if ((HasReduction(k) && ReadsAcrossRows(k)) || k.row_groups > 0) return {};
   std::vector<int> out = {128, 256, 512, 1024};
   bool constant = false;
   const int64_t row = ConstantProduct(k.inner, &constant);
@@ -408,6 +423,12 @@ LaunchSize SizeLaunch(const Kernel& k) {
                             : sched.layout == Layout::kColumn ? kColumnRows * sched.column_groups
                                                               : 1;
   if (reduce) size.rows_per_block = per_block;
+  size.row_in_registers = reduce && sched.layout == Layout::kRow && sched.per_thread > 0;
+  if (k.row_groups > 0) {
+    // Each group's partial sums come from one block.
+    size.grid = ir::SymInt{k.row_groups};
+    return size;
+  }
   std::vector<ir::SymInt> space = k.outer;
   if (!reduce) space.insert(space.end(), k.inner.begin(), k.inner.end());
   bool constant = false;

@@ -83,6 +83,11 @@ struct Schedule {
 inline constexpr int kPointwiseBlock = 256;
 // Rows per block in the column layout.
 inline constexpr int kColumnRows = 32;
+// Threads per SM a kernel with row groups (loop::Kernel::row_groups) is
+// given: its launch asks for 1024 / block blocks per SM (a register cap of
+// 64), and a target gives it that many groups per SM, every block resident
+// at once.
+inline constexpr int kRowGroupThreadsPerSm = 1024;
 
 bool HasReduction(const loop::Kernel& k);
 // The schedule of `k`: the heuristic's, with the threads per block the

@@ -157,6 +157,7 @@ std::string PrintKernel(const Kernel& kernel) {
   std::string out =
       absl::StrCat("kernel ", kernel.name, ": outer ", SizeList(kernel.outer), " inner ",
                    SizeList(kernel.inner), " passes ", kernel.passes,
+                   kernel.row_groups > 0 ? absl::StrCat(" groups ", kernel.row_groups) : "",
                    kernel.block > 0 ? absl::StrCat(" block ", kernel.block) : "", "\n");
   if (!kernel.nodes.empty()) {
     absl::StrAppend(&out, "  nodes: ", absl::StrJoin(kernel.nodes, ", "), "\n");
@@ -193,6 +194,10 @@ std::string PrintKernel(const Kernel& kernel) {
       case StmtKind::kStore:
         absl::StrAppend(&out, "store ", BufferName(kernel, s.buffer), "[", IndexString(s.index),
                         "] = ", ArgList(s.args), where);
+        break;
+      case StmtKind::kAccumulate:
+        absl::StrAppend(&out, "accumulate ", BufferName(kernel, s.buffer), "[",
+                        IndexString(s.index), "] += ", ArgList(s.args), type, where);
         break;
     }
     absl::StrAppend(&out, "\n");

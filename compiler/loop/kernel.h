@@ -14,6 +14,12 @@
 //       outer-level statements of pass p (after the sweep): they may read
 //       the pass's reductions, e.g. a mean = sum / n, and store per row
 //
+// A kernel with `row_groups` deals its outer points into that many groups
+// (point o into group o % row_groups) and may sum values across the points
+// of each group (kAccumulate): a layer norm's backward computes each row's
+// input gradient and, in the same sweep, each group's partial sums over rows
+// of the weight's and bias's gradients, which a second kernel adds up.
+//
 // A pointwise kernel has one pass, an inner space of the last dimension and
 // no reductions. Softmax over the last dimension is one kernel: pass 0
 // reduces max, pass 1 reduces sum(exp(x - max)), pass 2 stores
@@ -55,6 +61,12 @@ enum class StmtKind {
   kOp,        // scalar op `op` over `args`
   kReduce,    // accumulates args[0] over the inner sweep with `reduce`
   kStore,     // buffer[index] = args[0]
+  // A sum across rows (Kernel::row_groups): for each group g of outer
+  // points and each inner point, buffer[g * index.outer_strides[0] +
+  // inner index] = the sum of args[0] over the group's outer points, in
+  // `dtype`. The index's other outer strides are 0. An inner statement; it
+  // has no value.
+  kAccumulate,
 };
 
 // The scalar ops of kOp statements. Operands are converted to the
@@ -161,6 +173,8 @@ struct Kernel {
   std::vector<KernelBuffer> buffers;
   // The graph nodes fused into this kernel, in order (for the debug trace).
   std::vector<std::string> nodes;
+  // The groups kAccumulate statements sum over (see above); 0: none.
+  int64_t row_groups = 0;
   // Threads per block, as the CUDA autotuner chose them
   // (compiler/codegen/cuda_tuner.h); 0: the target's heuristic.
   int block = 0;

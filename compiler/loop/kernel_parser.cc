@@ -159,7 +159,7 @@ class KernelParser {
   }
 
  private:
-  // "kernel <name>: outer [..] inner [..] passes <n>[ block <threads>]"
+  // "kernel <name>: outer [..] inner [..] passes <n>[ groups <g>][ block <threads>]"
   absl::Status Header(const Line& line) {
     absl::string_view t = line.text;
     const int n = line.number;
@@ -181,8 +181,16 @@ class KernelParser {
       return Error(n, "expected ' passes <n>' after the inner sizes");
     }
     const size_t block = t.find(" block ");
-    ASSIGN_OR_RETURN(k_.passes, ParseNumber(n, t.substr(0, block), "the number of passes"));
+    const size_t groups = t.substr(0, block).find(" groups ");
+    ASSIGN_OR_RETURN(k_.passes,
+                     ParseNumber(n, t.substr(0, std::min(groups, block)), "the number of passes"));
     if (k_.passes < 1) return Error(n, "expected at least 1 pass");
+    if (groups != absl::string_view::npos) {
+      const size_t end = block == absl::string_view::npos ? block : block - groups - 8;
+      ASSIGN_OR_RETURN(k_.row_groups,
+                       ParseNumber(n, t.substr(groups + 8, end), "the number of row groups"));
+      if (k_.row_groups < 1) return Error(n, "expected at least 1 row group");
+    }
     if (block != absl::string_view::npos) {
       ASSIGN_OR_RETURN(k_.block, ParseNumber(n, t.substr(block + 7), "the threads per block"));
       if (k_.block < 1) return Error(n, "expected at least 1 thread per block");
@@ -228,9 +236,11 @@ class KernelParser {
     absl::string_view t = line.text;
     const int n = line.number;
     const int position = static_cast<int>(k_.stmts.size());
-    if (!absl::StartsWith(t, "%") && !absl::StartsWith(t, "store ")) {
-      return Error(n, absl::StrCat("expected a statement ('%", position,
-                                   " = ...' or 'store ...'), got ", Quote(line.text)));
+    if (!absl::StartsWith(t, "%") && !absl::StartsWith(t, "store ") &&
+        !absl::StartsWith(t, "accumulate ")) {
+      return Error(
+          n, absl::StrCat("expected a statement ('%", position,
+                          " = ...', 'store ...' or 'accumulate ...'), got ", Quote(line.text)));
     }
     Stmt s;
     const size_t at = t.rfind(" [pass ");
@@ -261,6 +271,22 @@ class KernelParser {
       }
       RETURN_IF_ERROR(Args(n, t, position, 1, "store", &s.args));
       s.dtype = k_.buffers[s.buffer].dtype;
+      k_.stmts.push_back(std::move(s));
+      return absl::OkStatus();
+    }
+
+    if (absl::ConsumePrefix(&t, "accumulate ")) {
+      s.kind = StmtKind::kAccumulate;
+      RETURN_IF_ERROR(Access(n, &t, &s));
+      if (!absl::ConsumePrefix(&t, " += ")) {
+        return Error(n, "expected ' += %<value> : <dtype>' after the accumulated-to index");
+      }
+      const size_t colon = t.rfind(" : ");
+      if (colon == absl::string_view::npos) {
+        return Error(n, "expected ' : <dtype>' after the accumulated value");
+      }
+      ASSIGN_OR_RETURN(s.dtype, ParseDType(n, t.substr(colon + 3)));
+      RETURN_IF_ERROR(Args(n, t.substr(0, colon), position, 1, "accumulate", &s.args));
       k_.stmts.push_back(std::move(s));
       return absl::OkStatus();
     }
@@ -339,8 +365,11 @@ class KernelParser {
           return Error(n, absl::StrCat("operand %", digits.substr(0, kQuoteLimit),
                                        " is not a statement before %", position));
         }
-        if (k_.stmts[a].kind == StmtKind::kStore) {
-          return Error(n, absl::StrCat("operand %", a, " is a store, which has no value"));
+        if (k_.stmts[a].kind == StmtKind::kStore || k_.stmts[a].kind == StmtKind::kAccumulate) {
+          return Error(
+              n, absl::StrCat("operand %", a, " is a ",
+                              k_.stmts[a].kind == StmtKind::kStore ? "store" : "sum across rows",
+                              ", which has no value"));
         }
         args->push_back(a);
       }

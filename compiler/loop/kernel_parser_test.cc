@@ -25,6 +25,7 @@
 #include "compiler/codegen/codegen.h"
 #include "compiler/ir/builder.h"
 #include "compiler/ir/canonical.h"
+#include "compiler/loop/fold_column_sums.h"
 #include "compiler/loop/lowering.h"
 #include "compiler/loop/split_reductions.h"
 #include "compiler/pipeline/attention.h"
@@ -44,6 +45,8 @@ void ExpectSameKernel(const Kernel& want, const Kernel& got, const std::string& 
   EXPECT_EQ(got.outer, want.outer);
   EXPECT_EQ(got.inner, want.inner);
   EXPECT_EQ(got.passes, want.passes);
+  EXPECT_EQ(got.row_groups, want.row_groups);
+  EXPECT_EQ(got.block, want.block);
   EXPECT_EQ(got.nodes, want.nodes);
   ASSERT_EQ(got.buffers.size(), want.buffers.size());
   for (size_t b = 0; b < want.buffers.size(); ++b) {
@@ -64,6 +67,7 @@ void ExpectSameKernel(const Kernel& want, const Kernel& got, const std::string& 
     switch (w.kind) {
       case StmtKind::kLoad:
       case StmtKind::kStore:
+      case StmtKind::kAccumulate:
         EXPECT_EQ(g.buffer, w.buffer);
         EXPECT_EQ(g.index.outer_strides, w.index.outer_strides);
         EXPECT_EQ(g.index.inner_strides, w.index.inner_strides);
@@ -162,6 +166,13 @@ void LowerAsThePipelineDoes(const std::string& path, const std::string& device,
     out->push_back({label + " split everywhere", *lowered});
     SplitReductions(SplitEverything(), &out->back().lowered);
     if ((*target)->multiprocessors() > 0) {
+      // Every sum over rows a row kernel in registers can take, in 4 groups.
+      ColumnSumPolicy sums;
+      sums.groups = [&backend](const Kernel& k) -> int64_t {
+        absl::StatusOr<codegen::LaunchSize> size = backend->Launch(k);
+        return size.ok() && size->row_in_registers ? 4 : 0;
+      };
+      FoldColumnSums(sums, &*lowered);
       SplitPolicy policy;
       policy.split_below = (*target)->multiprocessors();
       policy.min_blocks = 2 * (*target)->multiprocessors();
@@ -179,7 +190,7 @@ void LowerAsThePipelineDoes(const std::string& path, const std::string& device,
 TEST(KernelParserTest, EveryTestDataKernelRoundTrips) {
   const std::vector<std::string> paths = testing::TestGraphFiles();
   ASSERT_GE(paths.size(), 6u);
-  int kernels = 0, split = 0;
+  int kernels = 0, split = 0, folded = 0;
   for (const std::string device : {"cpu", "cuda"}) {
     std::vector<Lowered> all;
     for (const std::string& path : paths) LowerAsThePipelineDoes(path, device, &all);
@@ -190,6 +201,7 @@ TEST(KernelParserTest, EveryTestDataKernelRoundTrips) {
         absl::StrAppend(&section, PrintKernel(k), "\n");
         ++kernels;
         split += absl::EndsWith(k.name, "_partial");
+        folded += k.row_groups > 0;
       }
       // The "# kernels" section of PrintLowered reads back whole.
       absl::StatusOr<std::vector<Kernel>> parsed =
@@ -202,6 +214,7 @@ TEST(KernelParserTest, EveryTestDataKernelRoundTrips) {
   }
   EXPECT_GE(kernels, 100);
   EXPECT_GE(split, 10);  // partial kernels, with their finishing ones
+  EXPECT_GE(folded, 1);  // row kernels that took a column kernel's sums
 }
 
 // Graphs the test data lacks: rows of symbolic size and long rows (Welford).
@@ -432,7 +445,8 @@ TEST(KernelParserTest, MalformedTextNamesTheLine) {
        "line 8: operand %2 is a store, which has no value"},
       {WithLine(2, "  nodes:"), "line 2: expected node names"},
       {WithLine(5, "  buf0 = x : f32"), "line 5: expected 'buf2 = <value> : <dtype>'"},
-      {WithLine(5, "  what"), "line 5: expected a statement ('%0 = ...' or 'store ...')"},
+      {WithLine(5, "  what"),
+       "line 5: expected a statement ('%0 = ...', 'store ...' or 'accumulate ...')"},
   };
   for (const auto& [text, want] : cases) {
     absl::StatusOr<Kernel> k = ParseKernel(text);

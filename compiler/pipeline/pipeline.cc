@@ -10,9 +10,11 @@
 #include "common/cuda_driver.h"
 #include "common/status_macros.h"
 #include "compiler/codegen/codegen.h"
+#include "compiler/codegen/cuda_schedule.h"
 #include "compiler/codegen/modules.h"
 #include "compiler/ir/canonical.h"
 #include "compiler/ir/printer.h"
+#include "compiler/loop/fold_column_sums.h"
 #include "compiler/loop/lowering.h"
 #include "compiler/loop/split_reductions.h"
 #include "compiler/ops/registry.h"
@@ -81,6 +83,24 @@ absl::StatusOr<v1::CompiledGraph> CompileGraph(const ir::Graph& graph, const std
   loop::LoweredGraph lowered =
       times->Time(prefix + "plan", [&] { return loop::BuildPlan(faulty, std::move(fused)); });
   if (target.multiprocessors() > 0) {
+    // A sum over rows of what a row kernel reads joins it, the rows dealt
+    // into as many groups as the SMs keep resident (cuda_schedule.h), each
+    // group with 8 rows or more.
+    const int64_t sms = target.multiprocessors();
+    loop::ColumnSumPolicy sums;
+    sums.groups = [&backend, sms](const loop::Kernel& k) -> int64_t {
+      absl::StatusOr<codegen::LaunchSize> size = backend.Launch(k);
+      if (!size.ok() || !size->row_in_registers) return 0;
+      int64_t rows = 1;
+      for (const ir::SymInt& s : k.outer) {
+        if (!s.is_constant()) return 0;
+        rows *= s.constant();
+      }
+      const int64_t groups = std::min<int64_t>(
+          sms * std::max(1, codegen::kRowGroupThreadsPerSm / size->block), rows / 8);
+      return groups >= sms ? groups : 0;
+    };
+    times->Time(prefix + "fold-column-sums", [&] { loop::FoldColumnSums(sums, &lowered); });
     // Split what leaves SMs idle into two blocks per SM, so that each has a
     // second block to switch to while the first waits on memory.
     loop::SplitPolicy policy;
