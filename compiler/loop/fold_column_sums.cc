@@ -471,12 +471,16 @@ class Folder {
   // The plan launches the merged kernel where it launched `row`, the
   // partials allocated before it, and the finishing kernel after it; the
   // column kernel's own launch goes, and its outputs' allocations, when
-  // they came after the row kernel, move before the finishing kernel.
+  // they came after the row kernel, move before it (the merged kernel
+  // stores what the column kernel's sweep stored).
   void Rewrite(const std::string& row, const std::string& column, int64_t groups,
                const Fold& fold) {
     const int rl = LaunchOf(row), cl = LaunchOf(column);
     const v1::PlanStep::Launch& launch = plan_.steps(rl).launch();
-    const std::set<std::string> outputs = Values(fold.finish, true);
+    std::set<std::string> outputs = Values(fold.finish, true);
+    for (const KernelBuffer& b : fold.merged.buffers) {
+      if (b.written) outputs.insert(b.value);
+    }
     // The partials live where the row kernel's buffers do.
     v1::Device device;
     device.set_type("cuda");
@@ -523,11 +527,11 @@ class Folder {
         l->set_symbol(k.name);
         for (const KernelBuffer& b : k.buffers) l->add_buffers(b.value);
       };
-      add_launch(fold.merged);
       for (int q = rl + 1; q < cl; ++q) {
         const v1::PlanStep& a = plan_.steps(q);
         if (a.has_alloc() && outputs.count(a.alloc().value()) > 0) *steps.Add() = a;
       }
+      add_launch(fold.merged);
       add_launch(fold.finish);
     }
     *plan_.mutable_steps() = std::move(steps);

@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <set>
 #include <string>
 #include <vector>
 
@@ -29,7 +30,9 @@ ir::ValueId Op(ir::GraphBuilder& b, const std::string& target, std::vector<ir::A
 
 // An RMS norm's backward over [rows, cols] in `dtype`: dx row by row (a
 // row sum, then a pass over the row), dw = sum over the rows of dy * x * r.
-LoweredGraph NormBackward(int64_t rows, int64_t cols, v1::DType dtype) {
+// With `product`, dy * x * r * 2 is an output too: the column kernel
+// stores it in its sweep, and the row kernel takes the store.
+LoweredGraph NormBackward(int64_t rows, int64_t cols, v1::DType dtype, bool product = false) {
   ir::GraphBuilder b("norm_backward");
   const ir::ValueId x =
       b.AddInput(ir::ContiguousMeta({rows, cols}, dtype), v1::Placeholder::USER_INPUT, "x");
@@ -47,13 +50,13 @@ LoweredGraph NormBackward(int64_t rows, int64_t cols, v1::DType dtype) {
                             {Ref(Op(b, "aten.mul.Tensor", {Ref(a), Ref(r)})),
                              Ref(Op(b, "aten.mul.Tensor", {Ref(x), Ref(s)}))});
   const ir::ValueId xr = Op(b, "aten.mul.Tensor", {Ref(x), Ref(r)});
-  const ir::ValueId dw =
-      Op(b, "aten.sum.dim_IntList",
-         {Ref(Op(b, "aten.mul.Tensor", {Ref(dy), Ref(xr)})), ir::Ints({0}), ir::Bool(false)});
+  const ir::ValueId g = Op(b, "aten.mul.Tensor", {Ref(dy), Ref(xr)});
+  const ir::ValueId dw = Op(b, "aten.sum.dim_IntList", {Ref(g), ir::Ints({0}), ir::Bool(false)});
   b.AddOutput(dx);
   b.AddOutput(dw);
-  ir::Graph g = std::move(b).Build();
-  v1::Graph proto = g.ToProto();
+  if (product) b.AddOutput(Op(b, "aten.mul.Scalar", {Ref(g), ir::Float(2.0)}));
+  ir::Graph graph = std::move(b).Build();
+  v1::Graph proto = graph.ToProto();
   ir::MoveTensors(&proto, "cuda", 0);
   absl::StatusOr<ir::Graph> on_gpu = ir::Graph::FromProto(proto);
   EXPECT_TRUE(on_gpu.ok()) << on_gpu.status();
@@ -81,6 +84,22 @@ std::unique_ptr<codegen::CodegenBackend> Cuda() {
   codegen::CudaOptions options;
   options.sm_arch = "sm_90";
   return codegen::MakeCudaBackend(options);
+}
+
+// Every value a launch names is an input or defined by an earlier step.
+void ExpectDefinedBeforeUse(const v1::ExecutionPlan& plan) {
+  std::set<std::string> defined;
+  for (const v1::Placeholder& p : plan.inputs()) defined.insert(p.value().name());
+  for (int i = 0; i < plan.steps_size(); ++i) {
+    const v1::PlanStep& s = plan.steps(i);
+    if (s.has_alloc()) defined.insert(s.alloc().value());
+    if (s.has_view()) defined.insert(s.view().value());
+    if (!s.has_launch()) continue;
+    for (const std::string& b : s.launch().buffers()) {
+      EXPECT_TRUE(defined.count(b) > 0) << "step " << i << " (" << s.launch().symbol() << ") reads "
+                                        << b << " before it is defined";
+    }
+  }
 }
 
 TEST(FoldColumnSums, TheWeightGradientJoinsTheRowKernel) {
@@ -127,6 +146,7 @@ TEST(FoldColumnSums, TheWeightGradientJoinsTheRowKernel) {
     for (auto i = at("launch " + rows.name) + 1; i < at("launch " + finish.name); ++i) {
       EXPECT_TRUE(absl::StartsWith(steps[i], "alloc ")) << text;
     }
+    ExpectDefinedBeforeUse(lowered.plan);
     // Printed and parsed back, the same.
     for (const Kernel& k : lowered.kernels) {
       absl::StatusOr<Kernel> parsed = ParseKernel(PrintKernel(k));
@@ -144,6 +164,24 @@ TEST(FoldColumnSums, TheWeightGradientJoinsTheRowKernel) {
     auto module = backend->Compile(*source);
     ASSERT_TRUE(module.ok()) << module.status();
   }
+}
+
+TEST(FoldColumnSums, WhatTheColumnSweepStoresTheRowKernelStores) {
+  LoweredGraph lowered = NormBackward(2048, 1024, v1::FLOAT32, /*product=*/true);
+  FoldColumnSums(Groups(16), &lowered);
+  const std::string decisions = absl::StrJoin(lowered.decisions, "\n");
+  ASSERT_TRUE(absl::StrContains("\n" + decisions, "\nfold: ")) << PrintLowered(lowered);
+  ExpectDefinedBeforeUse(lowered.plan);
+  int stores = 0;
+  for (const Kernel& k : lowered.kernels) {
+    if (k.row_groups == 0) continue;
+    for (const Stmt& s : k.stmts) stores += s.kind == StmtKind::kStore && s.inner;
+  }
+  EXPECT_GE(stores, 2) << PrintLowered(lowered);  // dx and the product
+  auto backend = Cuda();
+  auto source = backend->Generate(lowered.kernels, lowered.symbols);
+  ASSERT_TRUE(source.ok()) << source.status();
+  EXPECT_TRUE(backend->Compile(*source).ok());
 }
 
 TEST(FoldColumnSums, ATargetThatCannotTakeItLeavesBothKernels) {
