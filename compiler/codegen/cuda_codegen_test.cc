@@ -178,6 +178,48 @@ TEST(CudaCodegen, ShortRowsStayInRegistersAcrossPasses) {
   ASSERT_TRUE(module.ok()) << module.status();
 }
 
+// A thread's share of a row kept in registers is whole 16-byte vectors,
+// also where the row does not split evenly over the block (768 bfloat16
+// elements at 64 threads: two vectors each, the second only in half the
+// lanes) and over several inner dims (a batch norm's [H, W] per channel).
+TEST(CudaCodegen, RowsInRegistersAreReadInVectorsOfTheirLastDim) {
+  KernelBuilder kb("centered_rows", {C(4096)}, {C(768)}, 2);
+  const int x = kb.Buffer("x", v1::BFLOAT16);
+  const int out = kb.Buffer("out", v1::BFLOAT16, true);
+  kb.At(0, true);
+  const int sum = kb.Reduce(ReduceOp::kSum, kb.Load(x, Idx({C(768)}, {C(1)})));
+  kb.At(1, true);
+  kb.Store(out, Idx({C(768)}, {C(1)}),
+           kb.Op(ScalarOp::kSub, {kb.Load(x, Idx({C(768)}, {C(1)})), sum}));
+  const Kernel k = kb.kernel();
+  Schedule sched = ScheduleOf(k);
+  EXPECT_EQ(sched.block, 64);
+  EXPECT_EQ(sched.vector, 8);
+  EXPECT_EQ(sched.per_thread, 16);
+  auto source = Backend()->Generate({k}, {});
+  ASSERT_TRUE(source.ok()) << source.status();
+  EXPECT_TRUE(absl::StrContains(*source, "i = (lane + ec * 64) * 8;")) << *source;
+  EXPECT_TRUE(absl::StrContains(*source, "kiln_vload<8>(")) << *source;
+  auto module = Backend()->Compile(*source);
+  EXPECT_TRUE(module.ok()) << module.status() << *source;
+
+  KernelBuilder bn("channel_sums", {C(32)}, {C(8), C(64), C(64)});
+  const int y = bn.Buffer("y", v1::BFLOAT16);
+  const int o = bn.Buffer("o", v1::FLOAT32, true);
+  bn.At(0, true);
+  const int r = bn.Reduce(ReduceOp::kSum, bn.Load(y, Idx({C(4096)}, {C(131072), C(64), C(1)})));
+  bn.At(0, false);
+  bn.Store(o, Idx({C(1)}, {C(0), C(0), C(0)}), r);
+  sched = ScheduleOf(bn.kernel());
+  EXPECT_EQ(sched.vector, 8);
+  EXPECT_GT(sched.per_thread, 0);
+  EXPECT_EQ(sched.per_thread % 8, 0);
+  auto channels = Backend()->Generate({bn.kernel()}, {});
+  ASSERT_TRUE(channels.ok()) << channels.status();
+  EXPECT_TRUE(absl::StrContains(*channels, "kiln_vload<8>(")) << *channels;
+  EXPECT_TRUE(Backend()->Compile(*channels).ok());
+}
+
 // A row whose registers would not fit 32 per thread keeps the compiler's
 // own register count: 16 elements per thread are not capped.
 TEST(CudaCodegen, LongCachedRowsKeepTheirRegisters) {

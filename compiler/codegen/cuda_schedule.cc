@@ -386,10 +386,15 @@ Schedule ScheduleOf(const Kernel& k) {
     const int64_t threads = (row + elements - 1) / elements;
     s.block = static_cast<int>(std::clamp<int64_t>((threads + 31) / 32 * 32, 32, 1024));
   }
-  const int64_t per_thread = (row + s.block - 1) / s.block;
+  // A thread's share is whole vectors (the row's length divides by the
+  // width): a row of 768 bfloat16 at 64 threads takes two vectors each, the
+  // second only in half the lanes, rather than 12 scalars. Over several
+  // inner dims (a batch norm's [N, H, W]) a vector is a chunk of the last
+  // one, which VectorWidth found to divide by the width.
+  const int64_t vectors = row / s.vector;
+  const int64_t per_thread = (vectors + s.block - 1) / s.block * s.vector;
   if (per_thread > std::max(kMaxCachedPerThread, elements)) return s;
   s.per_thread = static_cast<int>(std::max<int64_t>(per_thread, 1));
-  if (k.inner.size() != 1 || s.per_thread % s.vector != 0) s.vector = 1;
   return s;
 }
 
