@@ -214,5 +214,33 @@ TEST(PartitionTest, FiveThousandNodesWellUnderOneHundredMilliseconds) {
   EXPECT_EQ(p->saved.size(), 1u);
 }
 
+// A derivative rule that would compute a value the graph computes already
+// reads it: var's derivative takes the mean of its input, which a batch
+// norm's forward computes over the same dims; one mean, not two.
+TEST(PartitionTest, DerivativesReuseWhatTheForwardComputes) {
+  ir::GraphBuilder b("norm");
+  ir::ValueId x = b.AddInput(Meta({8, 4, 6, 6}, true), v1::Placeholder::USER_INPUT, "x");
+  const std::vector<int64_t> dims = {0, 2, 3};
+  ir::ValueId var = Op(b, "aten.var.correction", {Ref(x), ir::Ints(dims)},
+                       {ir::Kwarg("correction", ir::Int(0)), ir::Kwarg("keepdim", ir::Bool(true))});
+  ir::ValueId mean = Op(b, "aten.mean.dim", {Ref(x), ir::Ints(dims), ir::Bool(true)});
+  ir::ValueId centered = Op(b, "aten.sub.Tensor", {Ref(x), Ref(mean)});
+  ir::ValueId scale = Op(b, "aten.rsqrt.default", {Ref(var)});
+  b.AddOutput(Op(b, "aten.mul.Tensor", {Ref(centered), Ref(scale)}));
+  auto joint = BuildJointGraph(std::move(b).Build(), {});
+  ASSERT_TRUE(joint.ok()) << joint.status();
+  int means = 0;
+  for (const ir::Node& n : joint->graph.nodes()) means += n.target == "aten.mean.dim";
+  EXPECT_EQ(means, 1);
+  // Only where the arguments are the same: a mean over other dims is new.
+  ir::GraphBuilder other("other");
+  ir::ValueId y = other.AddInput(Meta({8, 4}, true), v1::Placeholder::USER_INPUT, "y");
+  ir::ValueId m0 = Op(other, "aten.mean.dim", {Ref(y), ir::Ints({0}), ir::Bool(true)});
+  EXPECT_EQ(
+      other.FindNode("aten.mean.dim", {Ref(y), ir::Ints({0}), ir::Bool(true)}, {})->outputs[0], m0);
+  EXPECT_EQ(other.FindNode("aten.mean.dim", {Ref(y), ir::Ints({1}), ir::Bool(true)}, {}), nullptr);
+  EXPECT_EQ(other.FindNode("aten.mean.dim", {Ref(y), ir::Ints({0}), ir::Bool(false)}, {}), nullptr);
+}
+
 }  // namespace
 }  // namespace kiln::autograd

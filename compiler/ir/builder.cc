@@ -1,6 +1,8 @@
 #include "compiler/ir/builder.h"
 
 #include <algorithm>
+#include <type_traits>
+#include <variant>
 
 #include "absl/strings/str_cat.h"
 
@@ -44,8 +46,56 @@ std::vector<ValueId> GraphBuilder::AddNode(std::string target, std::vector<Argum
                             static_cast<int32_t>(j)});
     node.outputs.push_back(id);
   }
+  by_key_[NodeKey(node.target, node.args)].push_back(index);
   nodes_.push_back(std::move(node));
   return nodes_.back().outputs;
+}
+
+std::string GraphBuilder::NodeKey(const std::string& target, const std::vector<Argument>& args) {
+  for (const Argument& a : args) {
+    if (const auto* id = std::get_if<ValueId>(&a.kind)) return absl::StrCat(target, "@", *id);
+  }
+  return target;
+}
+
+namespace {
+
+bool SameKind(const Argument::Kind& a, const Argument::Kind& b) {
+  return std::visit(
+      [](const auto& x, const auto& y) {
+        using X = std::decay_t<decltype(x)>;
+        if constexpr (!std::is_same_v<X, std::decay_t<decltype(y)>>) {
+          return false;
+        } else if constexpr (std::is_same_v<X, None>) {
+          return true;
+        } else {
+          return x == y;
+        }
+      },
+      a, b);
+}
+
+bool SameArguments(const std::vector<Argument>& a, const std::vector<Argument>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t j = 0; j < a.size(); ++j) {
+    if (a[j].name != b[j].name || !SameKind(a[j].kind, b[j].kind)) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+const Node* GraphBuilder::FindNode(const std::string& target, const std::vector<Argument>& args,
+                                   const std::vector<Argument>& kwargs) const {
+  auto it = by_key_.find(NodeKey(target, args));
+  if (it == by_key_.end()) return nullptr;
+  for (int32_t index : it->second) {
+    const Node& n = nodes_[index];
+    if (n.target == target && SameArguments(n.args, args) && SameArguments(n.kwargs, kwargs)) {
+      return &n;
+    }
+  }
+  return nullptr;
 }
 
 std::vector<ValueId> GraphBuilder::CopyNode(const Graph& from, const Node& node,

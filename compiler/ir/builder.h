@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "compiler/ir/graph.h"
 
@@ -30,6 +31,13 @@ class GraphBuilder {
                                std::string name = "", std::vector<std::string> output_names = {});
   void AddOutput(ValueId value) { outputs_.push_back(value); }
 
+  // The node added before with this target and these arguments (equal
+  // kinds and values, names included), or nullptr: for a builder that
+  // reuses a value it would compute again (the derivative of var.correction
+  // takes the mean of its input, which the forward graph computes already).
+  const Node* FindNode(const std::string& target, const std::vector<Argument>& args,
+                       const std::vector<Argument>& kwargs) const;
+
   // Adds a copy of `node` of graph `from` (same target, arguments, names and
   // output metadata), its operands renamed through `map` (a value id of
   // `from` -> one of this builder). Records the copy's outputs in `map` and
@@ -45,6 +53,8 @@ class GraphBuilder {
 
  private:
   std::string UniqueName(std::string wanted, const char* prefix);
+  // FindNode's index: target and first tensor operand -> nodes.
+  static std::string NodeKey(const std::string& target, const std::vector<Argument>& args);
 
   std::string name_;
   std::vector<Input> inputs_;
@@ -52,6 +62,7 @@ class GraphBuilder {
   std::vector<ValueId> outputs_;
   std::vector<Value> values_;
   absl::flat_hash_set<std::string> used_names_;
+  absl::flat_hash_map<std::string, std::vector<int32_t>> by_key_;
   int next_ = 0;
 };
 

@@ -19,6 +19,14 @@ DerivativeContext::DerivativeContext(ir::GraphBuilder& builder, const Registry& 
 absl::StatusOr<std::vector<ir::ValueId>> DerivativeContext::OpN(const std::string& target,
                                                                 std::vector<ir::Argument> args,
                                                                 std::vector<ir::Argument> kwargs) {
+  // A value the graph computes already (the forward's mean under var's
+  // derivative, a product two rules both take) is read, not computed again:
+  // one reduction fewer, and the partitioner sees one value. Random draws
+  // are never shared.
+  const OpDef* def = registry_.Find(target);
+  if (def != nullptr && !def->traits.random) {
+    if (const ir::Node* same = builder_.FindNode(target, args, kwargs)) return same->outputs;
+  }
   auto out = Emit(builder_, registry_, target, std::move(args), std::move(kwargs));
   if (!out.ok()) {
     return absl::Status(out.status().code(), absl::StrCat("derivative of ", call_.Where(), ": ",
