@@ -115,20 +115,29 @@ absl::StatusOr<Kernel> Fuser::EmitKernel(int gi) {
     final_reload[k.out] = reload(vals[k.out].dtype);
   }
   std::vector<int> pass(vals.size(), -1);
+  // Per-row values that a reduction of their own pass precedes: they exist
+  // after that pass's sweep. The others (a batch norm's rsqrt of a variance
+  // the kernel loads) are computed before the sweep and read inside it.
+  std::vector<bool> after_sweep(vals.size(), false);
   std::function<int(int)> pass_of = [&](int i) -> int {
     if (pass[i] >= 0) return pass[i];
     const GVal& v = vals[i];
     int p = 0;
-    // A per-row value exists after its pass's sweep: a whole-space value or
-    // a reduction (whose sweep broadcasts it over the row, e.g. a softmax
-    // over the size-1 dim of a mean kept as [n, 1]) reads it in a later pass.
+    // A whole-space value or a reduction (whose sweep broadcasts it over
+    // the row, e.g. a softmax over the size-1 dim of a mean kept as [n, 1])
+    // reads a per-row value of a reduction in a later pass.
     const bool v_row = v.level != Level::kFull && v.kind != StmtKind::kReduce;
     for (int a : v.args) {
-      const bool a_row = vals[a].level != Level::kFull;
-      p = std::max(p, pass_of(a) + (a_row && !v_row ? 1 : 0));
+      const int pa = pass_of(a);
+      p = std::max(p, pa + (after_sweep[a] && !v_row ? 1 : 0));
     }
     if (auto r = reload_after.find(i); r != reload_after.end())
       p = std::max(p, pass_of(r->second) + 1);
+    if (v.kind == StmtKind::kReduce) {
+      after_sweep[i] = true;
+    } else if (v_row) {
+      for (int a : v.args) after_sweep[i] = after_sweep[i] || (pass[a] == p && after_sweep[a]);
+    }
     return pass[i] = p;
   };
   for (size_t i = 0; i < vals.size(); ++i) pass_of(static_cast<int>(i));
@@ -143,9 +152,25 @@ absl::StatusOr<Kernel> Fuser::EmitKernel(int gi) {
 
   // Emit pass by pass. Whole-space values are re-emitted in each pass that
   // needs them (recomputed: cheap pointwise work, reloaded inputs); per-row
-  // values are emitted once, after the sweep of their pass.
+  // values are emitted once, before or after the sweep of their pass.
   std::vector<int> row_stmt(vals.size(), -1);
+  // The per-row values of pass `p` computed before its sweep (`before`) or
+  // after it.
+  auto emit_rows = [&](int p, bool before) {
+    for (size_t i = 0; i < vals.size(); ++i) {
+      const GVal& v = vals[i];
+      if (v.level == Level::kFull || v.kind == StmtKind::kReduce || pass[i] != p ||
+          after_sweep[i] == before) {
+        continue;
+      }
+      Stmt s = StmtOf(v, p, /*in_sweep=*/false, outer, inner);
+      for (int a : v.args) s.args.push_back(row_stmt[a]);
+      k.stmts.push_back(std::move(s));
+      row_stmt[i] = static_cast<int>(k.stmts.size()) - 1;
+    }
+  };
   for (int p = 0; p < passes; ++p) {
+    emit_rows(p, /*before=*/true);
     std::vector<int> memo(vals.size(), -1);
     std::function<int(int)> emit_full = [&](int i) -> int {
       if (vals[i].level != Level::kFull) return row_stmt[i];
@@ -196,15 +221,9 @@ absl::StatusOr<Kernel> Fuser::EmitKernel(int gi) {
     for (const auto& [v, id] : stores) {
       if (vals[id].level == Level::kFull && pass[id] == p) store_full(id, v);
     }
-    // Outer level, after the sweep: per-row values of this pass and their stores.
-    for (size_t i = 0; i < vals.size(); ++i) {
-      const GVal& v = vals[i];
-      if (v.level == Level::kFull || v.kind == StmtKind::kReduce || pass[i] != p) continue;
-      Stmt s = StmtOf(v, p, /*in_sweep=*/false, outer, inner);
-      for (int a : v.args) s.args.push_back(row_stmt[a]);
-      k.stmts.push_back(std::move(s));
-      row_stmt[i] = static_cast<int>(k.stmts.size()) - 1;
-    }
+    // Outer level, after the sweep: the other per-row values of this pass,
+    // and the stores of them all.
+    emit_rows(p, /*before=*/false);
     for (const auto& [v, id] : stores) {
       if (vals[id].level == Level::kFull || pass[id] != p) continue;
       Stmt s;

@@ -174,10 +174,11 @@ class Fuser {
   // within the policy's limits (nodes, and whole-space tensors the kernel
   // does not read yet). The decision is recorded; recomputed values of an
   // attempt that fails are forgotten (ForgetRecomputed).
-  static constexpr int kMaxRecomputeDepth = 8;
+  static constexpr int kMaxRecomputeDepth = 16;
   struct RecomputeCount {
     int nodes = 0;
     std::vector<ValueId> loads;
+    std::vector<ValueId> counted;  // each value's node counts once
   };
   bool RecomputeCost(const Group& grp, ValueId v, Level level, int depth,
                      RecomputeCount* count) const;

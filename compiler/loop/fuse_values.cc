@@ -22,6 +22,21 @@ namespace {
 
 bool SameSizes(const SymSizes& a, const SymSizes& b) { return a == b; }
 
+// Whether a tensor of sizes `a` has fewer elements than one of `b` (both
+// constant; symbolic sizes count as as many).
+bool FewerElements(const SymSizes& a, const SymSizes& b) {
+  int64_t na = 1, nb = 1;
+  for (const SymInt& s : a) {
+    if (!s.is_constant()) return false;
+    na *= s.constant();
+  }
+  for (const SymInt& s : b) {
+    if (!s.is_constant()) return false;
+    nb *= s.constant();
+  }
+  return na < nb;
+}
+
 // Whether a row's mean and variance are computed in two sweeps
 // (FusionPolicy::two_pass_max_row).
 bool TwoPassMoments(const ir::TensorMeta& in, const std::vector<int>& dims, int64_t max_row) {
@@ -312,6 +327,8 @@ bool Fuser::RecomputeCost(const Group& grp, ValueId v, Level level, int depth,
     if (!SameSizes(m.sizes, grp.full)) return true;  // a broadcast operand: small
     ValueId root = v;
     if (auto a = alias_.find(v); a != alias_.end()) root = a->second.root;
+    // A broadcast view (expand) of a smaller tensor: small too.
+    if (FewerElements(g_.value(root).meta.sizes, grp.full)) return true;
     if (!grp.buffer_index.count(g_.value(root).name) &&
         std::find(count->loads.begin(), count->loads.end(), root) == count->loads.end()) {
       count->loads.push_back(root);
@@ -320,14 +337,28 @@ bool Fuser::RecomputeCost(const Group& grp, ValueId v, Level level, int depth,
   };
   auto made = group_of_.find(v);
   if (made == group_of_.end() || &groups_[made->second] == &grp) return loaded();
+  // A value its kernel computes per row (a reduction, or what follows one):
+  // computing on it here would sweep the rows twice, once in each kernel
+  // (a norm's input gradient belongs with its row sums).
+  if (const auto& of = groups_[made->second].level_of; of.count(v) && of.at(v) != Level::kFull) {
+    return false;
+  }
   const int p = g_.value(v).producer;
   if (p < 0 || g_.nodes()[p].outputs.size() != 1 || !PointwiseRules().count(g_.nodes()[p].target)) {
     return loaded();
   }
   absl::StatusOr<Level> have = Classify(grp, m.sizes);
   if (!have.ok() || !(*have == level || (level == Level::kFull && *have == Level::kRowKeep))) {
+    // An operand of a recomputed value that this kernel cannot compute at
+    // its level (a batch norm's per-channel statistics under a kernel that
+    // reduces other dims) is read from memory, as any broadcast operand.
+    if (depth > 0 && !SameSizes(m.sizes, grp.full)) return loaded();
     return false;
   }
+  if (std::find(count->counted.begin(), count->counted.end(), v) != count->counted.end()) {
+    return true;
+  }
+  count->counted.push_back(v);
   ++count->nodes;
   for (ValueId u : ir::Graph::Operands(g_.nodes()[p])) {
     if (u != ir::kNoValue && !RecomputeCost(grp, u, *have, depth + 1, count)) return false;

@@ -260,6 +260,58 @@ TEST(LoweringTest, PointwiseValuesAreRecomputedWhereStoringThemWouldSplitKernels
   }
 }
 
+// A per-channel value that no reduction of its kernel precedes (a batch
+// norm's rsqrt of the variance it loads) is computed before the sweep, and
+// whole-space values read it in the same pass: the channel's gradient sums
+// and the input's gradient take two passes, not three.
+TEST(LoweringTest, PerRowValuesOfLoadsAreReadInTheirOwnPass) {
+  ir::GraphBuilder b("bn_backward");
+  ir::ValueId x = b.AddInput(Meta({8, 4, 16, 16}), v1::Placeholder::USER_INPUT, "x");
+  ir::ValueId var = b.AddInput(Meta({1, 4, 1, 1}), v1::Placeholder::USER_INPUT, "var");
+  ir::ValueId g = b.AddInput(Meta({8, 4, 16, 16}), v1::Placeholder::USER_INPUT, "grad");
+  ir::ValueId r =
+      Op(b, "aten.rsqrt.default", {Ref(Op(b, "aten.add.Scalar", {Ref(var), ir::Float(1e-5)}))});
+  ir::ValueId a = Op(b, "aten.mul.Tensor", {Ref(g), Ref(r)});
+  ir::ValueId s =
+      Op(b, "aten.sum.dim_IntList",
+         {Ref(Op(b, "aten.mul.Tensor", {Ref(a), Ref(x)})), ir::Ints({0, 2, 3}), ir::Bool(true)});
+  b.AddOutput(Op(b, "aten.sub.Tensor", {Ref(a), Ref(Op(b, "aten.mul.Tensor", {Ref(x), Ref(s)}))}));
+  LoweredGraph l = Lower(std::move(b).Build());
+  // The rsqrt alone in a kernel of its own ([1, 4, 1, 1]), computed again
+  // in the one over the channels.
+  ASSERT_EQ(l.kernels.size(), 2u) << PrintLowered(l);
+  EXPECT_EQ(Reductions(l.kernels[1]).size(), 1u) << PrintLowered(l);
+  EXPECT_EQ(l.kernels[1].passes, 2) << PrintLowered(l);
+}
+
+// A cheap pointwise value is recomputed through a small operand that another
+// kernel computes (a batch norm's per-channel scale): the kernel reducing
+// over other dims computes the normalized input again from the input
+// rather than reading it, and no whole-space intermediate is stored.
+TEST(LoweringTest, RecomputationReadsSmallOperandsOfOtherKernels) {
+  ir::GraphBuilder b("bn_two_sums");
+  ir::ValueId x = b.AddInput(Meta({8, 4, 16, 16}), v1::Placeholder::USER_INPUT, "x");
+  ir::ValueId var = b.AddInput(Meta({1, 4, 1, 1}), v1::Placeholder::USER_INPUT, "var");
+  ir::ValueId g = b.AddInput(Meta({8, 4, 16, 16}), v1::Placeholder::USER_INPUT, "grad");
+  ir::ValueId r =
+      Op(b, "aten.rsqrt.default", {Ref(Op(b, "aten.add.Scalar", {Ref(var), ir::Float(1e-5)}))});
+  b.AddOutput(r);
+  ir::ValueId y = Op(b, "aten.relu.default", {Ref(Op(b, "aten.mul.Tensor", {Ref(x), Ref(r)}))});
+  ir::ValueId gy = Op(b, "aten.mul.Tensor", {Ref(g), Ref(y)});
+  b.AddOutput(Op(b, "aten.sum.dim_IntList", {Ref(gy), ir::Ints({2, 3}), ir::Bool(true)}));
+  b.AddOutput(Op(b, "aten.sum.dim_IntList", {Ref(gy), ir::Ints({0, 2, 3}), ir::Bool(true)}));
+  LoweredGraph l = Lower(std::move(b).Build());
+  const std::string all = absl::StrJoin(l.decisions, "\n");
+  EXPECT_NE(all.find("recompute: "), std::string::npos) << all;
+  for (const auto& step : l.plan.steps()) {
+    if (step.kind_case() != v1::PlanStep::kAlloc) continue;
+    int64_t n = 1;
+    for (const auto& size : step.alloc().sizes()) n *= size.int_value();
+    EXPECT_LT(n, 8 * 4 * 16 * 16) << step.alloc().value() << " is a whole-space intermediate\n"
+                                  << PrintLowered(l);
+  }
+}
+
 TEST(LoweringTest, EveryDecisionIsRecorded) {
   ir::GraphBuilder b("mixed");
   ir::ValueId x = b.AddInput(Meta({4, 8}), v1::Placeholder::USER_INPUT, "x");
