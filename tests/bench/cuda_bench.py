@@ -5,8 +5,10 @@ float32 and bfloat16, in one run.
     KILN_SERVER=127.0.0.1:50151 python3 tests/bench/cuda_bench.py [--dtypes float32,bfloat16]
         [--models layernorm,...] [--out bench.md]
 
-(tests/gpu/run.sh --bench starts kilnd and runs this.) Per row, in this
-process:
+(tests/gpu/run.sh --bench starts kilnd and runs this.) Every backend
+compiles with static shapes (dynamic=False): the kernel families share one
+forward, and Dynamo would otherwise mark a later family's sizes dynamic
+after the earlier ones. Per row, in this process:
   - steady state: CUDA events around each call, each on one of 4 sets of
     fresh random inputs (never zeros); training calls run forward and
     backward. The table's Inductor and kiln columns, and their ratio, are
@@ -249,7 +251,7 @@ def bench_row(name, dtype, training, server):
     row["eager_ms"] = time_calls(model, input_sets, training)
 
     torch._dynamo.reset()
-    inductor = torch.compile(model)
+    inductor = torch.compile(model, dynamic=False)
     cold = first_call(inductor, input_sets[0], training)
     row["inductor_steady_ms"] = time_calls(inductor, input_sets, training)
     row["inductor_compile_ms"] = cold - row["inductor_steady_ms"]
@@ -260,13 +262,13 @@ def bench_row(name, dtype, training, server):
         row["inductor_stream_ms"] = time_stream(inductor, input_sets)
 
     torch._dynamo.reset()
-    dynamo = torch.compile(model, backend="eager")
+    dynamo = torch.compile(model, backend="eager", dynamic=False)
     dynamo_first = first_call(dynamo, input_sets[0], training)
     dynamo_ms = time_calls(dynamo, input_sets, training, reps=5, warmup=2)
 
     torch._dynamo.reset()
     backend = kiln.backend(server, on_unavailable="raise", timeout=600)
-    compiled = torch.compile(model, backend=backend,
+    compiled = torch.compile(model, backend=backend, dynamic=False,
                              mode="max-autotune-no-cudagraphs" if TUNE_LINES else None)
     cold = first_call(compiled, input_sets[0], training)
     row["kiln_steady_ms"] = time_calls(compiled, input_sets, training)
@@ -295,16 +297,17 @@ def bench_row(name, dtype, training, server):
         # replayed as CUDA graphs (their warm-up calls capture them).
         torch._dynamo.reset()
         cg_backend = kiln.backend(server, on_unavailable="raise", timeout=600)
-        kiln_cg = torch.compile(model, backend=cg_backend, mode="reduce-overhead")
+        kiln_cg = torch.compile(model, backend=cg_backend, mode="reduce-overhead",
+                                dynamic=False)
         row["kiln_cg_ms"] = time_calls(kiln_cg, input_sets, training)
         row["kiln_cg_replays"] = sum(g.replays for g in cg_backend.cuda_graphed)
         torch._dynamo.reset()
-        inductor_cg = torch.compile(model, mode="reduce-overhead")
+        inductor_cg = torch.compile(model, mode="reduce-overhead", dynamic=False)
         row["inductor_cg_ms"] = time_calls(inductor_cg, input_sets, training)
 
     torch._dynamo.reset()
     warm_backend = kiln.backend(server, on_unavailable="raise", timeout=600)
-    warm = torch.compile(model, backend=warm_backend)
+    warm = torch.compile(model, backend=warm_backend, dynamic=False)
     warm_first = first_call(warm, input_sets[0], training)
     graphs = max(warm_backend.stats["graphs"], 1)
     row["kiln_warm_ms_per_graph"] = ((warm_first - row["kiln_steady_ms"]) -

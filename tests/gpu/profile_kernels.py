@@ -1,0 +1,85 @@
+"""Where the GPU time of a bench row goes, kiln's against Inductor's: the
+kernels of 10 steps (after warm-up) under torch.profiler, summed by name.
+
+    KILN_SERVER=... python3 tests/gpu/profile_kernels.py ROW:DTYPE:MODE... [--top N]
+
+MODE is inference or training. Prints, per row and backend, the total device
+time per step and the kernels that take most of it, with their launches per
+step and their time per step.
+"""
+
+import argparse
+import os
+import sys
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "bench"))
+import cuda_bench  # noqa: E402
+
+import kiln  # noqa: E402
+
+STEPS = 10
+
+
+def compiled(model, which):
+    if which == "kiln":
+        backend = kiln.backend(os.environ["KILN_SERVER"], on_unavailable="raise", timeout=600)
+        return torch.compile(model, backend=backend, dynamic=False)
+    return torch.compile(model, dynamic=False)
+
+
+def step(fn, xs, training):
+    if training:
+        fn(*xs).float().sum().backward()
+    else:
+        with torch.no_grad():
+            fn(*xs)
+
+
+def kernels(row, dtype, training, which):
+    factory, shapes = cuda_bench.MODELS[row]
+    torch.manual_seed(0)
+    model = factory().to("cuda", dtype)
+    if not training:
+        model.eval()
+    xs = [torch.randn(s, device="cuda", dtype=dtype).requires_grad_(training) for s in shapes]
+    fn = compiled(model, which)
+    for _ in range(5):
+        step(fn, xs, training)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(STEPS):
+            step(fn, xs, training)
+        torch.cuda.synchronize()
+    totals = {}
+    for event in prof.events():
+        if event.device_type != torch.autograd.DeviceType.CUDA:
+            continue
+        us, count = totals.get(event.name, (0.0, 0))
+        totals[event.name] = (us + event.device_time, count + 1)
+    torch._dynamo.reset()
+    return totals
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("rows", nargs="+")
+    parser.add_argument("--top", type=int, default=25)
+    args = parser.parse_args()
+    for spec in args.rows:
+        row, dtype, mode = spec.split(":")
+        for which in ("kiln", "inductor"):
+            totals = kernels(row, getattr(torch, dtype), mode == "training", which)
+            total = sum(us for us, _ in totals.values()) / STEPS
+            launches = sum(n for _, n in totals.values()) / STEPS
+            print(f"\n=== {row} {dtype} {mode} {which}: {total:.1f} us of kernels per step, "
+                  f"{launches:.0f} launches")
+            ranked = sorted(totals.items(), key=lambda kv: -kv[1][0])
+            for name, (us, n) in ranked[:args.top]:
+                print(f"{us / STEPS:9.1f} us {n / STEPS:5.1f}x  {name[:150]}")
+
+
+if __name__ == "__main__":
+    main()
