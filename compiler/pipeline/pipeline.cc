@@ -19,6 +19,7 @@
 #include "compiler/loop/split_reductions.h"
 #include "compiler/ops/registry.h"
 #include "compiler/pipeline/attention.h"
+#include "compiler/pipeline/unfuse_addmm.h"
 
 namespace kiln::pipeline {
 namespace {
@@ -222,6 +223,17 @@ absl::Status RunKiln(const ir::Graph& graph, const v1::Target& wanted, const Kil
       (*trace)["attention_error.txt"] = std::string(fused.status().message());
     } else if (*fused > 0) {
       (*trace)["attention_graph.txt"] = ir::PrintReadable(rewritten);
+      source = &rewritten;
+    }
+    // float32 addmm as a GEMM and a bias add fused into its reader.
+    ir::Graph unfused;
+    absl::StatusOr<int> biases =
+        times->Time("unfuse-addmm", [&] { return UnfuseAddmm(*source, &unfused); });
+    if (!biases.ok()) {
+      (*trace)["unfuse_addmm_error.txt"] = std::string(biases.status().message());
+    } else if (*biases > 0) {
+      rewritten = std::move(unfused);
+      (*trace)["unfuse_addmm_graph.txt"] = ir::PrintReadable(rewritten);
       source = &rewritten;
     }
   }

@@ -1,0 +1,92 @@
+#include "compiler/pipeline/unfuse_addmm.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "compiler/ir/builder.h"
+#include "compiler/ir/verify.h"
+#include "compiler/ops/registry.h"
+
+namespace kiln::pipeline {
+namespace {
+
+using ir::Ref;
+
+ir::TensorMeta Meta(std::vector<int64_t> sizes, v1::DType dtype, const std::string& device) {
+  ir::TensorMeta m = ir::ContiguousMeta(sizes, dtype);
+  m.device_type = device;
+  return m;
+}
+
+ir::ValueId Op(ir::GraphBuilder& b, const std::string& target, std::vector<ir::Argument> args,
+               std::vector<ir::Argument> kwargs = {}) {
+  auto out = ops::Emit(b, ops::DefaultRegistry(), target, std::move(args), std::move(kwargs));
+  EXPECT_TRUE(out.ok()) << target << ": " << out.status();
+  return out.ok() ? (*out)[0] : ir::kNoValue;
+}
+
+// A linear layer [B*L, K] x [K, N] + bias viewed back as [B, L, N], then
+// `reader` (a GELU, or a sum over the rows).
+ir::Graph Linear(v1::DType dtype, const std::string& device, const std::string& reader,
+                 std::vector<ir::Argument> kwargs = {}) {
+  ir::GraphBuilder b("linear");
+  ir::ValueId x = b.AddInput(Meta({64, 32}, dtype, device), v1::Placeholder::USER_INPUT, "x");
+  ir::ValueId w = b.AddInput(Meta({32, 16}, dtype, device), v1::Placeholder::PARAMETER, "w");
+  ir::ValueId bias = b.AddInput(Meta({16}, dtype, device), v1::Placeholder::PARAMETER, "bias");
+  ir::ValueId y = Op(b, "aten.addmm.default", {Ref(bias), Ref(x), Ref(w)}, std::move(kwargs));
+  ir::ValueId v = Op(b, "aten.view.default", {Ref(y), ir::Ints({4, 16, 16})});
+  if (reader == "gelu") {
+    b.AddOutput(Op(b, "aten.gelu.default", {Ref(v)}));
+  } else {
+    b.AddOutput(Op(b, "aten.sum.dim_IntList", {Ref(v), ir::Ints({1}), ir::Bool(false)}));
+  }
+  return std::move(b).Build();
+}
+
+int Count(const ir::Graph& g, const std::string& target) {
+  int n = 0;
+  for (const ir::Node& node : g.nodes()) n += node.target == target;
+  return n;
+}
+
+TEST(UnfuseAddmmTest, Float32OnCudaIsAGemmAndABiasAddItsReaderFuses) {
+  const ir::Graph g = Linear(v1::FLOAT32, "cuda", "gelu");
+  ir::Graph out;
+  absl::StatusOr<int> n = UnfuseAddmm(g, &out);
+  ASSERT_TRUE(n.ok()) << n.status();
+  EXPECT_EQ(*n, 1);
+  EXPECT_TRUE(ir::Verify(out).ok());
+  EXPECT_EQ(Count(out, "aten.addmm.default"), 0);
+  EXPECT_EQ(Count(out, "aten.mm.default"), 1);
+  EXPECT_EQ(Count(out, "aten.add.Tensor"), 1);
+  // The sum is the addmm's value: its name and metadata.
+  const ir::Node& addmm = g.nodes()[0];
+  const ir::Value& before = g.value(addmm.outputs[0]);
+  bool kept = false;
+  for (const ir::Node& node : out.nodes()) {
+    if (node.target != "aten.add.Tensor") continue;
+    const ir::Value& after = out.value(node.outputs[0]);
+    kept = after.name == before.name && after.meta.sizes == before.meta.sizes &&
+           after.meta.strides == before.meta.strides && after.meta.dtype == before.meta.dtype;
+  }
+  EXPECT_TRUE(kept);
+}
+
+TEST(UnfuseAddmmTest, LeavesWhatItCannotHelp) {
+  ir::Graph out;
+  // 16-bit GEMMs keep their bias epilogue.
+  EXPECT_EQ(*UnfuseAddmm(Linear(v1::BFLOAT16, "cuda", "gelu"), &out), 0);
+  // The CPU's code is its own.
+  EXPECT_EQ(*UnfuseAddmm(Linear(v1::FLOAT32, "cpu", "gelu"), &out), 0);
+  // No pointwise reader to take the add.
+  EXPECT_EQ(*UnfuseAddmm(Linear(v1::FLOAT32, "cuda", "sum"), &out), 0);
+  // A scaled product or bias is not a plain add.
+  EXPECT_EQ(
+      *UnfuseAddmm(Linear(v1::FLOAT32, "cuda", "gelu", {ir::Kwarg("beta", ir::Float(0.5))}), &out),
+      0);
+}
+
+}  // namespace
+}  // namespace kiln::pipeline
