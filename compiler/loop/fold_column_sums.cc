@@ -8,45 +8,21 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "compiler/loop/kernel_edit.h"
 
 namespace kiln::loop {
 namespace {
 
-ir::SymInt Const(int64_t v) { return ir::SymInt{v}; }
+using kernel_edit::Append;
+using kernel_edit::Const;
+using kernel_edit::ContiguousStrides;
+using kernel_edit::MarkWritten;
+using kernel_edit::Needed;
+using kernel_edit::Product;
 
 bool AllConstant(const std::vector<ir::SymInt>& sizes) {
   return std::all_of(sizes.begin(), sizes.end(),
                      [](const ir::SymInt& s) { return s.is_constant() && s.constant() > 0; });
-}
-
-int64_t Product(const std::vector<ir::SymInt>& sizes) {
-  int64_t n = 1;
-  for (const ir::SymInt& s : sizes) n *= s.constant();
-  return n;
-}
-
-std::vector<ir::SymInt> ContiguousStrides(const std::vector<ir::SymInt>& sizes) {
-  std::vector<ir::SymInt> strides(sizes.size());
-  int64_t stride = 1;
-  for (size_t d = sizes.size(); d-- > 0;) {
-    strides[d] = Const(stride);
-    stride *= sizes[d].constant();
-  }
-  return strides;
-}
-
-int Append(Kernel* k, Stmt s) {
-  k->stmts.push_back(std::move(s));
-  return static_cast<int>(k->stmts.size()) - 1;
-}
-
-void MarkWritten(Kernel* k) {
-  for (KernelBuffer& b : k->buffers) b.written = false;
-  for (const Stmt& s : k->stmts) {
-    if (s.kind == StmtKind::kStore || s.kind == StmtKind::kAccumulate) {
-      k->buffers[s.buffer].written = true;
-    }
-  }
 }
 
 // Why `c` cannot be folded into a row kernel, or "" when it can.
@@ -65,17 +41,6 @@ std::string ColumnIllegal(const Kernel& c) {
     sums = sums || s.kind == StmtKind::kReduce;
   }
   return sums ? "" : "no sums";
-}
-
-// Which statements `keep` needs: those it names and, transitively, their
-// arguments, except through reductions when `through_reductions` is false.
-std::vector<bool> Needed(const Kernel& k, std::vector<bool> keep, bool through_reductions) {
-  for (size_t j = k.stmts.size(); j-- > 0;) {
-    if (!keep[j]) continue;
-    if (!through_reductions && k.stmts[j].kind == StmtKind::kReduce) continue;
-    for (int a : k.stmts[j].args) keep[a] = true;
-  }
-  return keep;
 }
 
 // The values a plan step reads or defines.

@@ -16,6 +16,7 @@
 #include "compiler/ir/builder.h"
 #include "compiler/loop/kernel_parser.h"
 #include "compiler/loop/lowering.h"
+#include "compiler/loop/split_reductions.h"
 
 namespace kiln::loop {
 namespace {
@@ -192,6 +193,25 @@ TEST(FoldColumnSums, ATargetThatCannotTakeItLeavesBothKernels) {
   EXPECT_TRUE(absl::StrContains(decisions, "cannot take it")) << decisions;
   EXPECT_FALSE(absl::StrContains("\n" + decisions, "\nfold: ")) << decisions;
   for (const Kernel& k : lowered.kernels) EXPECT_EQ(k.row_groups, 0);
+}
+
+// Splitting a row kernel with row groups would sum each group's rows in
+// several blocks: split-reductions refuses it, naming why, whatever its
+// block count.
+TEST(FoldColumnSums, SplitReductionsLeavesRowGroupsAlone) {
+  LoweredGraph lowered = NormBackward(2048, 1024, v1::FLOAT32);
+  FoldColumnSums(Groups(4), &lowered);
+  SplitPolicy policy;
+  policy.blocks = [](const Kernel&) -> std::optional<int64_t> { return 4; };
+  policy.min_slice = 1;
+  SplitReductions(policy, &lowered);
+  const std::string decisions = absl::StrJoin(lowered.decisions, "\n");
+  EXPECT_TRUE(absl::StrContains(decisions, "row groups (sums across rows)")) << decisions;
+  for (const Kernel& k : lowered.kernels) {
+    if (k.row_groups > 0) {
+      EXPECT_FALSE(absl::EndsWith(k.name, "_partial")) << k.name;
+    }
+  }
 }
 
 TEST(FoldColumnSums, TheCppBackendRefusesRowGroupsByName) {

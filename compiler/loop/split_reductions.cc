@@ -10,15 +10,22 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "compiler/loop/kernel_edit.h"
 
 namespace kiln::loop {
 namespace {
 
-ir::SymInt Const(int64_t v) { return ir::SymInt{v}; }
+using kernel_edit::Append;
+using kernel_edit::Const;
+using kernel_edit::ContiguousStrides;
+using kernel_edit::MarkWritten;
+using kernel_edit::Needed;
+using kernel_edit::Product;
 
 // Why `k` cannot be split, or "" when it can.
 std::string Illegal(const Kernel& k) {
   if (k.inner.empty()) return "no inner dimensions";
+  if (k.row_groups > 0) return "row groups (sums across rows)";
   for (const ir::SymInt& s : k.outer) {
     if (!s.is_constant()) return "symbolic sizes";
     if (s.constant() <= 0) return "an empty space";
@@ -85,39 +92,6 @@ int64_t Slices(int64_t n, int64_t want, int64_t most) {
   return 0;
 }
 
-std::vector<ir::SymInt> ContiguousStrides(const std::vector<ir::SymInt>& sizes) {
-  std::vector<ir::SymInt> strides(sizes.size());
-  int64_t stride = 1;
-  for (size_t d = sizes.size(); d-- > 0;) {
-    strides[d] = Const(stride);
-    stride *= sizes[d].constant();
-  }
-  return strides;
-}
-
-int64_t Product(const std::vector<ir::SymInt>& sizes) {
-  int64_t n = 1;
-  for (const ir::SymInt& s : sizes) n *= s.constant();
-  return n;
-}
-
-// Which statements `keep` needs: those it names and, transitively, their
-// arguments.
-std::vector<bool> Needed(const Kernel& k, std::vector<bool> keep) {
-  for (size_t j = k.stmts.size(); j-- > 0;) {
-    if (!keep[j]) continue;
-    for (int a : k.stmts[j].args) keep[a] = true;
-  }
-  return keep;
-}
-
-void MarkWritten(Kernel* k) {
-  for (KernelBuffer& b : k->buffers) b.written = false;
-  for (const Stmt& s : k->stmts) {
-    if (s.kind == StmtKind::kStore) k->buffers[s.buffer].written = true;
-  }
-}
-
 bool IsWelford(const Stmt& s) {
   return s.kind == StmtKind::kReduce &&
          (s.reduce == ReduceOp::kWelfordMean || s.reduce == ReduceOp::kWelfordM2);
@@ -163,11 +137,6 @@ Stmt Op(ScalarOp op, std::vector<int> args, v1::DType dtype, int pass, bool inne
   s.pass = pass;
   s.inner = inner;
   return s;
-}
-
-int Append(Kernel* k, Stmt s) {
-  k->stmts.push_back(std::move(s));
-  return static_cast<int>(k->stmts.size()) - 1;
 }
 
 // `k` over `slices` slices of its first inner dimension, as a partial

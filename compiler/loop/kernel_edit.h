@@ -1,0 +1,66 @@
+// Small helpers of the passes that rewrite kernels' statements
+// (split_reductions.cc, fold_column_sums.cc): constant sizes, statement
+// lists, which buffers a kernel writes. Internal to compiler/loop.
+#ifndef KILN_COMPILER_LOOP_KERNEL_EDIT_H_
+#define KILN_COMPILER_LOOP_KERNEL_EDIT_H_
+
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include "compiler/loop/kernel.h"
+
+namespace kiln::loop::kernel_edit {
+
+inline ir::SymInt Const(int64_t v) { return ir::SymInt{v}; }
+
+// The product of constant sizes.
+inline int64_t Product(const std::vector<ir::SymInt>& sizes) {
+  int64_t n = 1;
+  for (const ir::SymInt& s : sizes) n *= s.constant();
+  return n;
+}
+
+// Row-major strides of constant sizes.
+inline std::vector<ir::SymInt> ContiguousStrides(const std::vector<ir::SymInt>& sizes) {
+  std::vector<ir::SymInt> strides(sizes.size());
+  int64_t stride = 1;
+  for (size_t d = sizes.size(); d-- > 0;) {
+    strides[d] = Const(stride);
+    stride *= sizes[d].constant();
+  }
+  return strides;
+}
+
+// Appends `s` to `k`'s statements; returns its index.
+inline int Append(Kernel* k, Stmt s) {
+  k->stmts.push_back(std::move(s));
+  return static_cast<int>(k->stmts.size()) - 1;
+}
+
+// Marks written exactly the buffers that `k`'s statements store into or
+// accumulate into.
+inline void MarkWritten(Kernel* k) {
+  for (KernelBuffer& b : k->buffers) b.written = false;
+  for (const Stmt& s : k->stmts) {
+    if (s.kind == StmtKind::kStore || s.kind == StmtKind::kAccumulate) {
+      k->buffers[s.buffer].written = true;
+    }
+  }
+}
+
+// Which statements `keep` needs: those it names and, transitively, their
+// arguments, except through reductions when `through_reductions` is false.
+inline std::vector<bool> Needed(const Kernel& k, std::vector<bool> keep,
+                                bool through_reductions = true) {
+  for (size_t j = k.stmts.size(); j-- > 0;) {
+    if (!keep[j]) continue;
+    if (!through_reductions && k.stmts[j].kind == StmtKind::kReduce) continue;
+    for (int a : k.stmts[j].args) keep[a] = true;
+  }
+  return keep;
+}
+
+}  // namespace kiln::loop::kernel_edit
+
+#endif  // KILN_COMPILER_LOOP_KERNEL_EDIT_H_
