@@ -81,11 +81,7 @@ absl::StatusOr<JointGraph> BuildJointGraph(const ir::Graph& fwd, const JointOpti
   }
 
   ir::GraphBuilder b(absl::StrCat(fwd.name(), "_joint"));
-  std::vector<ValueId> map(fwd.values().size(), kNoValue);
-  for (const ir::Input& in : fwd.inputs()) {
-    const ir::Value& v = fwd.value(in.value);
-    map[in.value] = b.AddInput(v.meta, in.kind, v.name);
-  }
+  std::vector<ValueId> map = b.CopyInputs(fwd);
   // The forward nodes, then the arguments each was copied with (derivative
   // rules bind them).
   for (const ir::Node& node : fwd.nodes()) {

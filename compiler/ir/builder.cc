@@ -98,6 +98,15 @@ const Node* GraphBuilder::FindNode(const std::string& target, const std::vector<
   return nullptr;
 }
 
+std::vector<ValueId> GraphBuilder::CopyInputs(const Graph& from) {
+  std::vector<ValueId> map(from.values().size(), kNoValue);
+  for (const Input& in : from.inputs()) {
+    const Value& v = from.value(in.value);
+    map[in.value] = AddInput(v.meta, in.kind, v.name);
+  }
+  return map;
+}
+
 std::vector<ValueId> GraphBuilder::CopyNode(const Graph& from, const Node& node,
                                             std::vector<ValueId>* map) {
   auto remap = [map](Argument a) {

@@ -38,6 +38,11 @@ class GraphBuilder {
   const Node* FindNode(const std::string& target, const std::vector<Argument>& args,
                        const std::vector<Argument>& kwargs) const;
 
+  // Adds a copy of each input of graph `from` (same metadata, kind and
+  // name), in order; returns the map CopyNode takes: a value id of `from` ->
+  // one of this builder, kNoValue for values not copied yet.
+  std::vector<ValueId> CopyInputs(const Graph& from);
+
   // Adds a copy of `node` of graph `from` (same target, arguments, names and
   // output metadata), its operands renamed through `map` (a value id of
   // `from` -> one of this builder). Records the copy's outputs in `map` and

@@ -22,11 +22,7 @@ bool EliminateDeadCode(Graph* graph) {
   if (!dropped) return false;
 
   GraphBuilder b(g.name());
-  std::vector<ValueId> map(g.values().size(), kNoValue);
-  for (const Input& in : g.inputs()) {
-    const Value& v = g.value(in.value);
-    map[in.value] = b.AddInput(v.meta, in.kind, v.name);
-  }
+  std::vector<ValueId> map = b.CopyInputs(g);
   for (size_t i = 0; i < g.nodes().size(); ++i) {
     if (live_node[i]) b.CopyNode(g, g.nodes()[i], &map);
   }

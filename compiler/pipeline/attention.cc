@@ -263,11 +263,7 @@ absl::StatusOr<int> RewriteAttention(const ir::Graph& g, ir::Graph* out,
   }
   if (found == 0) return 0;
   ir::GraphBuilder b(g.name());
-  std::vector<ir::ValueId> map(g.values().size(), ir::kNoValue);
-  for (const ir::Input& in : g.inputs()) {
-    const ir::Value& v = g.value(in.value);
-    map[in.value] = b.AddInput(v.meta, in.kind, v.name);
-  }
+  std::vector<ir::ValueId> map = b.CopyInputs(g);
   for (size_t i = 0; i < g.nodes().size(); ++i) {
     if (!matches[i]) {
       b.CopyNode(g, g.nodes()[i], &map);
