@@ -38,14 +38,20 @@ def step(fn, xs, training):
             fn(*xs)
 
 
-def kernels(row, dtype, training, which):
+def prepared(row, dtype, training, which):
+    """Bench row `row`'s model compiled by `which` (kiln or inductor), and
+    random inputs for it."""
     factory, shapes = cuda_bench.MODELS[row]
     torch.manual_seed(0)
     model = factory().to("cuda", dtype)
     if not training:
         model.eval()
     xs = [torch.randn(s, device="cuda", dtype=dtype).requires_grad_(training) for s in shapes]
-    fn = compiled(model, which)
+    return compiled(model, which), xs
+
+
+def kernels(row, dtype, training, which):
+    fn, xs = prepared(row, dtype, training, which)
     for _ in range(5):
         step(fn, xs, training)
     torch.cuda.synchronize()
