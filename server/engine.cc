@@ -212,6 +212,9 @@ absl::StatusOr<v1::CompileResponse> Engine::CompileUnrecorded(const v1::CompileR
     }
   }
   const bool other_key = family.record.has_value() && family.record->key() != key;
+  // A client that keeps its sizes static gets its graph compiled as sent;
+  // the family still words its recompile reasons.
+  const bool symbols_allowed = !req.static_shapes();
   if (other_key && signature.ok()) {
     // Another graph of the family is cached: its variants, checked against
     // these inputs, are this compile's recompile reasons, and one that admits
@@ -230,12 +233,14 @@ absl::StatusOr<v1::CompileResponse> Engine::CompileUnrecorded(const v1::CompileR
       } else if (failed->has_value()) {
         m.set_failed_guard(**failed);
       } else {
-        if (instance.ok() && admitting.empty()) admitting = m.digest();
-        m.set_failed_guard(instance.ok() ? "its guards admit these inputs and this graph is an "
-                                           "instance of its graph"
-                                         : absl::StrCat("its guards admit these inputs, but this "
-                                                        "graph is ",
-                                                        instance.message()));
+        if (instance.ok() && admitting.empty() && symbols_allowed) admitting = m.digest();
+        m.set_failed_guard(
+            !instance.ok() ? absl::StrCat("its guards admit these inputs, but this graph is ",
+                                          instance.message())
+            : symbols_allowed ? "its guards admit these inputs and this graph is an instance of "
+                                "its graph"
+                              : "its guards admit these inputs and this graph is an instance of "
+                                "its graph, but the request keeps its sizes static");
       }
       record.misses.push_back(std::move(m));
     }
@@ -276,7 +281,7 @@ absl::StatusOr<v1::CompileResponse> Engine::CompileUnrecorded(const v1::CompileR
   // CompileMiss counts the miss: the variant may be published by an
   // identical compile before this one gets to run.
   const v1::LookupOutcome outcome = variants == 0 ? v1::FULL_MISS : v1::GUARD_MISS;
-  if (other_key && family.record_static && family.positional_static) {
+  if (other_key && symbols_allowed && family.record_static && family.positional_static) {
     // Automatic dynamic: the sizes that changed become symbols.
     auto general = cache::Generalize(family.record->graph(), family.positional);
     if (general.ok()) {

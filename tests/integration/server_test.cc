@@ -309,6 +309,52 @@ TEST(KilndTest, AutomaticDynamicGeneralizesStaticGraphsOfOneFamily) {
   EXPECT_EQ(other->misses_size(), 0);
 }
 
+TEST(KilndTest, StaticShapesRequestsAreCompiledAsSent) {
+  TempDir dir;
+  KilndProcess kilnd(dir.path());
+  auto c = ConnectTo(kilnd);
+  ASSERT_TRUE(c->Compile(Request(ChainGraph(6, 4))).ok());
+  auto symbolic = c->Compile(Request(ChainGraph(6, 5)));
+  ASSERT_TRUE(symbolic.ok()) << symbolic.status();
+  ASSERT_EQ(symbolic->artifact().graph().inputs(0).value().meta().sizes(0).expr(), "s0");
+
+  // A client that keeps its sizes static (torch.compile(dynamic=False)) gets
+  // a static compile for a batch the symbolic variant would serve, and for
+  // a size no graph of the family had; the reasons name the variant that
+  // admitted the inputs.
+  for (int64_t batch : {9, 12}) {
+    v1::CompileRequest req = Request(ChainGraph(6, batch));
+    req.set_static_shapes(true);
+    auto r = c->Compile(req);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->outcome(), v1::FULL_MISS) << batch;
+    EXPECT_NE(r->digest(), symbolic->digest()) << batch;
+    EXPECT_EQ(r->artifact().graph().inputs(0).value().meta().sizes(0).int_value(), batch);
+    ASSERT_EQ(r->misses_size(), 1) << batch;
+    EXPECT_EQ(r->misses(0).failed_guard(),
+              "its guards admit these inputs and this graph is an instance of its graph, but "
+              "the request keeps its sizes static");
+    // Its own key hits from now on.
+    auto again = c->Compile(req);
+    ASSERT_TRUE(again.ok()) << again.status();
+    EXPECT_EQ(again->outcome(), v1::HIT);
+    EXPECT_EQ(again->digest(), r->digest());
+  }
+  // Two static requests of a fresh family stay static too.
+  for (int64_t batch : {3, 7}) {
+    v1::CompileRequest req = Request(ChainGraph(8, batch));
+    req.set_static_shapes(true);
+    auto r = c->Compile(req);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->artifact().graph().inputs(0).value().meta().sizes(0).int_value(), batch);
+  }
+  // A request that allows symbols still gets the family's symbolic variant.
+  auto later = c->Compile(Request(ChainGraph(6, 33)));
+  ASSERT_TRUE(later.ok()) << later.status();
+  EXPECT_EQ(later->outcome(), v1::HIT);
+  EXPECT_EQ(later->digest(), symbolic->digest());
+}
+
 TEST(KilndTest, WithoutAutomaticDynamicEveryStaticGraphCompiles) {
   TempDir dir;
   KilndProcess kilnd(dir.path(), {"--noautomatic_dynamic"});

@@ -379,6 +379,36 @@ class TorchCompileTest(SharedKilnd, unittest.TestCase):
         self.assertIn("client: ", shown.stdout)
 
 
+    def test_dynamic_false_keeps_sizes_static_in_kilnd_too(self):
+        """Two processes (Dynamo reset between them) at batches 4 and 5:
+        kilnd's automatic dynamic makes the second graph symbolic, unless
+        torch.compile(dynamic=False) keeps sizes static."""
+        torch.manual_seed(0)
+        model = capture_graphs.MLP()
+
+        def batch_sizes(dynamic, namespace):
+            sizes = []
+            for batch in (4, 5):
+                torch._dynamo.reset()
+                be = self.backend("kiln", namespace=namespace)
+                compiled = torch.compile(model, backend=be, dynamic=dynamic)
+                x = torch.randn(batch, 32)
+                with torch.no_grad():
+                    close(self, compiled(x), model(x), f"dynamic={dynamic}, batch {batch}")
+                self.assertEqual(be.stats["compiles"], 1, be.stats)
+                plan = be.loaded[-1].artifact.compiled.plan
+                x_at = [ph.value.name for ph in be.last_lowered.graph.inputs].index("l_x_")
+                size = plan.inputs[x_at].value.meta.sizes[0]
+                sizes.append(size.int_value if size.WhichOneof("value") == "int_value"
+                             else size.expr)
+            return sizes
+
+        automatic = batch_sizes(None, "automatic")
+        self.assertEqual(automatic[0], 4)
+        self.assertRegex(str(automatic[1]), r"^s\d+$")
+        self.assertEqual(batch_sizes(False, "static"), [4, 5])
+
+
 class LoweringCacheTest(unittest.TestCase):
     """kiln.lower's disk cache of static graphs (the warm start)."""
 

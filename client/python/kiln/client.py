@@ -115,7 +115,7 @@ class Client:
 
     def compile(self, graph, guards=None, backend="eager", namespace="", frozen=False,
                 target=None, signature=None, recompile_reason="", options=None,
-                bypass_cache=False, report=None):
+                bypass_cache=False, report=None, static_shapes=False):
         """Compiles `graph` (kiln.v1.Graph) unless a cached variant admits it.
 
         `guards` (kiln.v1.GuardSet) defaults, on the server, to guards that
@@ -131,14 +131,17 @@ class Client:
         backend options (inject_fault, debug_function); `bypass_cache`
         compiles without reading or writing the cache. `report`
         (kiln.v1.GraphReport) tells kilnd where the graph came from, for
-        `kilnctl breaks`. Returns the kiln.v1.CompileResponse.
+        `kilnctl breaks`. With `static_shapes` kilnd compiles the graph as
+        sent, never as a symbolic variant of its shape family (automatic
+        dynamic shapes). Returns the kiln.v1.CompileResponse.
         """
         if options is None:
             options = self._options(backend, target)
         request = service_pb2.CompileRequest(graph=graph, options=options,
                                              namespace=namespace, frozen=frozen,
                                              recompile_reason=recompile_reason,
-                                             bypass_cache=bypass_cache)
+                                             bypass_cache=bypass_cache,
+                                             static_shapes=static_shapes)
         if guards is not None:
             request.guards.CopyFrom(guards)
         if signature is not None:

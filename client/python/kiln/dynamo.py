@@ -17,6 +17,9 @@ artifact (an autograd function when it has a backward). Dynamo keeps its own
 guards and calls the backend again when they fail (a new shape, a new dtype);
 after the second size, its automatic dynamic marks the dimension symbolic,
 and kilnd compiles one symbolic variant that serves every later size.
+Across processes kilnd does the same for the graphs of one program at two
+sizes, unless the sizes are static for good: under
+torch.compile(dynamic=False) the backend asks kilnd for static shapes.
 
 Failure policies (kiln.backend(..., on_frozen=, on_unavailable=)):
   - a frozen server refuses a miss: "raise" (as
@@ -279,7 +282,8 @@ class KilnBackend:
             response = client.compile(lowered.graph, guards=lowered.guards,
                                       namespace=self.namespace, frozen=self.frozen,
                                       options=options, signature=signature,
-                                      recompile_reason=reason)
+                                      recompile_reason=reason,
+                                      static_shapes=_static_shapes())
         self.times["compile"] += time.perf_counter() - start
         self.stats["compiles"] += 1
         self._verify(response)
@@ -420,6 +424,15 @@ def _graph_report(gm, function, name, job):
         report.user_frames.extend(f"{os.path.basename(f.filename)}:{f.lineno} in {f.name}"
                                   for f in frames)
     return report
+
+
+def _static_shapes():
+    """Whether Dynamo keeps this graph's sizes static for good:
+    torch.compile(dynamic=False) turns its automatic dynamic shapes off, and
+    kilnd must then not make them symbolic either."""
+    import torch._dynamo.config as dynamo_config
+
+    return not dynamo_config.automatic_dynamic_shapes
 
 
 def _target(example_inputs):
