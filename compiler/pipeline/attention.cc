@@ -19,10 +19,13 @@ constexpr char kEfficientAttention[] = "aten._scaled_dot_product_efficient_atten
 constexpr char kScaledDotProductAttention[] = "aten.scaled_dot_product_attention.default";
 constexpr char kFlashAttention[] = "aten._flash_attention_forward.default";
 constexpr int64_t kMaxHeadDim = 256;
-// In training, memory-efficient attention's backward is slower than the
-// matmuls it replaces beyond this head dim (bfloat16 on an H100, a GPT-2
-// block with heads of 192: 2x slower than unfused).
-constexpr int64_t kMaxTrainingHeadDim = 128;
+// Beyond this head dim memory-efficient attention is slower than the
+// matmuls it replaces: its backward (bfloat16 on an H100, a GPT-2 block
+// with heads of 192: 2x slower than unfused), and its forward, whose only
+// kernel for such heads keeps the output in global memory (float32 on an
+// H100, heads of 192: 397 us per block against 369 us for the matmuls and
+// the softmax).
+constexpr int64_t kMaxEfficientHeadDim = 128;
 
 // Who makes each value, and how many times it is read (graph outputs count).
 struct Uses {
@@ -185,6 +188,13 @@ ir::Argument Positional(ir::Argument::Kind kind) { return ir::Argument{"", std::
 
 // Emits the fused kernel for `m` (operands already mapped into `b`) and
 // the copy into out's layout; returns the new out.
+// Whether the composite (inference) or flash attention (training) runs a
+// match with this query and value, rather than memory-efficient attention:
+// 16-bit on a target with fused 16-bit kernels, head dims equal.
+bool Fused16Bit(const ir::TensorMeta& q, const ir::TensorMeta& v, const AttentionOptions& options) {
+  return options.flash && q.dtype != v1::FLOAT32 && q.sizes.back() == v.sizes.back();
+}
+
 absl::StatusOr<ir::ValueId> EmitFused(ir::GraphBuilder& b, const Match& m,
                                       const std::vector<ir::ValueId>& map,
                                       const ir::TensorMeta& out_meta,
@@ -205,8 +215,7 @@ absl::StatusOr<ir::ValueId> EmitFused(ir::GraphBuilder& b, const Match& m,
   }
   const ir::Argument scale{"scale", m.scale};
   ir::ValueId o = ir::kNoValue;
-  const bool fused_16bit = options.flash && b.value(q).meta.dtype != v1::FLOAT32 &&
-                           b.value(q).meta.sizes.back() == b.value(v).meta.sizes.back();
+  const bool fused_16bit = Fused16Bit(b.value(q).meta, b.value(v).meta, options);
   if (fused_16bit && options.training) {
     // Flash attention, whose backward the registry has; it reads and writes
     // [B, L, H, D]: views both ways.
@@ -254,9 +263,12 @@ absl::StatusOr<int> RewriteAttention(const ir::Graph& g, ir::Graph* out,
   int found = 0;
   for (size_t i = 0; i < g.nodes().size(); ++i) {
     matches[i] = MatchAt(g, uses, g.nodes()[i]);
-    if (matches[i] && options.training &&
-        std::max(g.value(matches[i]->q).meta.sizes.back().constant(),
-                 g.value(matches[i]->v).meta.sizes.back().constant()) > kMaxTrainingHeadDim) {
+    if (!matches[i]) continue;
+    const ir::TensorMeta& q = g.value(matches[i]->q).meta;
+    const ir::TensorMeta& v = g.value(matches[i]->v).meta;
+    const bool efficient = options.training || !Fused16Bit(q, v, options);
+    if (efficient &&
+        std::max(q.sizes.back().constant(), v.sizes.back().constant()) > kMaxEfficientHeadDim) {
       matches[i].reset();
     }
     found += matches[i].has_value();

@@ -33,8 +33,9 @@
 // them, which read the output and the log-sum-exp the forward saved
 // (softmax attention's bfloat16 training step on an H100: 0.97 ms with
 // flash, 1.16-1.77 ms over five runs with memory-efficient attention).
-// Head dims over 128 are left unfused there: that backward is slower than
-// the matmuls beyond them.
+// Head dims over 128 are left unfused wherever memory-efficient attention
+// would run (in training, and in float32 inference): its backward, and its
+// forward's one kernel for such heads, are slower than the matmuls.
 // The log-sum-exp needs a constant query length; a graph where it is
 // symbolic is refused (an error the pipeline treats as "no rewrite").
 //

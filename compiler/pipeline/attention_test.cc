@@ -205,6 +205,15 @@ TEST(AttentionRewriteTest, WhatTheKernelCannotComputeIsLeftAlone) {
   cases.back().sp.dtype = v1::FLOAT64;
   cases.push_back({"the scores read elsewhere", {}});
   cases.back().sp.scores_out = true;
+  // Memory-efficient attention's kernel for heads over 128 is slower than
+  // the matmuls.
+  cases.push_back({"float32 heads of 192", {}});
+  cases.back().sp.dtype = v1::FLOAT32;
+  cases.back().sp.d = cases.back().sp.dv = 192;
+  cases.push_back({"bfloat16 heads of 192 and 128 (no composite)", {}});
+  cases.back().sp.dtype = v1::BFLOAT16;
+  cases.back().sp.d = 192;
+  cases.back().sp.dv = 128;
   for (const Case& c : cases) {
     SCOPED_TRACE(c.what);
     ir::Graph g = Attention(c.sp).Build();
@@ -215,6 +224,19 @@ TEST(AttentionRewriteTest, WhatTheKernelCannotComputeIsLeftAlone) {
     EXPECT_EQ(g.nodes().size(), nodes);
     EXPECT_EQ(Fused(Targets(g)), 0);
   }
+}
+
+// 16-bit inference with equal head dims over 128 still gets the composite,
+// whose kernels (cuDNN's, flash attention) take heads up to 256.
+TEST(AttentionRewriteTest, WideSixteenBitHeadsGetTheCompositeInInference) {
+  Spelling sp;
+  sp.dtype = v1::BFLOAT16;
+  sp.d = sp.dv = 192;
+  ir::Graph g = Attention(sp).Build();
+  auto fused = RewriteAttention(g, &g);
+  ASSERT_TRUE(fused.ok()) << fused.status();
+  EXPECT_EQ(*fused, 1);
+  EXPECT_EQ(Count(Targets(g), kSdpa), 1);
 }
 
 // In training, memory-efficient attention in every dtype, with its
