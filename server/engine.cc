@@ -235,8 +235,8 @@ absl::StatusOr<v1::CompileResponse> Engine::CompileUnrecorded(const v1::CompileR
       } else {
         if (instance.ok() && admitting.empty() && symbols_allowed) admitting = m.digest();
         m.set_failed_guard(
-            !instance.ok() ? absl::StrCat("its guards admit these inputs, but this graph is ",
-                                          instance.message())
+            !instance.ok()    ? absl::StrCat("its guards admit these inputs, but this graph is ",
+                                             instance.message())
             : symbols_allowed ? "its guards admit these inputs and this graph is an instance of "
                                 "its graph"
                               : "its guards admit these inputs and this graph is an instance of "

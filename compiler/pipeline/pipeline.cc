@@ -19,6 +19,7 @@
 #include "compiler/loop/split_reductions.h"
 #include "compiler/ops/registry.h"
 #include "compiler/pipeline/attention.h"
+#include "compiler/pipeline/matmul_layouts.h"
 #include "compiler/pipeline/unfuse_addmm.h"
 
 namespace kiln::pipeline {
@@ -234,6 +235,17 @@ absl::Status RunKiln(const ir::Graph& graph, const v1::Target& wanted, const Kil
     } else if (*biases > 0) {
       rewritten = std::move(unfused);
       (*trace)["unfuse_addmm_graph.txt"] = ir::PrintReadable(rewritten);
+      source = &rewritten;
+    }
+    // Copies that transpose a matmul's operand made along memory instead.
+    ir::Graph relaid;
+    absl::StatusOr<int> copies =
+        times->Time("matmul-layouts", [&] { return TransposeMatmulCopies(*source, &relaid); });
+    if (!copies.ok()) {
+      (*trace)["matmul_layouts_error.txt"] = std::string(copies.status().message());
+    } else if (*copies > 0) {
+      rewritten = std::move(relaid);
+      (*trace)["matmul_layouts_graph.txt"] = ir::PrintReadable(rewritten);
       source = &rewritten;
     }
   }

@@ -388,6 +388,21 @@ def test_softmax_attention_training_is_fused_both_ways(dtype, shape):
     assert "aten.bmm.default" not in targets, targets
 
 
+@pytest.mark.parametrize("training", [False, True], ids=["inference", "training"])
+def test_wide_heads_stay_matmuls_over_a_transposed_view(training):
+    """float32 heads of 192 (Attention(768) has 4): no memory-efficient
+    attention, whose one kernel for them is slower than the matmuls; k^T is
+    copied along memory and read by bmm as a transposed view."""
+    torch.manual_seed(0)
+    model = Attention(768).to(DEVICE)
+    backend = check(model, rand(2, 128, 768), training=training)
+    targets = _extern_targets(backend)
+    assert "aten.bmm.default" in targets, targets
+    assert not any("attention" in t for t in targets), targets
+    traces = [part for fn in backend.loaded for part in fn.artifact.trace]
+    assert any(part.endswith("matmul_layouts_graph.txt") for part in traces), traces
+
+
 class MLP(torch.nn.Module):
     def __init__(self, d=256):
         super().__init__()
