@@ -286,22 +286,26 @@ absl::StatusOr<Partition> PartitionJointGraph(const JointGraph& joint,
     const int S = 2 * nv, T = 2 * nv + 1;
     FlowNetwork net(2 * nv + 2);
     // Saving a value costs the backward's read of it, and for a value that
-    // exists only because it is saved, the forward's write too: a primal or
-    // a forward output costs its bytes once, anything else twice. (RMS
-    // norm's backward then reads x and the per-row rstd rather than a saved
-    // x * rstd that the forward would have to write.)
+    // exists only because it is saved, the forward's write too: a primal, a
+    // forward output or what a matmul or a convolution writes (ATen's
+    // kernels materialize it) costs its bytes once, anything else twice.
+    // (RMS norm's backward then reads x and the per-row rstd rather than a
+    // saved x * rstd that the forward would have to write; a batch norm's
+    // backward reads the convolution's output rather than a saved x - mean.)
     std::vector<bool> exists(nv, false);
     for (int i = 0; i < joint.num_forward_outputs; ++i) exists[g.outputs()[i]] = true;
     for (ValueId v = 0; v < nv; ++v) {
       if (backward[v]) continue;
       const ir::Value& val = g.value(v);
+      const ops::OpDef* def =
+          val.producer >= 0 ? registry.Find(g.nodes()[val.producer].target) : nullptr;
+      const bool materialized =
+          val.producer < 0 || exists[v] || (def != nullptr && def->traits.expensive);
       const int64_t bytes = std::max<int64_t>(1, ValueBytes(val.meta, options.symbolic_size_hint));
-      net.AddEdge(2 * v, 2 * v + 1,
-                  val.producer < 0 || exists[v] ? bytes : SaturatingDouble(bytes));
+      net.AddEdge(2 * v, 2 * v + 1, materialized ? bytes : SaturatingDouble(bytes));
       bool recomputable = false;
       if (val.producer >= 0) {
         const ir::Node& node = g.nodes()[val.producer];
-        const ops::OpDef* def = registry.Find(node.target);
         recomputable = def != nullptr && (def->traits.pointwise || def->traits.view) &&
                        !def->traits.random && !def->traits.expensive && !compared[v];
         for (ValueId u : ir::Graph::Operands(node)) net.AddEdge(2 * u + 1, 2 * v, kInf);

@@ -121,6 +121,29 @@ TEST(PartitionTest, SavesAPrimalThatBindsASymbolOnlyTheBackwardNeeds) {
   EXPECT_TRUE(binds) << "no backward input has a dimension s1";
 }
 
+// A linear layer spelled mm + bias, then GELU: the backward reads the
+// biased value. The mm's result exists anyway (ATen writes it); the biased
+// value would exist only to be saved. The cut saves the product and the
+// backward adds the bias again.
+TEST(PartitionTest, SavesAMatmulsResultRatherThanAPointwiseValueOfIt) {
+  ir::GraphBuilder b("linear_gelu");
+  ir::ValueId x = b.AddInput(Meta({256, 64}, true), v1::Placeholder::USER_INPUT, "x");
+  ir::ValueId w = b.AddInput(Meta({64, 128}, true), v1::Placeholder::PARAMETER, "w");
+  ir::ValueId bias = b.AddInput(Meta({128}, true), v1::Placeholder::PARAMETER, "bias");
+  ir::ValueId m = Op(b, "aten.mm.default", {Ref(x), Ref(w)});
+  const std::string product = b.value(m).name;
+  ir::ValueId biased = Op(b, "aten.add.Tensor", {Ref(m), Ref(bias)});
+  const std::string sum = b.value(biased).name;
+  b.AddOutput(Op(b, "aten.gelu.default", {Ref(biased)}));
+  Partition p = Split(std::move(b).Build());
+  EXPECT_NE(std::find(p.saved.begin(), p.saved.end(), product), p.saved.end())
+      << absl::StrJoin(p.saved, ", ");
+  EXPECT_EQ(std::find(p.saved.begin(), p.saved.end(), sum), p.saved.end())
+      << absl::StrJoin(p.saved, ", ");
+  EXPECT_NE(std::find(p.recomputed.begin(), p.recomputed.end(), sum), p.recomputed.end())
+      << absl::StrJoin(p.recomputed, ", ");
+}
+
 TEST(PartitionTest, NeverRecomputesMatmulsOrReductions) {
   ir::GraphBuilder b("mlp");
   ir::ValueId x = b.AddInput(Meta({8, 64}, true), v1::Placeholder::USER_INPUT, "x");
