@@ -285,15 +285,30 @@ absl::StatusOr<FusedGraph> Fuser::Run() {
   for (Group& grp : groups_) {
     for (ValueId v : grp.stored) BufferOf(grp, v, true);
   }
+  // A kernel that stores nothing (every value it computed is recomputed
+  // where it is read) is not launched; the others keep their names.
+  std::vector<int> index(groups_.size(), -1);
   for (size_t gi = 0; gi < groups_.size(); ++gi) {
+    if (groups_[gi].stored.empty()) {
+      decisions_.push_back(absl::StrCat("drop: kernel_", gi,
+                                        " stores nothing: its values are computed where they "
+                                        "are read"));
+      continue;
+    }
     ASSIGN_OR_RETURN(Kernel k, EmitKernel(static_cast<int>(gi)));
+    index[gi] = static_cast<int>(out.kernels.size());
     out.kernels.push_back(std::move(k));
   }
-  out.computed.resize(groups_.size());
-  for (const auto& [v, gi] : group_of_) out.computed[gi].push_back(v);
+  out.computed.resize(out.kernels.size());
+  for (const auto& [v, gi] : group_of_) {
+    if (index[gi] >= 0) out.computed[index[gi]].push_back(v);
+  }
   for (const Item& item : items_) {
-    out.steps.push_back(item.kind == Item::kGroup ? FusedGraph::Step{item.group, -1}
-                                                  : FusedGraph::Step{-1, item.node});
+    if (item.kind != Item::kGroup) {
+      out.steps.push_back(FusedGraph::Step{-1, item.node});
+    } else if (index[item.group] >= 0) {
+      out.steps.push_back(FusedGraph::Step{index[item.group], -1});
+    }
   }
   for (const auto& [v, alias] : alias_) out.view_root[v] = alias.root;
   out.decisions = std::move(decisions_);

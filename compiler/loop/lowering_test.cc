@@ -312,6 +312,31 @@ TEST(LoweringTest, RecomputationReadsSmallOperandsOfOtherKernels) {
   }
 }
 
+// x.float() opens a kernel; a per-row value of another input opens a
+// second; their product cannot join the first (it would read the second's
+// result before it is made) and recomputes x.float() in a third. The
+// first kernel then stores nothing and is not launched.
+TEST(LoweringTest, AKernelThatStoresNothingIsNotLaunched) {
+  ir::GraphBuilder b("dead");
+  ir::ValueId x = b.AddInput(Meta({16, 64}, v1::BFLOAT16), v1::Placeholder::USER_INPUT, "x");
+  ir::ValueId s = b.AddInput(Meta({16, 1}), v1::Placeholder::USER_INPUT, "s");
+  ir::ValueId wide = Op(b, "aten._to_copy.default", {Ref(x)},
+                        {ir::Argument{"dtype", ir::Argument::Kind{v1::FLOAT32}}});
+  ir::ValueId m = Op(b, "aten.add.Scalar", {Ref(s), ir::Float(1.0)});
+  b.AddOutput(Op(b, "aten.mul.Tensor", {Ref(wide), Ref(m)}));
+  LoweredGraph l = Lower(std::move(b).Build());
+  const std::string all = absl::StrJoin(l.decisions, "\n");
+  EXPECT_NE(all.find("drop: kernel_0 stores nothing"), std::string::npos) << all;
+  ASSERT_EQ(l.kernels.size(), 2u) << PrintLowered(l);
+  for (const Kernel& k : l.kernels) {
+    EXPECT_NE(k.name, "kernel_0");
+    bool stores = false;
+    for (const KernelBuffer& buf : k.buffers) stores = stores || buf.written;
+    EXPECT_TRUE(stores) << k.name;
+  }
+  EXPECT_EQ(Count(l.plan, v1::PlanStep::kLaunch), 2);
+}
+
 TEST(LoweringTest, EveryDecisionIsRecorded) {
   ir::GraphBuilder b("mixed");
   ir::ValueId x = b.AddInput(Meta({4, 8}), v1::Placeholder::USER_INPUT, "x");
