@@ -146,38 +146,22 @@ DerivativeRule AmaxAminRule() {
 // ---------------------------------------------------------------------------
 // Normalization.
 
-// native_layer_norm_backward spelled as the ops it computes (32- and 64-bit
-// inputs), so that the kiln backend fuses it (the input's gradient is one kernel over each row,
-// the weight's and the bias's one kernel over the rows): with x̂ = (x -
-// mean) * rstd over the N normalized elements and ĝ = grad * weight,
+// native_layer_norm_backward spelled as the ops it computes, so that the
+// kiln backend fuses it (the input's gradient is one kernel over each row,
+// the weight's and the bias's sums over the rows fold into it): with x̂ =
+// (x - mean) * rstd over the N normalized elements and ĝ = grad * weight,
 //   d_input  = rstd / N * (N * ĝ - sum(ĝ) - x̂ * sum(ĝ * x̂))   (row sums)
 //   d_weight = sum(grad * x̂),  d_bias = sum(grad)            (over the rows)
-// A 16-bit tensor among the others (a weight, say) is computed in float32,
-// as ATen accumulates; SetReduced casts each gradient back to its input's
-// dtype.
-//
-// A 16-bit input keeps ATen's kernel: the weight's gradient is a sum over
-// the rows, which kiln's column layout reads at 2 bytes per lane in 16-bit;
-// measured on an H100 over [16384, 4096] in bfloat16, the layer norm's
-// training step took 2.15 ms decomposed against 1.04-1.13 ms with ATen's
-// (docs/benchmarks.md).
+// 16-bit tensors are computed in float32, as ATen accumulates; SetReduced
+// casts each gradient back to its input's dtype. (Before the sums over the
+// rows folded into the row kernel, 16-bit inputs kept ATen's kernel: kiln's
+// column layout read them at 2 bytes per lane, 2.15 ms against 1.04-1.13 ms
+// for [16384, 4096] in bfloat16 on an H100, docs/benchmarks.md.)
 absl::Status LayerNormRule(Ctx& c) {
   if (c.grad_output(0) == kNoValue) return absl::OkStatus();
   const bool mask[3] = {c.NeedsGrad("input"), c.NeedsGrad("weight"), c.NeedsGrad("bias")};
   if (!mask[0] && !mask[1] && !mask[2]) return absl::OkStatus();
   ASSIGN_OR_RETURN(const ir::TensorMeta xm, MetaOf(c, "input"));
-  if (xm.dtype == v1::FLOAT16 || xm.dtype == v1::BFLOAT16) {
-    ASSIGN_OR_RETURN(std::vector<ValueId> gs,
-                     c.OpN("aten.native_layer_norm_backward.default",
-                           {Ref(c.grad_output(0)), Arg(c, "input"), Arg(c, "normalized_shape"),
-                            Ref(c.output(1)), Ref(c.output(2)), Arg(c, "weight"), Arg(c, "bias"),
-                            Argument{"", std::vector<bool>{mask[0], mask[1], mask[2]}}}));
-    const char* params[3] = {"input", "weight", "bias"};
-    for (int i = 0; i < 3; ++i) {
-      if (mask[i]) c.SetGrad(params[i], gs[i]);
-    }
-    return absl::OkStatus();
-  }
   ASSIGN_OR_RETURN(std::vector<ir::SymInt> shape, c.call().SymInts("normalized_shape"));
   const int64_t rank = Rank(xm);
   const int64_t axis = rank - static_cast<int64_t>(shape.size());
@@ -206,8 +190,10 @@ absl::Status LayerNormRule(Ctx& c) {
   if (mask[0]) {
     ValueId ghat = g;
     if (!c.call().IsNone("weight")) {
+      // float32 times a 16-bit weight is float32 (type promotion, exact):
+      // no cast of the weight of its own, whose kernel would sit between the
+      // sums over the rows and the row kernel they fold into.
       ASSIGN_OR_RETURN(ValueId w, Tensor(c, "weight"));
-      ASSIGN_OR_RETURN(w, wide(w));
       ASSIGN_OR_RETURN(ghat, Mul(c, g, w));
     }
     const Argument n = SymIntArg(ReducedCount(xm.sizes, inner));
