@@ -206,48 +206,38 @@ absl::Status RunKiln(const ir::Graph& graph, const v1::Target& wanted, const Kil
   for (const auto& in : graph.inputs()) {
     training = training || graph.value(in.value).meta.requires_grad;
   }
-  // On CUDA, one fused attention kernel for softmax attention spelled as
-  // matmuls; in training graphs before the joint graph is built, so that
-  // its backward is the fused kernel's.
+  // On CUDA, graph rewrites before lowering (in training graphs before the
+  // joint graph is built, so that the backward derives from their result).
+  // Each is an optimization only: one that fails leaves the graph as it
+  // came, its error in the trace.
   const ir::Graph* source = &graph;
   ir::Graph rewritten;
+  auto rewrite = [&](const std::string& phase, const std::string& file, auto pass) {
+    ir::Graph out;
+    absl::StatusOr<int> rewrites = times->Time(phase, [&] { return pass(*source, &out); });
+    if (!rewrites.ok()) {
+      (*trace)[file + "_error.txt"] = std::string(rewrites.status().message());
+    } else if (*rewrites > 0) {
+      rewritten = std::move(out);
+      (*trace)[file + "_graph.txt"] = ir::PrintReadable(rewritten);
+      source = &rewritten;
+    }
+  };
   if (target->device_type() == "cuda") {
-    // SelectTarget checked the arch's form.
+    // One fused attention kernel for softmax attention spelled as matmuls,
+    // whose backward is the fused kernel's. SelectTarget checked the arch's
+    // form.
     absl::StatusOr<cuda::SmArch> arch = cuda::ParseSmArch(target->proto().sm_arch());
     AttentionOptions attention;
     attention.flash = arch.ok() && arch->major >= 8;
     attention.training = training;
-    absl::StatusOr<int> fused =
-        times->Time("attention", [&] { return RewriteAttention(graph, &rewritten, attention); });
-    if (!fused.ok()) {
-      // An optimization only: the graph compiles as it came.
-      (*trace)["attention_error.txt"] = std::string(fused.status().message());
-    } else if (*fused > 0) {
-      (*trace)["attention_graph.txt"] = ir::PrintReadable(rewritten);
-      source = &rewritten;
-    }
+    rewrite("attention", "attention", [&](const ir::Graph& g, ir::Graph* out) {
+      return RewriteAttention(g, out, attention);
+    });
     // float32 addmm as a GEMM and a bias add fused into its reader.
-    ir::Graph unfused;
-    absl::StatusOr<int> biases =
-        times->Time("unfuse-addmm", [&] { return UnfuseAddmm(*source, &unfused); });
-    if (!biases.ok()) {
-      (*trace)["unfuse_addmm_error.txt"] = std::string(biases.status().message());
-    } else if (*biases > 0) {
-      rewritten = std::move(unfused);
-      (*trace)["unfuse_addmm_graph.txt"] = ir::PrintReadable(rewritten);
-      source = &rewritten;
-    }
+    rewrite("unfuse-addmm", "unfuse_addmm", UnfuseAddmm);
     // Copies that transpose a matmul's operand made along memory instead.
-    ir::Graph relaid;
-    absl::StatusOr<int> copies =
-        times->Time("matmul-layouts", [&] { return TransposeMatmulCopies(*source, &relaid); });
-    if (!copies.ok()) {
-      (*trace)["matmul_layouts_error.txt"] = std::string(copies.status().message());
-    } else if (*copies > 0) {
-      rewritten = std::move(relaid);
-      (*trace)["matmul_layouts_graph.txt"] = ir::PrintReadable(rewritten);
-      source = &rewritten;
-    }
+    rewrite("matmul-layouts", "matmul_layouts", TransposeMatmulCopies);
   }
   if (!training) {
     ASSIGN_OR_RETURN(*artifact->mutable_compiled(),
