@@ -140,6 +140,49 @@ struct Fold {
   std::vector<KernelBuffer> partials;
 };
 
+// Whether statement `i` of `k` reads, directly or not, a reduction's result.
+bool AfterAReduction(const Kernel& k, int i) {
+  const Stmt& s = k.stmts[i];
+  if (s.kind == StmtKind::kReduce) return true;
+  return std::any_of(s.args.begin(), s.args.end(), [&](int a) { return AfterAReduction(k, a); });
+}
+
+bool SameStrides(const std::vector<ir::SymInt>& a, const std::vector<ir::SymInt>& b) {
+  for (size_t d = 0; d < std::max(a.size(), b.size()); ++d) {
+    const ir::SymInt x = d < a.size() ? a[d] : Const(0);
+    const ir::SymInt y = d < b.size() ? b[d] : Const(0);
+    if (!(x == y)) return false;
+  }
+  return true;
+}
+
+// A statement of `m` that computes what `s` (a load, constant or op of the
+// last pass's sweep) would, and that the sweep can read: one of the sweep,
+// or a per-row value made before it (the rsqrt of a saved mean that the row
+// kernel computes once per row, and the column sums for each element).
+// -1 when there is none.
+int Equivalent(const Kernel& m, const Stmt& s, int last) {
+  if (s.kind != StmtKind::kLoad && s.kind != StmtKind::kConstant && s.kind != StmtKind::kOp) {
+    return -1;
+  }
+  for (int q = 0; q < static_cast<int>(m.stmts.size()); ++q) {
+    const Stmt& t = m.stmts[q];
+    if (t.kind != s.kind || t.dtype != s.dtype || t.args != s.args) continue;
+    if (s.kind == StmtKind::kOp && t.op != s.op) continue;
+    if (s.kind == StmtKind::kConstant && t.constant != s.constant) continue;
+    if (s.kind == StmtKind::kLoad &&
+        (t.buffer != s.buffer || !(t.index.offset == s.index.offset) ||
+         !SameStrides(t.index.outer_strides, s.index.outer_strides) ||
+         !SameStrides(t.inner ? t.index.inner_strides : std::vector<ir::SymInt>{},
+                      s.index.inner_strides))) {
+      continue;
+    }
+    const bool readable = t.inner ? t.pass == last : (t.pass < last || !AfterAReduction(m, q));
+    if (readable) return q;
+  }
+  return -1;
+}
+
 // `r` with `c`'s sweep in its last pass, and `c` as the finishing kernel
 // (its inner size set once the groups are known).
 Fold Build(const Kernel& r, const Kernel& c, const std::string& base,
@@ -192,6 +235,10 @@ Fold Build(const Kernel& r, const Kernel& c, const std::string& base,
           continue;
         }
       }
+    }
+    if (const int same = Equivalent(m, s, last); same >= 0) {
+      at[j] = same;
+      continue;
     }
     at[j] = Append(&m, std::move(s));
   }

@@ -23,8 +23,9 @@ namespace {
 
 using ir::Ref;
 
-ir::ValueId Op(ir::GraphBuilder& b, const std::string& target, std::vector<ir::Argument> args) {
-  auto out = ops::Emit(b, ops::DefaultRegistry(), target, std::move(args), {});
+ir::ValueId Op(ir::GraphBuilder& b, const std::string& target, std::vector<ir::Argument> args,
+               std::vector<ir::Argument> kwargs = {}) {
+  auto out = ops::Emit(b, ops::DefaultRegistry(), target, std::move(args), std::move(kwargs));
   EXPECT_TRUE(out.ok()) << target << ": " << out.status();
   return out.ok() ? (*out)[0] : ir::kNoValue;
 }
@@ -32,8 +33,11 @@ ir::ValueId Op(ir::GraphBuilder& b, const std::string& target, std::vector<ir::A
 // An RMS norm's backward over [rows, cols] in `dtype`: dx row by row (a
 // row sum, then a pass over the row), dw = sum over the rows of dy * x * r.
 // With `product`, dy * x * r * 2 is an output too: the column kernel
-// stores it in its sweep, and the row kernel takes the store.
-LoweredGraph NormBackward(int64_t rows, int64_t cols, v1::DType dtype, bool product = false) {
+// stores it in its sweep, and the row kernel takes the store. With
+// `saved_mean`, r is computed as the forward saves it for the backward:
+// rsqrt(mean + eps) of a float32 mean of squares, rounded to `dtype`.
+LoweredGraph NormBackward(int64_t rows, int64_t cols, v1::DType dtype, bool product = false,
+                          bool saved_mean = false) {
   ir::GraphBuilder b("norm_backward");
   const ir::ValueId x =
       b.AddInput(ir::ContiguousMeta({rows, cols}, dtype), v1::Placeholder::USER_INPUT, "x");
@@ -41,8 +45,17 @@ LoweredGraph NormBackward(int64_t rows, int64_t cols, v1::DType dtype, bool prod
       b.AddInput(ir::ContiguousMeta({rows, cols}, dtype), v1::Placeholder::USER_INPUT, "dy");
   const ir::ValueId w =
       b.AddInput(ir::ContiguousMeta({cols}, dtype), v1::Placeholder::PARAMETER, "w");
-  const ir::ValueId r =
-      b.AddInput(ir::ContiguousMeta({rows, 1}, dtype), v1::Placeholder::USER_INPUT, "r");
+  ir::ValueId r = ir::kNoValue;
+  if (saved_mean) {
+    const ir::ValueId mean = b.AddInput(ir::ContiguousMeta({rows, 1}, v1::FLOAT32),
+                                        v1::Placeholder::USER_INPUT, "mean");
+    r = Op(b, "aten._to_copy.default",
+           {Ref(Op(b, "aten.rsqrt.default",
+                   {Ref(Op(b, "aten.add.Scalar", {Ref(mean), ir::Float(1e-6)}))}))},
+           {ir::Argument{"dtype", ir::Argument::Kind{dtype}}});
+  } else {
+    r = b.AddInput(ir::ContiguousMeta({rows, 1}, dtype), v1::Placeholder::USER_INPUT, "r");
+  }
   const ir::ValueId a = Op(b, "aten.mul.Tensor", {Ref(dy), Ref(w)});
   const ir::ValueId s =
       Op(b, "aten.sum.dim_IntList",
@@ -183,6 +196,39 @@ TEST(FoldColumnSums, WhatTheColumnSweepStoresTheRowKernelStores) {
   auto source = backend->Generate(lowered.kernels, lowered.symbols);
   ASSERT_TRUE(source.ok()) << source.status();
   EXPECT_TRUE(backend->Compile(*source).ok());
+}
+
+// The rsqrt of the saved mean is computed where it is read, in the row
+// kernel (once per row) and in the column kernel (for each element), rather
+// than in a kernel of its own between them: that kernel would store it
+// after the row kernel runs, and the column sums could not join it.
+TEST(FoldColumnSums, TheRsqrtOfTheSavedMeanDoesNotStopTheFold) {
+  for (v1::DType dtype : {v1::FLOAT32, v1::BFLOAT16}) {
+    SCOPED_TRACE(v1::DType_Name(dtype));
+    LoweredGraph lowered =
+        NormBackward(2048, 1024, dtype, /*product=*/false, /*saved_mean=*/true);
+    ASSERT_EQ(lowered.kernels.size(), 2u) << PrintLowered(lowered);
+    FoldColumnSums(Groups(16), &lowered);
+    const std::string decisions = absl::StrJoin(lowered.decisions, "\n");
+    EXPECT_TRUE(absl::StrContains(decisions, "stores nothing")) << decisions;
+    ASSERT_TRUE(absl::StrContains("\n" + decisions, "\nfold: ")) << decisions;
+    ASSERT_EQ(lowered.kernels.size(), 2u);
+    const Kernel& rows = lowered.kernels[0];
+    EXPECT_EQ(rows.row_groups, 16);
+    // The row kernel takes its rsqrt once per row, outside the sweeps.
+    int rsqrts = 0;
+    for (const Stmt& st : rows.stmts) {
+      if (st.kind != StmtKind::kOp || st.op != ScalarOp::kRsqrt) continue;
+      ++rsqrts;
+      EXPECT_FALSE(st.inner) << PrintKernel(rows);
+    }
+    EXPECT_GE(rsqrts, 1) << PrintKernel(rows);
+    ExpectDefinedBeforeUse(lowered.plan);
+    auto backend = Cuda();
+    auto source = backend->Generate(lowered.kernels, lowered.symbols);
+    ASSERT_TRUE(source.ok()) << source.status();
+    EXPECT_TRUE(backend->Compile(*source).ok());
+  }
 }
 
 TEST(FoldColumnSums, ATargetThatCannotTakeItLeavesBothKernels) {

@@ -233,6 +233,7 @@ absl::StatusOr<bool> Fuser::PlaceReduction(int node_index) {
       decisions_.insert(decisions_.begin() + static_cast<std::ptrdiff_t>(decisions),
                         ReshapeDecision(k, reshaped->full, grp.full));
     }
+    if (saved_reduced.empty()) BroadcastsToRows(grp);
     return true;
   }
   // A new kernel over the input's space.

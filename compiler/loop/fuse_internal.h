@@ -180,6 +180,14 @@ class Fuser {
     std::vector<ValueId> loads;
     std::vector<ValueId> counted;  // each value's node counts once
   };
+  // The level at which `grp` computes again a value of `sizes` that a
+  // reader at `level` reads; nullopt when it cannot.
+  std::optional<Level> RecomputeLevel(const Group& grp, const SymSizes& sizes, Level level) const;
+  // Once a reduction has joined `grp`: the values it computed for each
+  // element from broadcasts that hold one value per row of the reduction
+  // (RecomputeLevel) become per-row values, so that per-row readers may use
+  // them too.
+  void BroadcastsToRows(Group& grp) const;
   bool RecomputeCost(const Group& grp, ValueId v, Level level, int depth,
                      RecomputeCount* count) const;
   // Whether `v` is a value of another kernel that the policy lets `grp`

@@ -2,6 +2,7 @@
 // it), a node's values built in the kernel it joins, recomputation, and the
 // reshape of a kernel into the shape of a view of a value it computes.
 #include <algorithm>
+#include <functional>
 #include <map>
 #include <optional>
 #include <set>
@@ -313,6 +314,64 @@ absl::StatusOr<int> Fuser::Operand(Group& grp, ValueId v, Level level, const Sym
   return Add(grp, std::move(load));
 }
 
+std::optional<Level> Fuser::RecomputeLevel(const Group& grp, const SymSizes& sizes,
+                                           Level level) const {
+  if (absl::StatusOr<Level> have = Classify(grp, sizes);
+      have.ok() && (*have == level || (level == Level::kFull && *have == Level::kRowKeep))) {
+    return *have;
+  }
+  // A smaller value that broadcasts over the kernel's space, and is not one
+  // value per row of it: computed for each element, as its reader reads it
+  // (a norm's rsqrt of the saved mean under the weight's sum over the
+  // rows). Its own kernel then need not store it.
+  if (level != Level::kFull || sizes.size() > grp.full.size()) {
+    return std::nullopt;
+  }
+  const size_t lead = grp.full.size() - sizes.size();
+  for (size_t j = 0; j < sizes.size(); ++j) {
+    if (!ops::IsConstant(sizes[j], 1) && !(sizes[j] == grp.full[lead + j])) return std::nullopt;
+  }
+  return Level::kFull;
+}
+
+void Fuser::BroadcastsToRows(Group& grp) const {
+  if (grp.reduced.empty()) return;
+  // Whether GVal `id` varies over none of the reduced dims: a load whose
+  // strides there are 0, a constant, or an op over such values.
+  std::map<int, bool> memo;
+  std::function<bool(int)> per_row = [&](int id) {
+    if (auto m = memo.find(id); m != memo.end()) return m->second;
+    const GVal& v = grp.vals[id];
+    bool ok = v.level == Level::kRowKeep;
+    if (v.level == Level::kFull && v.kind == StmtKind::kLoad) {
+      ok = true;
+      for (int d : grp.reduced) {
+        ok = ok && (static_cast<size_t>(d) >= v.over.size() || ops::IsConstant(v.over[d], 0));
+      }
+    } else if (v.level == Level::kFull && v.kind != StmtKind::kReduce) {
+      ok = true;
+      for (int a : v.args) ok = ok && per_row(a);
+    }
+    memo[id] = ok;
+    return ok;
+  };
+  std::function<void(int)> relabel = [&](int id) {
+    GVal& v = grp.vals[id];
+    if (v.level == Level::kRowKeep) return;
+    v.level = Level::kRowKeep;
+    for (int a : v.args) relabel(a);
+  };
+  for (auto& [value, level] : grp.level_of) {
+    if (level != Level::kFull) continue;
+    absl::StatusOr<Level> row = Classify(grp, g_.value(value).meta.sizes);
+    if (!row.ok() || *row != Level::kRowKeep) continue;
+    const int id = grp.value_of.at(value);
+    if (!per_row(id)) continue;
+    relabel(id);
+    level = Level::kRowKeep;
+  }
+}
+
 // What computing `v` again in `grp` takes: the nodes, and the whole-space
 // tensors it reads that `grp` does not read yet. False when `v` is not
 // recomputable there: made by something other than a single-output
@@ -347,8 +406,8 @@ bool Fuser::RecomputeCost(const Group& grp, ValueId v, Level level, int depth,
   if (p < 0 || g_.nodes()[p].outputs.size() != 1 || !PointwiseRules().count(g_.nodes()[p].target)) {
     return loaded();
   }
-  absl::StatusOr<Level> have = Classify(grp, m.sizes);
-  if (!have.ok() || !(*have == level || (level == Level::kFull && *have == Level::kRowKeep))) {
+  const std::optional<Level> have = RecomputeLevel(grp, m.sizes, level);
+  if (!have) {
     // An operand of a recomputed value that this kernel cannot compute at
     // its level (a batch norm's per-channel statistics under a kernel that
     // reduces other dims) is read from memory, as any broadcast operand.
@@ -358,10 +417,17 @@ bool Fuser::RecomputeCost(const Group& grp, ValueId v, Level level, int depth,
   if (std::find(count->counted.begin(), count->counted.end(), v) != count->counted.end()) {
     return true;
   }
+  const RecomputeCount before = *count;
   count->counted.push_back(v);
   ++count->nodes;
   for (ValueId u : ir::Graph::Operands(g_.nodes()[p])) {
-    if (u != ir::kNoValue && !RecomputeCost(grp, u, *have, depth + 1, count)) return false;
+    if (u != ir::kNoValue && !RecomputeCost(grp, u, *have, depth + 1, count)) {
+      // A broadcast operand that cannot be computed here after all is read
+      // from memory, as above.
+      if (depth == 0 || SameSizes(m.sizes, grp.full)) return false;
+      *count = before;
+      return loaded();
+    }
   }
   return true;
 }
@@ -388,10 +454,15 @@ absl::StatusOr<std::optional<int>> Fuser::Recompute(Group& grp, ValueId v, Level
   // A pointwise node that a kernel computes was lowered with its call.
   const ops::OpCall& call = *nodes_[p].call;
   const ir::TensorMeta& m = g_.value(v).meta;
-  ASSIGN_OR_RETURN(Level have, Classify(grp, m.sizes));
+  const std::optional<Level> level_here = RecomputeLevel(grp, m.sizes, level);
+  if (!level_here) return std::nullopt;
+  const Level have = *level_here;
+  // A broadcast value computed for each element reads its operands as
+  // broadcasts over the kernel's space.
+  const SymSizes& space = have == Level::kFull ? grp.full : m.sizes;
   const Mark mark = MarkOf(grp);
   Builder b(
-      grp, have, [&](ValueId u) { return Operand(grp, u, have, m.sizes); }, call);
+      grp, have, [&](ValueId u) { return Operand(grp, u, have, space); }, call);
   absl::StatusOr<int> result = rule(b, call, m.dtype);
   if (!result.ok()) {
     Rollback(grp, mark);
