@@ -47,8 +47,8 @@ LoweredGraph NormBackward(int64_t rows, int64_t cols, v1::DType dtype, bool prod
       b.AddInput(ir::ContiguousMeta({cols}, dtype), v1::Placeholder::PARAMETER, "w");
   ir::ValueId r = ir::kNoValue;
   if (saved_mean) {
-    const ir::ValueId mean = b.AddInput(ir::ContiguousMeta({rows, 1}, v1::FLOAT32),
-                                        v1::Placeholder::USER_INPUT, "mean");
+    const ir::ValueId mean =
+        b.AddInput(ir::ContiguousMeta({rows, 1}, v1::FLOAT32), v1::Placeholder::USER_INPUT, "mean");
     r = Op(b, "aten._to_copy.default",
            {Ref(Op(b, "aten.rsqrt.default",
                    {Ref(Op(b, "aten.add.Scalar", {Ref(mean), ir::Float(1e-6)}))}))},
@@ -205,8 +205,7 @@ TEST(FoldColumnSums, WhatTheColumnSweepStoresTheRowKernelStores) {
 TEST(FoldColumnSums, TheRsqrtOfTheSavedMeanDoesNotStopTheFold) {
   for (v1::DType dtype : {v1::FLOAT32, v1::BFLOAT16}) {
     SCOPED_TRACE(v1::DType_Name(dtype));
-    LoweredGraph lowered =
-        NormBackward(2048, 1024, dtype, /*product=*/false, /*saved_mean=*/true);
+    LoweredGraph lowered = NormBackward(2048, 1024, dtype, /*product=*/false, /*saved_mean=*/true);
     ASSERT_EQ(lowered.kernels.size(), 2u) << PrintLowered(lowered);
     FoldColumnSums(Groups(16), &lowered);
     const std::string decisions = absl::StrJoin(lowered.decisions, "\n");
