@@ -24,7 +24,9 @@ constexpr int64_t kMaxHeadDim = 256;
 // with heads of 192: 2x slower than unfused), and its forward, whose only
 // kernel for such heads keeps the output in global memory (float32 on an
 // H100, heads of 192: 397 us per block against 369 us for the matmuls and
-// the softmax).
+// the softmax). 16-bit training stays with the matmuls too: flash
+// attention's forward and backward for heads of 192 (bfloat16, H100) made a
+// GPT-2 block's training step 1523 us of kernels against 1481 us.
 constexpr int64_t kMaxEfficientHeadDim = 128;
 
 // Who makes each value, and how many times it is read (graph outputs count).
