@@ -16,6 +16,7 @@
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
 #include "compiler/loop/fuse_internal.h"
+#include "compiler/loop/kernel_edit.h"
 #include "compiler/ops/shape_util.h"
 
 namespace kiln::loop {
@@ -297,6 +298,7 @@ absl::StatusOr<FusedGraph> Fuser::Run() {
       continue;
     }
     ASSIGN_OR_RETURN(Kernel k, EmitKernel(static_cast<int>(gi)));
+    kernel_edit::DropUnneeded(&k);
     index[gi] = static_cast<int>(out.kernels.size());
     out.kernels.push_back(std::move(k));
   }

@@ -396,13 +396,24 @@ bool Fuser::RecomputeCost(const Group& grp, ValueId v, Level level, int depth,
   };
   auto made = group_of_.find(v);
   if (made == group_of_.end() || &groups_[made->second] == &grp) return loaded();
+  const int p = g_.value(v).producer;
   // A value its kernel computes per row (a reduction, or what follows one):
   // computing on it here would sweep the rows twice, once in each kernel
-  // (a norm's input gradient belongs with its row sums).
+  // (a norm's input gradient belongs with its row sums). As the broadcast
+  // operand of a recomputed value it is read from memory where it is there
+  // anyway (a batch norm's statistics, saved for the backward), or computed
+  // again from what is (their rsqrt).
   if (const auto& of = groups_[made->second].level_of; of.count(v) && of.at(v) != Level::kFull) {
-    return false;
+    if (depth == 0 || SameSizes(m.sizes, grp.full)) return false;
+    if (groups_[made->second].stored.count(v) > 0 ||
+        std::find(g_.outputs().begin(), g_.outputs().end(), v) != g_.outputs().end()) {
+      return loaded();
+    }
+    if (p < 0 || g_.nodes()[p].outputs.size() != 1 ||
+        !PointwiseRules().count(g_.nodes()[p].target)) {
+      return false;
+    }
   }
-  const int p = g_.value(v).producer;
   if (p < 0 || g_.nodes()[p].outputs.size() != 1 || !PointwiseRules().count(g_.nodes()[p].target)) {
     return loaded();
   }

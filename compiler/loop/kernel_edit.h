@@ -4,6 +4,7 @@
 #ifndef KILN_COMPILER_LOOP_KERNEL_EDIT_H_
 #define KILN_COMPILER_LOOP_KERNEL_EDIT_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <utility>
 #include <vector>
@@ -59,6 +60,44 @@ inline std::vector<bool> Needed(const Kernel& k, std::vector<bool> keep,
     for (int a : k.stmts[j].args) keep[a] = true;
   }
   return keep;
+}
+
+// `k` without the statements no store or accumulation needs (values its
+// readers elsewhere compute again), and without the trailing passes left
+// empty.
+inline void DropUnneeded(Kernel* k) {
+  std::vector<bool> keep(k->stmts.size(), false);
+  for (size_t j = 0; j < k->stmts.size(); ++j) {
+    const StmtKind kind = k->stmts[j].kind;
+    keep[j] = kind == StmtKind::kStore || kind == StmtKind::kAccumulate;
+  }
+  keep = Needed(*k, std::move(keep));
+  // A Welford M2 is read off the accumulator its mean names (the same
+  // argument): the mean stays with it.
+  for (size_t j = 0; j < k->stmts.size(); ++j) {
+    const Stmt& m2 = k->stmts[j];
+    if (!keep[j] || m2.kind != StmtKind::kReduce || m2.reduce != ReduceOp::kWelfordM2) continue;
+    for (size_t q = 0; q < k->stmts.size(); ++q) {
+      const Stmt& mean = k->stmts[q];
+      if (mean.kind == StmtKind::kReduce && mean.reduce == ReduceOp::kWelfordMean &&
+          mean.pass == m2.pass && mean.args == m2.args) {
+        keep[q] = true;
+      }
+    }
+  }
+  std::vector<int> at(k->stmts.size(), -1);
+  std::vector<Stmt> kept;
+  int passes = 1;
+  for (size_t j = 0; j < k->stmts.size(); ++j) {
+    if (!keep[j]) continue;
+    Stmt s = std::move(k->stmts[j]);
+    for (int& a : s.args) a = at[a];
+    passes = std::max(passes, s.pass + 1);
+    at[j] = static_cast<int>(kept.size());
+    kept.push_back(std::move(s));
+  }
+  k->stmts = std::move(kept);
+  k->passes = std::min(k->passes, passes);
 }
 
 }  // namespace kiln::loop::kernel_edit

@@ -343,6 +343,45 @@ TEST(LoweringTest, AKernelThatStoresNothingIsNotLaunched) {
   EXPECT_EQ(Count(l.plan, v1::PlanStep::kLaunch), 1);
 }
 
+// A batch norm in training whose normalized output only a mean over the
+// spatial dims reads (the head of a conv net): the mean's kernel computes
+// the output again from the input and the saved statistics, so the batch
+// norm's kernel stores only its statistics, and no whole-space tensor is
+// written. Its sweep that applied the norm is not emitted, and splitting
+// its sums over the batch makes no kernel for it.
+TEST(LoweringTest, ANormOutputReadOnlyByAnotherReductionIsNotStored) {
+  ir::GraphBuilder b("bn_then_pool");
+  ir::ValueId x = b.AddInput(Meta({128, 8, 64, 64}), v1::Placeholder::USER_INPUT, "x");
+  ir::ValueId var = Op(b, "aten.var.correction", {Ref(x), ir::Ints({0, 2, 3})},
+                       {ir::Argument{"correction", ir::Argument::Kind{int64_t{0}}},
+                        ir::Argument{"keepdim", ir::Argument::Kind{true}}});
+  ir::ValueId mean = Op(b, "aten.mean.dim", {Ref(x), ir::Ints({0, 2, 3}), ir::Bool(true)});
+  ir::ValueId r =
+      Op(b, "aten.rsqrt.default", {Ref(Op(b, "aten.add.Scalar", {Ref(var), ir::Float(1e-5)}))});
+  ir::ValueId y = Op(b, "aten.relu.default",
+                     {Ref(Op(b, "aten.mul.Tensor",
+                             {Ref(Op(b, "aten.sub.Tensor", {Ref(x), Ref(mean)})), Ref(r)}))});
+  b.AddOutput(Op(b, "aten.mean.dim", {Ref(y), ir::Ints({2, 3})}));
+  b.AddOutput(mean);
+  b.AddOutput(var);
+  LoweredGraph l = Lower(std::move(b).Build());
+  const std::string all = absl::StrJoin(l.decisions, "\n");
+  EXPECT_NE(all.find("recompute: "), std::string::npos) << all;
+  for (const auto& step : l.plan.steps()) {
+    if (step.kind_case() != v1::PlanStep::kAlloc) continue;
+    int64_t n = 1;
+    for (const auto& size : step.alloc().sizes()) n *= size.int_value();
+    EXPECT_LT(n, 128 * 8 * 64 * 64) << step.alloc().value() << " is a whole-space intermediate\n"
+                                    << PrintLowered(l);
+  }
+  for (const Kernel& k : l.kernels) {
+    EXPECT_EQ(k.name.find("_apply"), std::string::npos) << PrintLowered(l);
+    for (const Stmt& s : k.stmts) {
+      for (int a : s.args) EXPECT_LT(a, static_cast<int>(k.stmts.size())) << k.name;
+    }
+  }
+}
+
 TEST(LoweringTest, EveryDecisionIsRecorded) {
   ir::GraphBuilder b("mixed");
   ir::ValueId x = b.AddInput(Meta({4, 8}), v1::Placeholder::USER_INPUT, "x");
