@@ -2,10 +2,13 @@
 kernels of 10 steps (after warm-up) under torch.profiler, summed by name.
 
     KILN_SERVER=... python3 tests/gpu/profile_kernels.py ROW:DTYPE:MODE... [--top N]
+        [--traces DIR]
 
 MODE is inference or training. Prints, per row and backend, the total device
 time per step and the kernels that take most of it, with their launches per
-step and their time per step.
+step and their time per step. With --traces, kiln's compile traces of each
+row (fusion decisions and kernels, by the names the profile shows) are
+written under DIR/ROW.DTYPE.MODE/.
 """
 
 import argparse
@@ -24,10 +27,11 @@ STEPS = 10
 
 
 def compiled(model, which):
+    """`model` compiled by `which`, and kiln's backend (None for Inductor)."""
     if which == "kiln":
         backend = kiln.backend(os.environ["KILN_SERVER"], on_unavailable="raise", timeout=600)
-        return torch.compile(model, backend=backend, dynamic=False)
-    return torch.compile(model, dynamic=False)
+        return torch.compile(model, backend=backend, dynamic=False), backend
+    return torch.compile(model, dynamic=False), None
 
 
 def step(fn, xs, training):
@@ -47,11 +51,21 @@ def prepared(row, dtype, training, which):
     if not training:
         model.eval()
     xs = [torch.randn(s, device="cuda", dtype=dtype).requires_grad_(training) for s in shapes]
-    return compiled(model, which), xs
+    fn, backend = compiled(model, which)
+    return fn, backend, xs
 
 
-def kernels(row, dtype, training, which):
-    fn, xs = prepared(row, dtype, training, which)
+def write_traces(backend, directory):
+    """The compile traces of the artifacts `backend` loaded, a file each."""
+    os.makedirs(directory, exist_ok=True)
+    for k, fn in enumerate(backend.loaded):
+        for name, text in fn.artifact.trace.items():
+            with open(os.path.join(directory, f"{k}.{name}"), "w") as f:
+                f.write(text)
+
+
+def kernels(row, dtype, training, which, traces=None):
+    fn, backend, xs = prepared(row, dtype, training, which)
     for _ in range(5):
         step(fn, xs, training)
     torch.cuda.synchronize()
@@ -59,6 +73,8 @@ def kernels(row, dtype, training, which):
         for _ in range(STEPS):
             step(fn, xs, training)
         torch.cuda.synchronize()
+    if traces and backend is not None:
+        write_traces(backend, traces)
     totals = {}
     for event in prof.events():
         if event.device_type != torch.autograd.DeviceType.CUDA:
@@ -73,11 +89,13 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("rows", nargs="+")
     parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--traces", help="write kiln's compile traces of each row here")
     args = parser.parse_args()
     for spec in args.rows:
         row, dtype, mode = spec.split(":")
         for which in ("kiln", "inductor"):
-            totals = kernels(row, getattr(torch, dtype), mode == "training", which)
+            traces = os.path.join(args.traces, f"{row}.{dtype}.{mode}") if args.traces else None
+            totals = kernels(row, getattr(torch, dtype), mode == "training", which, traces)
             total = sum(us for us, _ in totals.values()) / STEPS
             launches = sum(n for _, n in totals.values()) / STEPS
             print(f"\n=== {row} {dtype} {mode} {which}: {total:.1f} us of kernels per step, "
