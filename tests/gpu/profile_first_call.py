@@ -25,7 +25,7 @@ import profile_kernels  # noqa: E402
 def first_call(row, dtype, training, top):
     for label in ("cold", "warm"):
         torch._dynamo.reset()
-        fn, xs = profile_kernels.prepared(row, dtype, training, "kiln")
+        fn, _, xs = profile_kernels.prepared(row, dtype, training, "kiln")
         torch.cuda.synchronize()
         profiler = cProfile.Profile()
         start = time.perf_counter()

@@ -14,7 +14,7 @@ import profile_kernels  # noqa: E402
 def main():
     name, dtype, mode, which = sys.argv[1:5]
     training = mode == "training"
-    fn, xs = profile_kernels.prepared(name, getattr(torch, dtype), training, which)
+    fn, _, xs = profile_kernels.prepared(name, getattr(torch, dtype), training, which)
     for _ in range(3):
         profile_kernels.step(fn, xs, training)
     torch.cuda.synchronize()
