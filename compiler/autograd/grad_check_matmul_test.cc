@@ -30,7 +30,11 @@ void AddMatmulCases(std::map<std::string, Case>& c) {
     const int64_t n = Dim(), a = Dim(), b = Dim(), d = Dim();
     bool ok =
         Check("aten.bmm.default", {G(Randn({n, a, b})), G(Randn({n, b, d}))}, {Ref(0), Ref(1)});
+    // Column-major operands (attention's k^T): their gradients come out
+    // column-major too.
     Check("aten.bmm.default", {G(Randn({n, b, a}).transpose(1, 2)), N(Randn({n, b, d}))},
+          {Ref(0), Ref(1)});
+    Check("aten.bmm.default", {G(Randn({n, a, b})), G(Randn({n, d, b}).transpose(1, 2))},
           {Ref(0), Ref(1)});
     return ok;
   };

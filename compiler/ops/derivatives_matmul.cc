@@ -46,6 +46,39 @@ Val MmMat2Backward(Ctx& c, ValueId g, ValueId mat1, ValueId mat2) {
   return c.Op("aten.mm.default", {Ref(m1t), Ref(g)});
 }
 
+// Whether each matrix of batched `m` is column-major (a transposed view of
+// row-major matrices: attention's k^T as the matmul-layouts pass leaves it).
+bool ColumnMajorBatches(const ir::TensorMeta& m) {
+  return m.sizes.size() == 3 && m.strides.size() == 3 && IsConstant(m.strides[1], 1) &&
+         m.strides[2] == m.sizes[1] && !IsConstant(m.sizes[1], 1) && !IsConstant(m.sizes[2], 1);
+}
+
+// bmm's self gradient: grad.bmm(mat2^T), or (mat2.bmm(grad^T))^T for a
+// column-major self, so that the gradient is laid out as self is.
+Val BmmSelfBackward(Ctx& c, ValueId g, ValueId self, ValueId mat2) {
+  if (ColumnMajorBatches(c.meta(self))) {
+    ASSIGN_OR_RETURN(ValueId gt, c.Op("aten.transpose.int", {Ref(g), ir::Int(1), ir::Int(2)}));
+    ASSIGN_OR_RETURN(ValueId p, c.Op("aten.bmm.default", {Ref(mat2), Ref(gt)}));
+    return c.Op("aten.transpose.int", {Ref(p), ir::Int(1), ir::Int(2)});
+  }
+  ASSIGN_OR_RETURN(ValueId t, c.Op("aten.transpose.int", {Ref(mat2), ir::Int(1), ir::Int(2)}));
+  return c.Op("aten.bmm.default", {Ref(g), Ref(t)});
+}
+
+// bmm's mat2 gradient: self^T.bmm(grad), or (grad^T.bmm(self))^T for a
+// column-major mat2. Attention's dk then comes out row-major in k's own
+// order, rather than as a transposed view whose copies read one element per
+// row.
+Val BmmMat2Backward(Ctx& c, ValueId g, ValueId self, ValueId mat2) {
+  if (ColumnMajorBatches(c.meta(mat2))) {
+    ASSIGN_OR_RETURN(ValueId gt, c.Op("aten.transpose.int", {Ref(g), ir::Int(1), ir::Int(2)}));
+    ASSIGN_OR_RETURN(ValueId p, c.Op("aten.bmm.default", {Ref(gt), Ref(self)}));
+    return c.Op("aten.transpose.int", {Ref(p), ir::Int(1), ir::Int(2)});
+  }
+  ASSIGN_OR_RETURN(ValueId t, c.Op("aten.transpose.int", {Ref(self), ir::Int(1), ir::Int(2)}));
+  return c.Op("aten.bmm.default", {Ref(t), Ref(g)});
+}
+
 }  // namespace
 
 void RegisterMatmulAndConvolution(Registry* r) {
@@ -79,16 +112,14 @@ void RegisterMatmulAndConvolution(Registry* r) {
   Def(r, "aten.bmm.default",
       ParamRule({{"self",
                   [](Ctx& c, ValueId g) -> Val {
+                    ASSIGN_OR_RETURN(ValueId self, Tensor(c, "self"));
                     ASSIGN_OR_RETURN(ValueId mat2, Tensor(c, "mat2"));
-                    ASSIGN_OR_RETURN(
-                        ValueId t, c.Op("aten.transpose.int", {Ref(mat2), ir::Int(1), ir::Int(2)}));
-                    return c.Op("aten.bmm.default", {Ref(g), Ref(t)});
+                    return BmmSelfBackward(c, g, self, mat2);
                   }},
                  {"mat2", [](Ctx& c, ValueId g) -> Val {
                     ASSIGN_OR_RETURN(ValueId self, Tensor(c, "self"));
-                    ASSIGN_OR_RETURN(
-                        ValueId t, c.Op("aten.transpose.int", {Ref(self), ir::Int(1), ir::Int(2)}));
-                    return c.Op("aten.bmm.default", {Ref(t), Ref(g)});
+                    ASSIGN_OR_RETURN(ValueId mat2, Tensor(c, "mat2"));
+                    return BmmMat2Backward(c, g, self, mat2);
                   }}}));
   Def(r, "aten.convolution.default", [](Ctx& c) -> absl::Status {
     if (c.grad_output(0) == kNoValue) return absl::OkStatus();
