@@ -19,7 +19,6 @@
 #include "compiler/loop/split_reductions.h"
 #include "compiler/ops/registry.h"
 #include "compiler/pipeline/attention.h"
-#include "compiler/pipeline/cat_layouts.h"
 #include "compiler/pipeline/matmul_layouts.h"
 #include "compiler/pipeline/unfuse_addmm.h"
 
@@ -72,22 +71,8 @@ absl::StatusOr<v1::CompiledGraph> CompileGraph(const ir::Graph& graph, const std
                                                const codegen::CodegenBackend& backend,
                                                const KilnOptions& options, PhaseTimes* times,
                                                Trace* trace) {
-  // Strided operands of ATen's cat copied along memory by a kernel first
-  // (cat_layouts.h); the graph as it came if that fails.
-  ir::Graph rewritten;
-  const ir::Graph* input = &graph;
-  if (target.device_type() == "cuda") {
-    absl::StatusOr<int> copied = times->Time(
-        prefix + "cat-layouts", [&] { return ContiguousCatOperands(graph, &rewritten); });
-    if (!copied.ok()) {
-      (*trace)[prefix + "cat_layouts_error.txt"] = std::string(copied.status().message());
-    } else if (*copied > 0) {
-      (*trace)[prefix + "cat_layouts_graph.txt"] = ir::PrintReadable(rewritten);
-      input = &rewritten;
-    }
-  }
-  (*trace)[prefix + "ir_before_fusion.txt"] = ir::PrintReadable(*input);
-  ASSIGN_OR_RETURN(const ir::Graph faulty, ApplyFault(*input, options.fault));
+  (*trace)[prefix + "ir_before_fusion.txt"] = ir::PrintReadable(graph);
+  ASSIGN_OR_RETURN(const ir::Graph faulty, ApplyFault(graph, options.fault));
   // The loop passes (compiler/loop/lowering.h), each timed and dumped.
   ASSIGN_OR_RETURN(std::vector<loop::NodeLowering> nodes, times->Time(prefix + "lower", [&] {
     return loop::LowerNodes(faulty, ops::DefaultRegistry());
