@@ -140,11 +140,16 @@ struct Fold {
   std::vector<KernelBuffer> partials;
 };
 
-// Whether statement `i` of `k` reads, directly or not, a reduction's result.
+// Whether statement `i` of `k` reads, directly or not, a reduction's result
+// (arguments come before their readers: one walk in order).
 bool AfterAReduction(const Kernel& k, int i) {
-  const Stmt& s = k.stmts[i];
-  if (s.kind == StmtKind::kReduce) return true;
-  return std::any_of(s.args.begin(), s.args.end(), [&](int a) { return AfterAReduction(k, a); });
+  std::vector<bool> after(static_cast<size_t>(i) + 1, false);
+  for (int j = 0; j <= i; ++j) {
+    const Stmt& s = k.stmts[j];
+    after[j] = s.kind == StmtKind::kReduce ||
+               std::any_of(s.args.begin(), s.args.end(), [&](int a) { return after[a]; });
+  }
+  return after[i];
 }
 
 bool SameStrides(const std::vector<ir::SymInt>& a, const std::vector<ir::SymInt>& b) {
