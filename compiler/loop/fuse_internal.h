@@ -180,6 +180,9 @@ class Fuser {
     std::vector<ValueId> loads;
     std::vector<ValueId> counted;  // each value's node counts once
   };
+  // Whether node `node` (-1: none) is a pointwise node of one output, the
+  // kind recomputation may compute again.
+  bool SinglePointwise(int node) const;
   // The level at which `grp` computes again a value of `sizes` that a
   // reader at `level` reads; nullopt when it cannot.
   std::optional<Level> RecomputeLevel(const Group& grp, const SymSizes& sizes, Level level) const;

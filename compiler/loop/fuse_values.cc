@@ -314,6 +314,11 @@ absl::StatusOr<int> Fuser::Operand(Group& grp, ValueId v, Level level, const Sym
   return Add(grp, std::move(load));
 }
 
+bool Fuser::SinglePointwise(int node) const {
+  return node >= 0 && g_.nodes()[node].outputs.size() == 1 &&
+         PointwiseRules().count(g_.nodes()[node].target) > 0;
+}
+
 std::optional<Level> Fuser::RecomputeLevel(const Group& grp, const SymSizes& sizes,
                                            Level level) const {
   if (absl::StatusOr<Level> have = Classify(grp, sizes);
@@ -397,6 +402,7 @@ bool Fuser::RecomputeCost(const Group& grp, ValueId v, Level level, int depth,
   auto made = group_of_.find(v);
   if (made == group_of_.end() || &groups_[made->second] == &grp) return loaded();
   const int p = g_.value(v).producer;
+  const bool pointwise = SinglePointwise(p);
   // A value its kernel computes per row (a reduction, or what follows one):
   // computing on it here would sweep the rows twice, once in each kernel
   // (a norm's input gradient belongs with its row sums). As the broadcast
@@ -409,14 +415,9 @@ bool Fuser::RecomputeCost(const Group& grp, ValueId v, Level level, int depth,
         std::find(g_.outputs().begin(), g_.outputs().end(), v) != g_.outputs().end()) {
       return loaded();
     }
-    if (p < 0 || g_.nodes()[p].outputs.size() != 1 ||
-        !PointwiseRules().count(g_.nodes()[p].target)) {
-      return false;
-    }
+    if (!pointwise) return false;
   }
-  if (p < 0 || g_.nodes()[p].outputs.size() != 1 || !PointwiseRules().count(g_.nodes()[p].target)) {
-    return loaded();
-  }
+  if (!pointwise) return loaded();
   const std::optional<Level> have = RecomputeLevel(grp, m.sizes, level);
   if (!have) {
     // An operand of a recomputed value that this kernel cannot compute at
@@ -448,9 +449,7 @@ bool Fuser::WorthRecomputing(const Group& grp, ValueId v, Level level) const {
   auto made = group_of_.find(v);
   if (made == group_of_.end() || &groups_[made->second] == &grp) return false;
   const int p = g_.value(v).producer;
-  if (p < 0 || g_.nodes()[p].outputs.size() != 1 || !PointwiseRules().count(g_.nodes()[p].target)) {
-    return false;
-  }
+  if (!SinglePointwise(p)) return false;
   RecomputeCount count;
   return RecomputeCost(grp, v, level, 0, &count) && count.nodes <= policy_.max_recompute_nodes &&
          static_cast<int>(count.loads.size()) <= policy_.max_recompute_loads;

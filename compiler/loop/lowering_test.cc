@@ -52,6 +52,18 @@ LoweredGraph LayerNorm(const ir::TensorMeta& x_meta) {
 }
 
 // The reductions of a kernel, in order.
+// Every buffer the plan allocates holds fewer than `whole` elements: no
+// whole-space intermediate is written.
+void ExpectAllocationsSmallerThan(const LoweredGraph& l, int64_t whole) {
+  for (const auto& step : l.plan.steps()) {
+    if (step.kind_case() != v1::PlanStep::kAlloc) continue;
+    int64_t n = 1;
+    for (const auto& size : step.alloc().sizes()) n *= size.int_value();
+    EXPECT_LT(n, whole) << step.alloc().value() << " is a whole-space intermediate\n"
+                        << PrintLowered(l);
+  }
+}
+
 std::vector<ReduceOp> Reductions(const Kernel& k) {
   std::vector<ReduceOp> ops;
   for (const Stmt& s : k.stmts) {
@@ -311,13 +323,7 @@ TEST(LoweringTest, RecomputationReadsSmallOperandsOfOtherKernels) {
   LoweredGraph l = Lower(std::move(b).Build());
   const std::string all = absl::StrJoin(l.decisions, "\n");
   EXPECT_NE(all.find("recompute: "), std::string::npos) << all;
-  for (const auto& step : l.plan.steps()) {
-    if (step.kind_case() != v1::PlanStep::kAlloc) continue;
-    int64_t n = 1;
-    for (const auto& size : step.alloc().sizes()) n *= size.int_value();
-    EXPECT_LT(n, 8 * 4 * 16 * 16) << step.alloc().value() << " is a whole-space intermediate\n"
-                                  << PrintLowered(l);
-  }
+  ExpectAllocationsSmallerThan(l, 8 * 4 * 16 * 16);
 }
 
 // x.float() opens a kernel; a per-row value of another input opens a
@@ -367,13 +373,7 @@ TEST(LoweringTest, ANormOutputReadOnlyByAnotherReductionIsNotStored) {
   LoweredGraph l = Lower(std::move(b).Build());
   const std::string all = absl::StrJoin(l.decisions, "\n");
   EXPECT_NE(all.find("recompute: "), std::string::npos) << all;
-  for (const auto& step : l.plan.steps()) {
-    if (step.kind_case() != v1::PlanStep::kAlloc) continue;
-    int64_t n = 1;
-    for (const auto& size : step.alloc().sizes()) n *= size.int_value();
-    EXPECT_LT(n, 128 * 8 * 64 * 64) << step.alloc().value() << " is a whole-space intermediate\n"
-                                    << PrintLowered(l);
-  }
+  ExpectAllocationsSmallerThan(l, 128 * 8 * 64 * 64);
   for (const Kernel& k : l.kernels) {
     EXPECT_EQ(k.name.find("_apply"), std::string::npos) << PrintLowered(l);
     for (const Stmt& s : k.stmts) {
