@@ -63,6 +63,10 @@ struct BackendOptions {
   std::string nvrtc_fast_compile;  // NVRTC's --Ofast-compile level; empty: none
   // Native compiler processes per graph (compiler/codegen/modules.h).
   int compile_jobs = 1;
+  // The graphs whose convolutions run channels-last on cuda
+  // (compiler/pipeline/conv_layouts.h).
+  pipeline::KilnOptions::ChannelsLast channels_last =
+      pipeline::KilnOptions::ChannelsLast::kInference;
   // Times cuda kernels' block sizes on a GPU of this process, for the
   // requests that ask (kAutotuneOption) or, with tune_every_compile, for
   // all; null: the schedule's heuristics.

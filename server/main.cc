@@ -113,6 +113,10 @@ ABSL_FLAG(int32_t, compile_timeout_s, 120,
 ABSL_FLAG(int32_t, compile_jobs, 0,
           "native compiler processes one graph's kernels are compiled in at once, as that many "
           "modules (0: the cores, at most 8)");
+ABSL_FLAG(std::string, channels_last, "inference",
+          "the graphs whose 16-bit 2-D convolutions run channels-last on cuda, the layout "
+          "cuDNN's tensor-core kernels run in: inference (not training graphs), always or never. "
+          "Artifacts compiled either way are interchangeable (the choice is not in the key)");
 ABSL_FLAG(
     bool, warm_compilers, true,
     "as kilnd starts, start 2 * compile_jobs NVRTC helpers, each compiling a small kernel, and "
@@ -237,6 +241,8 @@ absl::Status Serve() {
     return absl::InvalidArgumentError(
         absl::StrCat("nvrtc_fast_compile: '", level.substr(0, 32), "' is not min, mid or max"));
   }
+  ASSIGN_OR_RETURN(backend_options.channels_last,
+                   pipeline::ParseChannelsLast(absl::GetFlag(FLAGS_channels_last)));
   const int32_t jobs = absl::GetFlag(FLAGS_compile_jobs);
   if (jobs < 0 || jobs > 64) return absl::InvalidArgumentError("compile_jobs: not in 0..64");
   backend_options.compile_jobs =

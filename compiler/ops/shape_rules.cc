@@ -171,6 +171,17 @@ TensorMeta ElementwiseOut(v1::DType dtype, SymSizes sizes, const TensorMeta& fir
   return NewTensor(dtype, std::move(sizes), first);
 }
 
+bool CudnnChannelsLast(const TensorMeta& input, const TensorMeta& weight, int64_t groups) {
+  return input.device_type == "cuda" && groups == 1 && Rank(input) == 4 &&
+         input.dtype != v1::FLOAT64 && (IsChannelsLast(input) || IsChannelsLast(weight));
+}
+
+TensorMeta PoolOut(v1::DType dtype, const SymSizes& sizes, const TensorMeta& self) {
+  TensorMeta out = NewTensor(dtype, sizes, self);
+  if (IsChannelsLast(self)) out.strides = ChannelsLastStrides(sizes);
+  return out;
+}
+
 TensorMeta ViewOf(const TensorMeta& base, SymSizes sizes, SymSizes strides, SymInt offset) {
   TensorMeta m;
   m.dtype = base.dtype;
@@ -191,11 +202,7 @@ absl::StatusOr<SymSizes> StridesFor(const OpCall& c, const TensorMeta& like) {
     case v1::MEMORY_FORMAT_UNSPECIFIED:
       return PreservedStrides(like);
     case v1::CHANNELS_LAST:
-      if (Rank(like) == 4) {
-        const auto& s = like.sizes;  // N, C, H, W -> strides C*H*W... in NHWC order
-        const SymInt w_c = SymMul(s[3], s[1]);
-        return SymSizes{SymMul(s[2], w_c), SymInt{int64_t{1}}, w_c, s[1]};
-      }
+      if (Rank(like) == 4) return ChannelsLastStrides(like.sizes);
       return ArgError(c, "memory_format", "channels_last needs a 4-D tensor");
     case v1::CHANNELS_LAST_3D:
       if (Rank(like) == 5) {

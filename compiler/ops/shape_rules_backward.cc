@@ -66,6 +66,12 @@ ShapeRule Like(std::string name) {
   };
 }
 
+// A pooling's backward: the gradient of `self`, in its layout.
+absl::StatusOr<Metas> PoolBackward(const OpCall& c) {
+  ASSIGN_OR_RETURN(const TensorMeta* self, c.Meta("self"));
+  return Metas{PoolOut(self->dtype, self->sizes, *self)};
+}
+
 absl::StatusOr<Metas> ConvolutionBackward(const OpCall& c) {
   ASSIGN_OR_RETURN(const TensorMeta* grad, c.Meta("grad_output"));
   ASSIGN_OR_RETURN(const TensorMeta* input, c.Meta("input"));
@@ -81,9 +87,17 @@ absl::StatusOr<Metas> ConvolutionBackward(const OpCall& c) {
         c, "grad_output",
         absl::StrCat("should be [N, C_out, spatial...], got sizes ", SizesToString(grad->sizes)));
   }
-  return Metas{NewTensor(input->dtype, input->sizes, *input),
-               NewTensor(weight->dtype, weight->sizes, *weight),
-               NewTensor(grad->dtype, std::move(bias_sizes), *grad)};
+  ASSIGN_OR_RETURN(const int64_t groups, c.Int("groups"));
+  Metas out{NewTensor(input->dtype, input->sizes, *input),
+            NewTensor(weight->dtype, weight->sizes, *weight),
+            NewTensor(grad->dtype, std::move(bias_sizes), *grad)};
+  // cuDNN's backward runs in the forward's layout (ATen makes the input and
+  // the output gradient that layout first): both gradients come out in it.
+  if (CudnnChannelsLast(*input, *weight, groups)) {
+    out[0].strides = ChannelsLastStrides(out[0].sizes);
+    out[1].strides = ChannelsLastStrides(out[1].sizes);
+  }
+  return out;
 }
 
 absl::StatusOr<Metas> EmbeddingDenseBackward(const OpCall& c) {
@@ -111,8 +125,8 @@ void RegisterBackward(Definer& def) {
   def("aten.native_batch_norm_backward.default", kReduction, BatchNormBackward,
       {"running_mean", "running_var"});
   def("aten.convolution_backward.default", kExpensive, ConvolutionBackward);
-  def("aten.max_pool2d_with_indices_backward.default", kExpensive, Like("self"), {"indices"});
-  def("aten.avg_pool2d_backward.default", kExpensive, Like("self"));
+  def("aten.max_pool2d_with_indices_backward.default", kExpensive, PoolBackward, {"indices"});
+  def("aten.avg_pool2d_backward.default", kExpensive, PoolBackward);
   def("aten.embedding_dense_backward.default", kExpensive, EmbeddingDenseBackward, {"indices"});
   def("aten.nll_loss_backward.default", kNone, Like("self"), {"target", "weight", "total_weight"});
 }

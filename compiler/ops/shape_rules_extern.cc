@@ -329,7 +329,9 @@ absl::StatusOr<Metas> Convolution(const OpCall& c) {
                                  sizes[1].ToString(), " output channels"));
   }
   RETURN_IF_ERROR(ExpectSameDType(c, "weight", *weight, "input", *input));
-  return Metas{NewTensor(input->dtype, std::move(sizes), *input)};
+  TensorMeta out = NewTensor(input->dtype, std::move(sizes), *input);
+  if (CudnnChannelsLast(*input, *weight, p.groups)) out.strides = ChannelsLastStrides(out.sizes);
+  return Metas{std::move(out)};
 }
 
 // max_pool2d_with_indices and avg_pool2d: [N, C, H, W] or [C, H, W].
@@ -394,13 +396,13 @@ absl::StatusOr<SymSizes> Pool2dSizes(const OpCall& c, const TensorMeta& self, bo
 absl::StatusOr<Metas> MaxPool2d(const OpCall& c) {
   ASSIGN_OR_RETURN(const TensorMeta* self, c.Meta("self"));
   ASSIGN_OR_RETURN(SymSizes sizes, Pool2dSizes(c, *self, /*has_dilation=*/true));
-  return Metas{NewTensor(self->dtype, sizes, *self), NewTensor(v1::INT64, sizes, *self)};
+  return Metas{PoolOut(self->dtype, sizes, *self), PoolOut(v1::INT64, sizes, *self)};
 }
 
 absl::StatusOr<Metas> AvgPool2d(const OpCall& c) {
   ASSIGN_OR_RETURN(const TensorMeta* self, c.Meta("self"));
   ASSIGN_OR_RETURN(SymSizes sizes, Pool2dSizes(c, *self, /*has_dilation=*/false));
-  return Metas{NewTensor(self->dtype, std::move(sizes), *self)};
+  return Metas{PoolOut(self->dtype, sizes, *self)};
 }
 
 absl::Status ExpectIndexDType(const OpCall& c, const std::string& name, const TensorMeta& m) {

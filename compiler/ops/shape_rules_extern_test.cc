@@ -261,6 +261,72 @@ TEST(ShapeRules, Pooling) {
             "[1, 3, 7, 7]");
 }
 
+// ATen's layouts: a CUDA convolution with a channels-last input or weight
+// runs channels-last (cuDNN), its backward too; a pooling keeps its input's
+// channels-last layout; elsewhere outputs are contiguous.
+TEST(ShapeRules, ChannelsLastLayoutsFollowATen) {
+  Env env;
+  auto channels_last = [](std::vector<int64_t> sizes, const std::string& device) {
+    TensorMeta m = F32(sizes);
+    m.device_type = device;
+    m.strides = ChannelsLastStrides(m.sizes);
+    return m;
+  };
+  auto contiguous = [](std::vector<int64_t> sizes, const std::string& device) {
+    TensorMeta m = F32(sizes);
+    m.device_type = device;
+    return m;
+  };
+  auto conv = [&](ir::ValueId x, ir::ValueId w, int64_t groups) {
+    return env.Infer("aten.convolution.default",
+                     {ir::Ref(x), ir::Ref(w), ir::NoneArg(), ir::Ints({1, 1}), ir::Ints({1, 1}),
+                      ir::Ints({1, 1}), ir::Bool(false), ir::Ints({0, 0}), ir::Int(groups)});
+  };
+  const auto x_nhwc = env.In(channels_last({2, 4, 8, 8}, "cuda"));
+  const auto x = env.In(contiguous({2, 4, 8, 8}, "cuda"));
+  const auto w = env.In(contiguous({6, 4, 3, 3}, "cuda"));
+  const auto w_nhwc = env.In(channels_last({6, 4, 3, 3}, "cuda"));
+  const auto w_grouped = env.In(contiguous({6, 2, 3, 3}, "cuda"));
+  for (auto [input, weight, want] :
+       {std::tuple{x_nhwc, w, true}, std::tuple{x, w_nhwc, true}, std::tuple{x, w, false}}) {
+    auto r = conv(input, weight, 1);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(IsChannelsLast((*r)[0]), want);
+    EXPECT_EQ(IsContiguous((*r)[0]), !want);
+    auto grads =
+        env.Infer("aten.convolution_backward.default",
+                  {ir::Ref(env.In((*r)[0])), ir::Ref(input), ir::Ref(weight), ir::Ints({6}),
+                   ir::Ints({1, 1}), ir::Ints({1, 1}), ir::Ints({1, 1}), ir::Bool(false),
+                   ir::Ints({0, 0}), ir::Int(1), Bools({true, true, true})});
+    ASSERT_TRUE(grads.ok()) << grads.status();
+    EXPECT_EQ(IsChannelsLast((*grads)[0]), want);
+    EXPECT_EQ(IsChannelsLast((*grads)[1]), want);
+  }
+  // Grouped convolutions may take ATen's depthwise kernels: contiguous.
+  auto grouped = conv(x_nhwc, w_grouped, 2);
+  ASSERT_TRUE(grouped.ok()) << grouped.status();
+  EXPECT_TRUE(IsContiguous((*grouped)[0]));
+  // On the CPU, contiguous as before.
+  const auto cpu_x = env.In(channels_last({2, 4, 8, 8}, "cpu"));
+  const auto cpu_w = env.In(contiguous({6, 4, 3, 3}, "cpu"));
+  auto cpu = conv(cpu_x, cpu_w, 1);
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  EXPECT_TRUE(IsContiguous((*cpu)[0]));
+  // Pooling keeps the layout, indices included; its backward too.
+  auto pooled = env.Infer("aten.max_pool2d_with_indices.default",
+                          {ir::Ref(x_nhwc), ir::Ints({2, 2}), ir::Ints({2, 2})});
+  ASSERT_TRUE(pooled.ok()) << pooled.status();
+  EXPECT_TRUE(IsChannelsLast((*pooled)[0]));
+  EXPECT_TRUE(IsChannelsLast((*pooled)[1]));
+  auto back = env.Infer(
+      "aten.max_pool2d_with_indices_backward.default",
+      {ir::Ref(env.In((*pooled)[0])), ir::Ref(x_nhwc), ir::Ints({2, 2}), ir::Ints({2, 2}),
+       ir::Ints({0, 0}), ir::Ints({1, 1}), ir::Bool(false), ir::Ref(env.In((*pooled)[1]))});
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_TRUE(IsChannelsLast((*back)[0]));
+  EXPECT_TRUE(IsContiguous(env.One("aten.avg_pool2d.default", {ir::Ref(x), ir::Ints({2, 2})})));
+}
+
 TEST(ShapeRules, EmbeddingIndexGather) {
   Env env;
   auto w = env.In(v1::FLOAT32, {100, 16});

@@ -92,6 +92,19 @@ TensorMeta CopyOf(const TensorMeta& like, v1::DType dtype);
 // sizes and is dense, contiguous otherwise.
 TensorMeta ElementwiseOut(v1::DType dtype, SymSizes sizes, const TensorMeta& first);
 
+// Whether ATen's CUDA convolution of `input` by `weight`, and its backward,
+// run channels-last: cuDNN's choice for 4-D tensors when either is
+// channels-last (cudnn_conv_suggest_memory_format); their outputs are then
+// channels-last. Claimed only for ungrouped convolutions (grouped ones may
+// take ATen's depthwise kernels, which write contiguous outputs) on CUDA. A
+// wrong claim costs a copy, not a result: the runtime gives an extern
+// output the strides its metadata says.
+bool CudnnChannelsLast(const TensorMeta& input, const TensorMeta& weight, int64_t groups);
+
+// A pooling's output (or its backward's) of `sizes`: channels-last when
+// `self` is (ATen pools in self.suggest_memory_format()), else contiguous.
+TensorMeta PoolOut(v1::DType dtype, const SymSizes& sizes, const TensorMeta& self);
+
 // A view of `base`.
 TensorMeta ViewOf(const TensorMeta& base, SymSizes sizes, SymSizes strides, SymInt offset);
 

@@ -455,7 +455,9 @@ SymSizes PreservedStrides(const ir::TensorMeta& meta) {
   auto sizes = ConstantSizes(meta.sizes);
   auto strides = ConstantSizes(meta.strides);
   if (!sizes || !strides || strides->size() != sizes->size()) {
-    return IsContiguous(meta) ? meta.strides : ContiguousStrides(meta.sizes);
+    // A batch of symbolic size keeps a channels-last layout, as in torch.
+    return IsContiguous(meta) || IsChannelsLast(meta) ? meta.strides
+                                                      : ContiguousStrides(meta.sizes);
   }
   // c10's is_non_overlapping_and_dense.
   std::vector<size_t> perm(sizes->size());
@@ -473,6 +475,27 @@ SymSizes PreservedStrides(const ir::TensorMeta& meta) {
     require *= (*sizes)[i];
   }
   return meta.strides;
+}
+
+SymSizes ChannelsLastStrides(absl::Span<const ir::SymInt> sizes) {
+  const SymInt w_c = SymMul(sizes[3], sizes[1]);
+  return SymSizes{SymMul(sizes[2], w_c), SymInt{int64_t{1}}, w_c, sizes[1]};
+}
+
+bool IsChannelsLast(const ir::TensorMeta& meta) {
+  if (meta.sizes.size() != 4 || meta.strides.size() != 4) return false;
+  const std::optional<std::vector<int64_t>> strides = ConstantSizes(meta.strides);
+  if (!strides || (*strides)[1] == 0) return false;
+  int64_t min = 0;
+  for (const size_t d : {1, 3, 2, 0}) {
+    const SymInt& size = meta.sizes[d];
+    if (IsConstant(size, 0) || (*strides)[d] < min) return false;
+    // [N, 1, 1, 1] and slices of it: contiguous, as c10 falls back to.
+    if (d == 0) return min != (*strides)[1];
+    if (!size.is_constant()) return false;
+    min = (*strides)[d] * std::max<int64_t>(size.constant(), 1);
+  }
+  return true;
 }
 
 }  // namespace kiln::ops

@@ -160,6 +160,17 @@ std::optional<SymSizes> ViewStrides(absl::Span<const ir::SymInt> sizes,
 // (a permutation of contiguous strides), contiguous strides otherwise.
 SymSizes PreservedStrides(const ir::TensorMeta& meta);
 
+// The channels-last (NHWC) strides of 4-D sizes [N, C, H, W].
+SymSizes ChannelsLastStrides(absl::Span<const ir::SymInt> sizes);
+
+// Whether a 4-D `meta` is laid out channels-last, as c10's
+// is_channels_last_strides_2d decides (suggest_memory_format): strides
+// ordered C, W, H, N from the smallest, dense within C, W and H. An
+// ambiguous layout (one channel and one pixel, [N, 1, 1, 1]) counts as
+// contiguous. Needs constant strides and constant C, H and W; N may be
+// symbolic.
+bool IsChannelsLast(const ir::TensorMeta& meta);
+
 }  // namespace kiln::ops
 
 #endif  // KILN_COMPILER_OPS_SHAPE_UTIL_H_

@@ -39,5 +39,31 @@ TEST(ContiguousStrides, ConstantAndSymbolic) {
   EXPECT_EQ(Str(ContiguousStrides({})), "[]");
 }
 
+// ---------------------------------------------------------------------------
+// shape_util: channels-last layouts.
+
+TEST(ChannelsLastTest, FollowsC10sRule) {
+  auto meta = [](std::vector<int64_t> sizes, std::vector<int64_t> strides) {
+    ir::TensorMeta m = ir::ContiguousMeta(std::move(sizes), v1::FLOAT32);
+    m.strides.clear();
+    for (int64_t s : strides) m.strides.push_back(C(s));
+    return m;
+  };
+  EXPECT_TRUE(IsChannelsLast(meta({2, 3, 4, 5}, {60, 1, 15, 3})));
+  EXPECT_FALSE(IsChannelsLast(meta({2, 3, 4, 5}, {60, 20, 5, 1})));
+  // One pixel: [N, C, 1, 1] contiguous is not channels-last, its
+  // channels-last strides are.
+  EXPECT_FALSE(IsChannelsLast(meta({2, 3, 1, 1}, {3, 1, 1, 1})));
+  EXPECT_TRUE(IsChannelsLast(meta({2, 3, 1, 1}, {3, 1, 3, 3})));
+  // [N, 1, 1, 1]: ambiguous, contiguous.
+  EXPECT_FALSE(IsChannelsLast(meta({2, 1, 1, 1}, {1, 1, 1, 1})));
+  // A symbolic batch keeps the layout.
+  ir::TensorMeta symbolic = meta({2, 3, 4, 5}, {60, 1, 15, 3});
+  symbolic.sizes[0] = S("s0");
+  EXPECT_TRUE(IsChannelsLast(symbolic));
+  EXPECT_EQ(PreservedStrides(symbolic), symbolic.strides);
+  EXPECT_FALSE(IsChannelsLast(meta({2, 3, 4}, {12, 4, 1})));
+}
+
 }  // namespace
 }  // namespace kiln::ops::shape_rules_test

@@ -39,6 +39,9 @@ ABSL_FLAG(std::string, out, "", "directory for the generated sources");
 ABSL_FLAG(bool, share_kernels, true,
           "compile kernels of the same code once (false: each on its own, to measure what "
           "sharing saves)");
+ABSL_FLAG(std::string, channels_last, "inference",
+          "cuda: the graphs whose 16-bit convolutions run channels-last (inference, always, "
+          "never)");
 ABSL_FLAG(int, compile_jobs, 1, "with --compile: native compiler processes per graph");
 ABSL_FLAG(bool, times, false,
           "print each graph's compile phases (ms) and its kernels: launched, compiled");
@@ -69,6 +72,8 @@ absl::Status DumpOne(const std::string& path, const std::string& out_dir) {
   options.compile = absl::GetFlag(FLAGS_compile);
   options.share_kernels = absl::GetFlag(FLAGS_share_kernels);
   options.compile_jobs = std::max(1, absl::GetFlag(FLAGS_compile_jobs));
+  ASSIGN_OR_RETURN(options.channels_last,
+                   kiln::pipeline::ParseChannelsLast(absl::GetFlag(FLAGS_channels_last)));
   options.toolchain.scratch_dir = std::filesystem::temp_directory_path().string();
   kiln::pipeline::Trace trace;
   kiln::pipeline::PhaseTimes times;

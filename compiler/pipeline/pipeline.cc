@@ -19,6 +19,7 @@
 #include "compiler/loop/split_reductions.h"
 #include "compiler/ops/registry.h"
 #include "compiler/pipeline/attention.h"
+#include "compiler/pipeline/conv_layouts.h"
 #include "compiler/pipeline/matmul_layouts.h"
 #include "compiler/pipeline/unfuse_addmm.h"
 
@@ -198,6 +199,15 @@ absl::Status RunAotEager(const ir::Graph& graph, PhaseTimes* times, v1::Artifact
   return absl::OkStatus();
 }
 
+absl::StatusOr<KilnOptions::ChannelsLast> ParseChannelsLast(absl::string_view text) {
+  using ChannelsLast = KilnOptions::ChannelsLast;
+  if (text == "never") return ChannelsLast::kNever;
+  if (text == "inference") return ChannelsLast::kInference;
+  if (text == "always") return ChannelsLast::kAlways;
+  return absl::InvalidArgumentError(
+      absl::StrCat("channels_last: '", text.substr(0, 32), "' is not never, inference or always"));
+}
+
 absl::Status RunKiln(const ir::Graph& graph, const v1::Target& wanted, const KilnOptions& options,
                      PhaseTimes* times, Trace* trace, v1::Artifact* artifact) {
   (*trace)["input_graph.txt"] = ir::PrintReadable(graph);
@@ -240,6 +250,12 @@ absl::Status RunKiln(const ir::Graph& graph, const v1::Target& wanted, const Kil
     rewrite("unfuse-addmm", "unfuse_addmm", UnfuseAddmm);
     // Copies that transpose a matmul's operand made along memory instead.
     rewrite("matmul-layouts", "matmul_layouts", TransposeMatmulCopies);
+    // Convolutions channels-last, the layout cuDNN's kernels run in.
+    using ChannelsLast = KilnOptions::ChannelsLast;
+    if (options.channels_last == ChannelsLast::kAlways ||
+        (options.channels_last == ChannelsLast::kInference && !training)) {
+      rewrite("conv-layouts", "conv_layouts", ChannelsLastConvolutions);
+    }
   }
   if (!training) {
     ASSIGN_OR_RETURN(*artifact->mutable_compiled(),

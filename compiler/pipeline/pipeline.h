@@ -91,6 +91,11 @@ struct KilnOptions {
   // false only to measure what that saves (kiln_dump_code
   // --share_kernels=false).
   bool share_kernels = true;
+  // cuda: the graphs whose 16-bit 2-D convolutions run channels-last
+  // (compiler/pipeline/conv_layouts.h). Training graphs only when asked:
+  // the bench's conv net trained slower channels-last.
+  enum class ChannelsLast { kNever, kInference, kAlways };
+  ChannelsLast channels_last = ChannelsLast::kInference;
 };
 
 // kiln: artifact->compiled for inference, or artifact->autograd with
@@ -99,6 +104,10 @@ struct KilnOptions {
 // `trace` as "[forward_|backward_]generated_code.<cc|cu>".
 absl::Status RunKiln(const ir::Graph& graph, const v1::Target& wanted, const KilnOptions& options,
                      PhaseTimes* times, Trace* trace, v1::Artifact* artifact);
+
+// KilnOptions::channels_last from its flag's spelling: never, inference or
+// always; INVALID_ARGUMENT naming the text otherwise.
+absl::StatusOr<KilnOptions::ChannelsLast> ParseChannelsLast(absl::string_view text);
 
 // The forward/backward split in wire form.
 void FillAutograd(const autograd::JointGraph& joint, const autograd::Partition& split,

@@ -133,6 +133,13 @@ CUDA_GRAPHS = False
 TUNE_LINES = False
 
 
+def full_float32():
+    """float32 matmuls and convolutions in float32, not TF32: every backend
+    computes the same thing (the bench's setting, and its profiles')."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+
+
 def time_calls(fn, input_sets, training, reps=50, warmup=5):
     """Median milliseconds of fn over `reps` calls (after `warmup`)."""
     return statistics.median(call_times(fn, input_sets, training, reps, warmup))
@@ -438,8 +445,7 @@ def main():
     TUNE_LINES = args.autotune
     CUDA_GRAPHS = args.cuda_graphs
     server = os.environ.get("KILN_SERVER", "127.0.0.1:50051")
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
+    full_float32()
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}")
     copy_gbps = copy_bandwidth()
     out = []

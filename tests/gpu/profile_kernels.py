@@ -44,7 +44,8 @@ def step(fn, xs, training):
 
 def prepared(row, dtype, training, which):
     """Bench row `row`'s model compiled by `which` (kiln or inductor), and
-    random inputs for it."""
+    random inputs for it, under the bench's float32 precision."""
+    cuda_bench.full_float32()
     factory, shapes = cuda_bench.MODELS[row]
     torch.manual_seed(0)
     model = factory().to("cuda", dtype)

@@ -584,6 +584,28 @@ def test_convnet_bfloat16_training():
     assert backend.stats["eager"] == 0, backend.stats
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=_dtype_id)
+def test_convnet_16bit_inference_runs_channels_last(dtype):
+    """kilnd's conv-layouts pass: the first convolution's weight is copied
+    channels-last, so that both convolutions and the kernels between them
+    run NHWC; the output (contiguous, as eager's) matches eager's, also for
+    a batch of another size (a second graph, of a symbolic batch)."""
+    torch.manual_seed(0)
+    model = ConvNet().to(DEVICE, dtype).eval()
+    torch._dynamo.reset()
+    backend = _backend()
+    compiled = torch.compile(model, backend=backend)
+    with torch.no_grad():
+        for shape in ((8, 3, 32, 32), (5, 3, 32, 32)):
+            x = rand(*shape, dtype=dtype)
+            _close(compiled(x), model(x), dtype, f"output of {shape}")
+    assert backend.stats["eager"] == 0, backend.stats
+    assert backend.loaded
+    for fn in backend.loaded:
+        rewritten = fn.artifact.trace["conv_layouts_graph.txt"]
+        assert rewritten.count("memory_format=torch.channels_last") == 1, rewritten
+
+
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_reduce_overhead_replays_cuda_graphs(name):
     """mode="reduce-overhead": the plan runs once, is captured on the next

@@ -1,0 +1,209 @@
+#include "compiler/pipeline/conv_layouts.h"
+
+#include <string>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "compiler/ir/builder.h"
+#include "compiler/ops/registry.h"
+#include "compiler/ops/shape_util.h"
+
+namespace kiln::pipeline {
+namespace {
+
+constexpr char kConvolution[] = "aten.convolution.default";
+constexpr char kClone[] = "aten.clone.default";
+
+bool Is16Bit(v1::DType d) { return d == v1::FLOAT16 || d == v1::BFLOAT16; }
+
+// Whether a convolution bound as `call`, its output `out`, is one this
+// pass runs channels-last (the header's list) and does not already.
+bool Rewritable(const ops::OpCall& call, const ir::TensorMeta& out) {
+  absl::StatusOr<const ir::TensorMeta*> input = call.Meta("input");
+  absl::StatusOr<const ir::TensorMeta*> weight = call.Meta("weight");
+  absl::StatusOr<int64_t> groups = call.Int("groups");
+  if (!input.ok() || !weight.ok() || !groups.ok() || *groups != 1) return false;
+  const ir::TensorMeta& in = **input;
+  if (in.device_type != "cuda" || in.sizes.size() != 4 || out.sizes.size() != 4 ||
+      !Is16Bit(in.dtype) || ops::IsChannelsLast(in) || ops::IsChannelsLast(**weight)) {
+    return false;
+  }
+  for (size_t d = 1; d < 4; ++d) {
+    if (!in.sizes[d].is_constant() || !out.sizes[d].is_constant()) return false;
+  }
+  return out.sizes[1].constant() > 1 && out.sizes[2].constant() * out.sizes[3].constant() > 1;
+}
+
+ir::Argument Positional(ir::Argument::Kind kind) { return ir::Argument{"", std::move(kind)}; }
+
+// `args` with every value mapped through `map`.
+std::vector<ir::Argument> Mapped(std::vector<ir::Argument> args,
+                                 const std::vector<ir::ValueId>& map) {
+  for (ir::Argument& a : args) {
+    if (auto* v = std::get_if<ir::ValueId>(&a.kind)) *v = map[*v];
+    if (auto* vs = std::get_if<std::vector<ir::ValueId>>(&a.kind)) {
+      for (ir::ValueId& v : *vs) {
+        if (v != ir::kNoValue) v = map[v];
+      }
+    }
+  }
+  return args;
+}
+
+class Rewriter {
+ public:
+  explicit Rewriter(const ir::Graph& g) : g_(g), b_(g.name()), map_(b_.CopyInputs(g)) {}
+
+  absl::StatusOr<int> Run(ir::Graph* out) {
+    for (const ir::Node& n : g_.nodes()) {
+      if (n.target == kConvolution && n.outputs.size() == 1) {
+        std::vector<ir::Argument> args = Mapped(n.args, map_), kwargs = Mapped(n.kwargs, map_);
+        absl::StatusOr<ops::OpCall> call = ops::OpCall::Bind(n.target, args, kwargs, MetaOfNew());
+        if (call.ok() && Rewritable(*call, g_.value(n.outputs[0]).meta)) {
+          RETURN_IF_ERROR(AddWithChannelsLastWeight(n, std::move(args), std::move(kwargs)));
+          ++rewritten_;
+          continue;
+        }
+      }
+      if (ReadsChanged(n)) {
+        RETURN_IF_ERROR(Rederive(n));
+      } else {
+        b_.CopyNode(g_, n, &map_);
+      }
+    }
+    if (rewritten_ == 0) return 0;
+    for (ir::ValueId id : g_.outputs()) {
+      ASSIGN_OR_RETURN(const ir::ValueId v, InOldLayout(id));
+      b_.AddOutput(v);
+    }
+    *out = std::move(b_).Build();  // the last use of `g_`, which may be *out
+    return rewritten_;
+  }
+
+ private:
+  std::function<const ir::TensorMeta&(ir::ValueId)> MetaOfNew() const {
+    return [this](ir::ValueId v) -> const ir::TensorMeta& { return b_.value(v).meta; };
+  }
+
+  // Whether an operand of `n` has other strides in the new graph.
+  bool ReadsChanged(const ir::Node& n) const {
+    for (ir::ValueId v : ir::Graph::Operands(n)) {
+      if (v != ir::kNoValue && b_.value(map_[v]).meta.strides != g_.value(v).meta.strides) {
+        return true;
+      }
+    }
+    return false;
+  }
+
+  // Adds `target` over the new graph's `args`. The outputs' metadata is
+  // that of the old graph's values `like` with the strides the registry
+  // infers, or, for a node new to the graph (`like` empty), as inferred.
+  absl::StatusOr<std::vector<ir::ValueId>> Add(const std::string& target,
+                                               std::vector<ir::Argument> args,
+                                               std::vector<ir::Argument> kwargs,
+                                               const std::vector<ir::ValueId>& like,
+                                               std::string name, std::vector<std::string> names) {
+    ASSIGN_OR_RETURN(std::vector<ir::TensorMeta> metas,
+                     ops::InferMetas(ops::DefaultRegistry(), target, args, kwargs, MetaOfNew()));
+    if (!like.empty() && metas.size() != like.size()) {
+      return absl::InternalError(absl::StrCat("node '", name, "': ", metas.size(),
+                                              " outputs inferred, ", like.size(), " in the graph"));
+    }
+    for (size_t k = 0; k < like.size(); ++k) {
+      ir::TensorMeta m = g_.value(like[k]).meta;
+      m.strides = std::move(metas[k].strides);
+      metas[k] = std::move(m);
+    }
+    return b_.AddNode(target, std::move(args), std::move(kwargs), std::move(metas), std::move(name),
+                      std::move(names));
+  }
+
+  std::vector<std::string> OutputNames(const ir::Node& n) const {
+    std::vector<std::string> names;
+    for (ir::ValueId v : n.outputs) names.push_back(g_.value(v).name);
+    return names;
+  }
+
+  // `n` again over operands whose layout changed.
+  absl::Status Rederive(const ir::Node& n) {
+    // _unsafe_view's rule gives contiguous strides where no view exists;
+    // it follows fresh (contiguous) results only.
+    if (n.target == "aten._unsafe_view.default") {
+      return absl::FailedPreconditionError(
+          absl::StrCat("node '", n.name, "': _unsafe_view of a value whose layout changed"));
+    }
+    ASSIGN_OR_RETURN(std::vector<ir::ValueId> outs,
+                     Add(n.target, Mapped(n.args, map_), Mapped(n.kwargs, map_), n.outputs, n.name,
+                         OutputNames(n)));
+    for (size_t k = 0; k < outs.size(); ++k) map_[n.outputs[k]] = outs[k];
+    return absl::OkStatus();
+  }
+
+  // The convolution `n`, over the new graph's `args` and `kwargs`, with a
+  // channels-last copy of its weight.
+  absl::Status AddWithChannelsLastWeight(const ir::Node& n, std::vector<ir::Argument> args,
+                                         std::vector<ir::Argument> kwargs) {
+    // The weight is the second operand, positional or not.
+    ir::ValueId* weight = nullptr;
+    int seen = 0;
+    for (std::vector<ir::Argument>* list : {&args, &kwargs}) {
+      for (ir::Argument& a : *list) {
+        auto* v = std::get_if<ir::ValueId>(&a.kind);
+        if (v == nullptr) continue;
+        if ((a.name.empty() && seen++ == 1) || a.name == "weight") weight = v;
+      }
+    }
+    if (weight == nullptr) {
+      return absl::FailedPreconditionError(absl::StrCat("node '", n.name, "': no weight operand"));
+    }
+    const ir::ValueId w = *weight;
+    ASSIGN_OR_RETURN(
+        std::vector<ir::ValueId> copy,
+        Add(kClone, {Positional(w)}, {ir::Argument{"memory_format", v1::CHANNELS_LAST}}, {},
+            n.name + "_weight_nhwc", {b_.value(w).name + "_nhwc"}));
+    *weight = copy[0];
+    ASSIGN_OR_RETURN(
+        std::vector<ir::ValueId> outs,
+        Add(n.target, std::move(args), std::move(kwargs), n.outputs, n.name, OutputNames(n)));
+    if (!ops::IsChannelsLast(b_.value(outs[0]).meta)) {
+      return absl::InternalError(
+          absl::StrCat("node '", n.name, "': a channels-last weight gave no channels-last output"));
+    }
+    map_[n.outputs[0]] = outs[0];
+    return absl::OkStatus();
+  }
+
+  // Graph output `id` in the layout the caller was promised: a contiguous
+  // copy where it changed from contiguous.
+  absl::StatusOr<ir::ValueId> InOldLayout(ir::ValueId id) {
+    const ir::Value& old = g_.value(id);
+    const ir::ValueId now = map_[id];
+    if (b_.value(now).meta.strides == old.meta.strides) return now;
+    if (!ops::IsContiguous(old.meta)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("graph output '", old.name, "' would change its layout"));
+    }
+    ASSIGN_OR_RETURN(
+        std::vector<ir::ValueId> copy,
+        Add(kClone, {Positional(now)}, {ir::Argument{"memory_format", v1::CONTIGUOUS_FORMAT}}, {id},
+            old.name + "_contiguous", {old.name + "_contiguous"}));
+    return copy[0];
+  }
+
+  const ir::Graph& g_;
+  ir::GraphBuilder b_;
+  std::vector<ir::ValueId> map_;
+  int rewritten_ = 0;
+};
+
+}  // namespace
+
+absl::StatusOr<int> ChannelsLastConvolutions(const ir::Graph& graph, ir::Graph* out) {
+  return Rewriter(graph).Run(out);
+}
+
+}  // namespace kiln::pipeline
