@@ -64,11 +64,19 @@ grpc::Status Serve(const grpc::ByteBuffer& in, uint64_t limit, grpc::ByteBuffer*
 // (gRPC's OnCancel), so that a compile nobody waits for stops.
 class CompileReactor final : public grpc::ServerUnaryReactor {
  public:
+  // `active` counts the call until gRPC is done with it: its response sent
+  // (a large artifact takes a while) or the call cancelled. A draining
+  // server waits for that, not only for the compile.
+  explicit CompileReactor(std::atomic<int>* active) : active_(active) { ++*active_; }
   Caller* caller() { return &caller_; }
   void OnCancel() override { caller_.MarkGone(); }
-  void OnDone() override { delete this; }
+  void OnDone() override {
+    --*active_;
+    delete this;
+  }
 
  private:
+  std::atomic<int>* const active_;
   Caller caller_;
 };
 
@@ -117,8 +125,7 @@ CompilerService::CompilerService(Engine* engine, const Limits& limits, const Aut
 grpc::ServerUnaryReactor* CompilerService::Compile(grpc::CallbackServerContext* ctx,
                                                    const grpc::ByteBuffer* req,
                                                    grpc::ByteBuffer* resp) {
-  auto* reactor = new CompileReactor;
-  ++active_;
+  auto* reactor = new CompileReactor(&active_);
   const absl::Time start = absl::Now();
   // The whole Compile, its compile included, runs on this one thread of
   // `compiles_`.
@@ -133,12 +140,10 @@ grpc::ServerUnaryReactor* CompilerService::Compile(grpc::CallbackServerContext* 
                            tenants_.Admit(r.namespace_(), static_cast<int64_t>(req->Length())));
           return Signed(engine_->Compile(r, reactor->caller()));
         });
-    --active_;
     Log(requests_, *auth_, *ctx, "Compile", ns, s, start);
     reactor->Finish(s);
   });
   if (!queued.ok()) {
-    --active_;
     reactor->Finish(ToGrpc(queued));
   }
   return reactor;

@@ -60,7 +60,7 @@ class CompilerService final
   grpc::ServerUnaryReactor* GetArtifact(grpc::CallbackServerContext*, const grpc::ByteBuffer*,
                                         grpc::ByteBuffer*) override;
 
-  // Compile requests accepted and not yet answered.
+  // Compile calls accepted whose answer is not yet sent.
   int active() const { return active_; }
 
  private:
