@@ -21,6 +21,7 @@
 #include "compiler/pipeline/attention.h"
 #include "compiler/pipeline/conv_layouts.h"
 #include "compiler/pipeline/matmul_layouts.h"
+#include "compiler/pipeline/merge_sums.h"
 #include "compiler/pipeline/unfuse_addmm.h"
 
 namespace kiln::pipeline {
@@ -72,8 +73,20 @@ absl::StatusOr<v1::CompiledGraph> CompileGraph(const ir::Graph& graph, const std
                                                const codegen::CodegenBackend& backend,
                                                const KilnOptions& options, PhaseTimes* times,
                                                Trace* trace) {
-  (*trace)[prefix + "ir_before_fusion.txt"] = ir::PrintReadable(graph);
-  ASSIGN_OR_RETURN(const ir::Graph faulty, ApplyFault(graph, options.fault));
+  // Sums of the same product computed once (a decomposed batch norm's
+  // backward has two pairs); an optimization only: an error leaves the
+  // graph as it came, the error in the trace.
+  ir::Graph merged;
+  absl::StatusOr<int> merges =
+      times->Time(prefix + "merge-sums", [&] { return MergeEquivalentSums(graph, &merged); });
+  if (!merges.ok()) {
+    (*trace)[prefix + "merge_sums_error.txt"] = std::string(merges.status().message());
+  } else if (*merges > 0) {
+    (*trace)[prefix + "merge_sums_graph.txt"] = ir::PrintReadable(merged);
+  }
+  const ir::Graph& input = merges.ok() && *merges > 0 ? merged : graph;
+  (*trace)[prefix + "ir_before_fusion.txt"] = ir::PrintReadable(input);
+  ASSIGN_OR_RETURN(const ir::Graph faulty, ApplyFault(input, options.fault));
   // The loop passes (compiler/loop/lowering.h), each timed and dumped.
   ASSIGN_OR_RETURN(std::vector<loop::NodeLowering> nodes, times->Time(prefix + "lower", [&] {
     return loop::LowerNodes(faulty, ops::DefaultRegistry());

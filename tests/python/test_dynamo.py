@@ -112,6 +112,24 @@ class TorchCompileTest(SharedKilnd, unittest.TestCase):
                         torch._dynamo.reset()
                         self.check_model(name, make, inputs, train)
 
+    def test_batch_norms_backward_sums_each_product_once(self):
+        """A batch norm reaches kilnd decomposed, and the derivatives of its
+        parts sum the output gradient, and its product with the centered
+        input, twice each (the bias's and weight's gradients in two steps,
+        over (H, W) and then N: six sums); kilnd's merge-sums pass
+        (compiler/pipeline/merge_sums.h) leaves one sum of each. The
+        gradients match eager."""
+        self.check_model("kiln", capture_graphs.ConvBlock, [torch.randn(2, 3, 8, 8)], True)
+        torch._dynamo.reset()
+        be = self.backend("kiln")
+        model = capture_graphs.ConvBlock().train()
+        torch.compile(model, backend=be)(torch.randn(2, 3, 8, 8)).sum().backward()
+        trace = be.loaded[0].artifact.trace
+        self.assertIn("backward_merge_sums_graph.txt", trace, sorted(trace))
+        before = trace["backward_graph.txt"].count("aten.sum.dim_IntList")
+        after = trace["backward_merge_sums_graph.txt"].count("aten.sum.dim_IntList")
+        self.assertEqual((before, after), (6, 2))
+
     def test_training_loop_matches_eager(self):
         for name in BACKENDS:
             with self.subTest(backend=name):
