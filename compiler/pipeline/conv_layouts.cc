@@ -1,11 +1,11 @@
 #include "compiler/pipeline/conv_layouts.h"
 
+#include <functional>
 #include <string>
 #include <utility>
 #include <variant>
 #include <vector>
 
-#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "compiler/ir/builder.h"

@@ -9,18 +9,12 @@
 #include "compiler/ir/verify.h"
 #include "compiler/ops/registry.h"
 #include "compiler/ops/shape_util.h"
+#include "compiler/pipeline/rewrite_test_util.h"
 
 namespace kiln::pipeline {
 namespace {
 
 using ir::Ref;
-
-ir::ValueId Op(ir::GraphBuilder& b, const std::string& target, std::vector<ir::Argument> args,
-               std::vector<ir::Argument> kwargs = {}) {
-  auto out = ops::Emit(b, ops::DefaultRegistry(), target, std::move(args), std::move(kwargs));
-  EXPECT_TRUE(out.ok()) << target << ": " << out.status();
-  return out.ok() ? (*out)[0] : ir::kNoValue;
-}
 
 ir::ValueId Input(ir::GraphBuilder& b, std::vector<int64_t> sizes, const std::string& name,
                   const std::string& device = "cuda", v1::DType dtype = v1::BFLOAT16) {
@@ -47,12 +41,6 @@ const ir::Value* Named(const ir::Graph& g, const std::string& name) {
     if (v.name == name) return &v;
   }
   return nullptr;
-}
-
-int Count(const ir::Graph& g, const std::string& target) {
-  int n = 0;
-  for (const ir::Node& node : g.nodes()) n += node.target == target;
-  return n;
 }
 
 // conv, batch-norm-like scale, relu, conv, residual add, relu, mean over

@@ -8,18 +8,12 @@
 #include "compiler/ir/builder.h"
 #include "compiler/ir/verify.h"
 #include "compiler/ops/registry.h"
+#include "compiler/pipeline/rewrite_test_util.h"
 
 namespace kiln::pipeline {
 namespace {
 
 using ir::Ref;
-
-ir::ValueId Op(ir::GraphBuilder& b, const std::string& target, std::vector<ir::Argument> args,
-               std::vector<ir::Argument> kwargs = {}) {
-  auto out = ops::Emit(b, ops::DefaultRegistry(), target, std::move(args), std::move(kwargs));
-  EXPECT_TRUE(out.ok()) << target << ": " << out.status();
-  return out.ok() ? (*out)[0] : ir::kNoValue;
-}
 
 ir::ValueId Contiguous(ir::GraphBuilder& b, ir::ValueId x) {
   return Op(b, "aten.clone.default", {Ref(x)},

@@ -8,6 +8,7 @@
 #include "compiler/ir/builder.h"
 #include "compiler/ir/verify.h"
 #include "compiler/ops/registry.h"
+#include "compiler/pipeline/rewrite_test_util.h"
 
 namespace kiln::pipeline {
 namespace {
@@ -18,13 +19,6 @@ ir::TensorMeta Meta(std::vector<int64_t> sizes, v1::DType dtype, const std::stri
   ir::TensorMeta m = ir::ContiguousMeta(sizes, dtype);
   m.device_type = device;
   return m;
-}
-
-ir::ValueId Op(ir::GraphBuilder& b, const std::string& target, std::vector<ir::Argument> args,
-               std::vector<ir::Argument> kwargs = {}) {
-  auto out = ops::Emit(b, ops::DefaultRegistry(), target, std::move(args), std::move(kwargs));
-  EXPECT_TRUE(out.ok()) << target << ": " << out.status();
-  return out.ok() ? (*out)[0] : ir::kNoValue;
 }
 
 // A linear layer [B*L, K] x [K, N] + bias viewed back as [B, L, N], then
@@ -43,12 +37,6 @@ ir::Graph Linear(v1::DType dtype, const std::string& device, const std::string& 
     b.AddOutput(Op(b, "aten.sum.dim_IntList", {Ref(v), ir::Ints({1}), ir::Bool(false)}));
   }
   return std::move(b).Build();
-}
-
-int Count(const ir::Graph& g, const std::string& target) {
-  int n = 0;
-  for (const ir::Node& node : g.nodes()) n += node.target == target;
-  return n;
 }
 
 TEST(UnfuseAddmmTest, Float32OnCudaIsAGemmAndABiasAddItsReaderFuses) {

@@ -1,0 +1,36 @@
+// What the graph-rewrite tests (matmul-layouts, unfuse-addmm, conv-layouts,
+// merge-sums) share: building a graph node by node through the op
+// registry, and counting a graph's nodes of a target.
+#ifndef KILN_COMPILER_PIPELINE_REWRITE_TEST_UTIL_H_
+#define KILN_COMPILER_PIPELINE_REWRITE_TEST_UTIL_H_
+
+#include <gtest/gtest.h>
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "compiler/ir/builder.h"
+#include "compiler/ops/registry.h"
+
+namespace kiln::pipeline {
+
+// `target` over `args` and `kwargs`, its metadata inferred; its first
+// output (kNoValue and a test failure when the registry refuses it).
+inline ir::ValueId Op(ir::GraphBuilder& b, const std::string& target,
+                      std::vector<ir::Argument> args, std::vector<ir::Argument> kwargs = {}) {
+  auto out = ops::Emit(b, ops::DefaultRegistry(), target, std::move(args), std::move(kwargs));
+  EXPECT_TRUE(out.ok()) << target << ": " << out.status();
+  return out.ok() ? (*out)[0] : ir::kNoValue;
+}
+
+// The nodes of `g` whose target is `target`.
+inline int Count(const ir::Graph& g, const std::string& target) {
+  int n = 0;
+  for (const ir::Node& node : g.nodes()) n += node.target == target;
+  return n;
+}
+
+}  // namespace kiln::pipeline
+
+#endif  // KILN_COMPILER_PIPELINE_REWRITE_TEST_UTIL_H_
