@@ -25,6 +25,8 @@ constexpr char kNeg[] = "aten.neg.default";
 constexpr char kView[] = "aten.view.default";
 // Factors followed per sum; a longer product is left as it is.
 constexpr int kMaxFactors = 16;
+// Sums of sums followed per sum.
+constexpr int kMaxSteps = 4;
 
 bool IsOne(const ir::SymInt& s) { return s.is_constant() && s.constant() == 1; }
 
@@ -73,8 +75,11 @@ class Analyzer {
     f.dtype = g_.value(n.outputs[0]).meta.dtype;
     ir::ValueId x = s->self;
     std::set<int64_t> dims(s->dims.begin(), s->dims.end());
-    // A sum of a sum that kept its dims: one sum over both sets.
-    while (const ir::Node* p = Producer(x)) {
+    // A sum of a sum that kept its dims: one sum over both sets (a few
+    // steps at most: every sum of a chain of them would walk it).
+    for (int step = 0; step < kMaxSteps; ++step) {
+      const ir::Node* p = Producer(x);
+      if (p == nullptr) break;
       std::optional<Sum> inner = BindSum(*p);
       if (!inner || !inner->dtype_none || !inner->keepdim || p->outputs.size() != 1) break;
       dims.insert(inner->dims.begin(), inner->dims.end());
