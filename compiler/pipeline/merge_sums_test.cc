@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <string>
 #include <vector>
 
@@ -96,6 +97,24 @@ TEST(MergeSumsTest, SumsThatDifferStayApart) {
   absl::StatusOr<int> n = MergeEquivalentSums(std::move(b).Build(), &out);
   ASSERT_TRUE(n.ok()) << n.status();
   EXPECT_EQ(*n, 0);
+}
+
+// A chain of 20,000 sums of sums that keep their dims (a hostile graph's
+// shape): every sum follows a few steps of the chain, not all of it. Only
+// the chain's second to fifth sums, each the whole sum of x, merge.
+TEST(MergeSumsTest, AChainOfSumsTakesLinearTime) {
+  ir::GraphBuilder b("chain");
+  ir::ValueId x = Input(b, {4, 3}, "x");
+  for (int i = 0; i < 20000; ++i) x = Sum(b, x, {i % 2}, true);
+  b.AddOutput(x);
+  const ir::Graph g = std::move(b).Build();
+  const auto start = std::chrono::steady_clock::now();
+  ir::Graph out;
+  absl::StatusOr<int> n = MergeEquivalentSums(g, &out);
+  ASSERT_TRUE(n.ok()) << n.status();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+  EXPECT_EQ(*n, 4);
+  ASSERT_TRUE(ir::Verify(out).ok()) << ir::Verify(out);
 }
 
 }  // namespace
