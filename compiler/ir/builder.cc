@@ -109,18 +109,8 @@ std::vector<ValueId> GraphBuilder::CopyInputs(const Graph& from) {
 
 std::vector<ValueId> GraphBuilder::CopyNode(const Graph& from, const Node& node,
                                             std::vector<ValueId>* map) {
-  auto remap = [map](Argument a) {
-    if (auto* id = std::get_if<ValueId>(&a.kind)) *id = (*map)[*id];
-    if (auto* ids = std::get_if<std::vector<ValueId>>(&a.kind)) {
-      for (ValueId& id : *ids) {
-        if (id != kNoValue) id = (*map)[id];
-      }
-    }
-    return a;
-  };
-  std::vector<Argument> args, kwargs;
-  for (const auto& a : node.args) args.push_back(remap(a));
-  for (const auto& a : node.kwargs) kwargs.push_back(remap(a));
+  std::vector<Argument> args = MapArguments(node.args, *map);
+  std::vector<Argument> kwargs = MapArguments(node.kwargs, *map);
   std::vector<TensorMeta> metas;
   std::vector<std::string> names;
   for (ValueId id : node.outputs) {
@@ -166,6 +156,19 @@ Argument Float(double f) { return Argument{"", f}; }
 Argument Bool(bool b) { return Argument{"", b}; }
 Argument Ints(std::vector<int64_t> ints) { return Argument{"", std::move(ints)}; }
 Argument NoneArg() { return Argument{"", None{}}; }
+Argument Positional(Argument::Kind kind) { return Argument{"", std::move(kind)}; }
+
+std::vector<Argument> MapArguments(std::vector<Argument> args, const std::vector<ValueId>& map) {
+  for (Argument& a : args) {
+    if (auto* id = std::get_if<ValueId>(&a.kind)) *id = map[*id];
+    if (auto* ids = std::get_if<std::vector<ValueId>>(&a.kind)) {
+      for (ValueId& id : *ids) {
+        if (id != kNoValue) id = map[id];
+      }
+    }
+  }
+  return args;
+}
 Argument Kwarg(std::string name, Argument value) {
   value.name = std::move(name);
   return value;

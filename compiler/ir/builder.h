@@ -84,6 +84,12 @@ Argument Bool(bool b);
 Argument Ints(std::vector<int64_t> ints);
 Argument NoneArg();
 Argument Kwarg(std::string name, Argument value);
+// A positional argument of any kind (the graph rewrites' general form).
+Argument Positional(Argument::Kind kind);
+
+// `args` with every value (alone or in a list) mapped through `map`, a
+// value id of one graph -> one of another (CopyNode's map).
+std::vector<Argument> MapArguments(std::vector<Argument> args, const std::vector<ValueId>& map);
 
 }  // namespace kiln::ir
 

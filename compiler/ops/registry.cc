@@ -256,12 +256,14 @@ absl::StatusOr<std::vector<ir::TensorMeta>> InferMetas(
 absl::StatusOr<std::vector<ir::ValueId>> Emit(ir::GraphBuilder& b, const Registry& registry,
                                               const std::string& target,
                                               std::vector<ir::Argument> args,
-                                              std::vector<ir::Argument> kwargs) {
+                                              std::vector<ir::Argument> kwargs, std::string name,
+                                              std::vector<std::string> output_names) {
   ASSIGN_OR_RETURN(
       std::vector<ir::TensorMeta> metas,
       InferMetas(registry, target, args, kwargs,
                  [&b](ir::ValueId v) -> const ir::TensorMeta& { return b.value(v).meta; }));
-  return b.AddNode(target, std::move(args), std::move(kwargs), std::move(metas));
+  return b.AddNode(target, std::move(args), std::move(kwargs), std::move(metas), std::move(name),
+                   std::move(output_names));
 }
 
 absl::Status CheckMetadata(const Registry& registry, const ir::Graph& graph) {

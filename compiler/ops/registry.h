@@ -124,11 +124,14 @@ absl::StatusOr<std::vector<ir::TensorMeta>> InferMetas(
     const std::vector<ir::Argument>& kwargs,
     std::function<const ir::TensorMeta&(ir::ValueId)> meta_of);
 
-// Adds a node to `b` with the metadata its shape rule gives.
+// Adds a node to `b` with the metadata its shape rule gives, named as
+// GraphBuilder::AddNode names it.
 absl::StatusOr<std::vector<ir::ValueId>> Emit(ir::GraphBuilder& b, const Registry& registry,
                                               const std::string& target,
                                               std::vector<ir::Argument> args,
-                                              std::vector<ir::Argument> kwargs = {});
+                                              std::vector<ir::Argument> kwargs = {},
+                                              std::string name = "",
+                                              std::vector<std::string> output_names = {});
 
 // Checks every node of `graph` against its registry entry: the client's
 // output metadata (dtype, rank, constant sizes, device) must equal what the

@@ -186,8 +186,6 @@ std::optional<Match> MatchAt(const ir::Graph& g, const Uses& u, const ir::Node& 
   return Match{q, k, v, anchor.outputs[0], divides ? 1.0 / c : c, rank};
 }
 
-ir::Argument Positional(ir::Argument::Kind kind) { return ir::Argument{"", std::move(kind)}; }
-
 // Emits the fused kernel for `m` (operands already mapped into `b`) and
 // the copy into out's layout; returns the new out.
 // Whether the composite (inference) or flash attention (training) runs a
@@ -211,8 +209,8 @@ absl::StatusOr<ir::ValueId> EmitFused(ir::GraphBuilder& b, const Match& m,
   ir::ValueId q = map[m.q], k = map[m.k], v = map[m.v];
   if (m.rank == 3) {  // a head dimension of 1
     for (ir::ValueId* x : {&q, &k, &v}) {
-      ASSIGN_OR_RETURN(*x,
-                       emit("aten.unsqueeze.default", {Positional(*x), Positional(int64_t{1})}));
+      ASSIGN_OR_RETURN(
+          *x, emit("aten.unsqueeze.default", {ir::Positional(*x), ir::Positional(int64_t{1})}));
     }
   }
   const ir::Argument scale{"scale", m.scale};
@@ -223,26 +221,29 @@ absl::StatusOr<ir::ValueId> EmitFused(ir::GraphBuilder& b, const Match& m,
     // [B, L, H, D]: views both ways.
     const std::vector<int64_t> swap_heads = {0, 2, 1, 3};
     for (ir::ValueId* x : {&q, &k, &v}) {
-      ASSIGN_OR_RETURN(*x, emit("aten.permute.default", {Positional(*x), Positional(swap_heads)}));
+      ASSIGN_OR_RETURN(
+          *x, emit("aten.permute.default", {ir::Positional(*x), ir::Positional(swap_heads)}));
     }
     const ir::SymInt max_q = b.value(q).meta.sizes[1], max_k = b.value(k).meta.sizes[1];
     ASSIGN_OR_RETURN(o, emit(kFlashAttention,
-                             {Positional(q), Positional(k), Positional(v), Positional(ir::None{}),
-                              Positional(ir::None{}), Positional(max_q), Positional(max_k),
-                              Positional(0.0), Positional(false), Positional(false)},
+                             {ir::Positional(q), ir::Positional(k), ir::Positional(v),
+                              ir::Positional(ir::None{}), ir::Positional(ir::None{}),
+                              ir::Positional(max_q), ir::Positional(max_k), ir::Positional(0.0),
+                              ir::Positional(false), ir::Positional(false)},
                              {scale}));
-    ASSIGN_OR_RETURN(o, emit("aten.permute.default", {Positional(o), Positional(swap_heads)}));
+    ASSIGN_OR_RETURN(o,
+                     emit("aten.permute.default", {ir::Positional(o), ir::Positional(swap_heads)}));
   } else if (fused_16bit) {
     ASSIGN_OR_RETURN(o, emit(kScaledDotProductAttention,
-                             {Positional(q), Positional(k), Positional(v)}, {scale}));
+                             {ir::Positional(q), ir::Positional(k), ir::Positional(v)}, {scale}));
   } else {
     ASSIGN_OR_RETURN(o, emit(kEfficientAttention,
-                             {Positional(q), Positional(k), Positional(v), Positional(ir::None{}),
-                              Positional(options.training)},
+                             {ir::Positional(q), ir::Positional(k), ir::Positional(v),
+                              ir::Positional(ir::None{}), ir::Positional(options.training)},
                              {scale}));
   }
   auto copy = [&](ir::ValueId x) {
-    return emit("aten.clone.default", {Positional(x)},
+    return emit("aten.clone.default", {ir::Positional(x)},
                 {ir::Argument{"memory_format", v1::CONTIGUOUS_FORMAT}});
   };
   if (m.rank == 3) {  // drop the head dimension of 1 from a contiguous result
@@ -250,7 +251,7 @@ absl::StatusOr<ir::ValueId> EmitFused(ir::GraphBuilder& b, const Match& m,
       ASSIGN_OR_RETURN(o, copy(o));
     }
     std::vector<ir::SymInt> sizes(out_meta.sizes.begin(), out_meta.sizes.end());
-    return emit("aten.view.default", {Positional(o), Positional(std::move(sizes))});
+    return emit("aten.view.default", {ir::Positional(o), ir::Positional(std::move(sizes))});
   }
   if (b.value(o).meta.strides == out_meta.strides) return o;  // laid out as out already
   return copy(o);

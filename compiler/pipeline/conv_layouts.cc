@@ -38,22 +38,6 @@ bool Rewritable(const ops::OpCall& call, const ir::TensorMeta& out) {
   return out.sizes[1].constant() > 1 && out.sizes[2].constant() * out.sizes[3].constant() > 1;
 }
 
-ir::Argument Positional(ir::Argument::Kind kind) { return ir::Argument{"", std::move(kind)}; }
-
-// `args` with every value mapped through `map`.
-std::vector<ir::Argument> Mapped(std::vector<ir::Argument> args,
-                                 const std::vector<ir::ValueId>& map) {
-  for (ir::Argument& a : args) {
-    if (auto* v = std::get_if<ir::ValueId>(&a.kind)) *v = map[*v];
-    if (auto* vs = std::get_if<std::vector<ir::ValueId>>(&a.kind)) {
-      for (ir::ValueId& v : *vs) {
-        if (v != ir::kNoValue) v = map[v];
-      }
-    }
-  }
-  return args;
-}
-
 class Rewriter {
  public:
   explicit Rewriter(const ir::Graph& g) : g_(g), b_(g.name()), map_(b_.CopyInputs(g)) {}
@@ -61,7 +45,8 @@ class Rewriter {
   absl::StatusOr<int> Run(ir::Graph* out) {
     for (const ir::Node& n : g_.nodes()) {
       if (n.target == kConvolution && n.outputs.size() == 1) {
-        std::vector<ir::Argument> args = Mapped(n.args, map_), kwargs = Mapped(n.kwargs, map_);
+        std::vector<ir::Argument> args = ir::MapArguments(n.args, map_),
+                                  kwargs = ir::MapArguments(n.kwargs, map_);
         absl::StatusOr<ops::OpCall> call = ops::OpCall::Bind(n.target, args, kwargs, MetaOfNew());
         if (call.ok() && Rewritable(*call, g_.value(n.outputs[0]).meta)) {
           RETURN_IF_ERROR(AddWithChannelsLastWeight(n, std::move(args), std::move(kwargs)));
@@ -137,8 +122,8 @@ class Rewriter {
           absl::StrCat("node '", n.name, "': _unsafe_view of a value whose layout changed"));
     }
     ASSIGN_OR_RETURN(std::vector<ir::ValueId> outs,
-                     Add(n.target, Mapped(n.args, map_), Mapped(n.kwargs, map_), n.outputs, n.name,
-                         OutputNames(n)));
+                     Add(n.target, ir::MapArguments(n.args, map_), ir::MapArguments(n.kwargs, map_),
+                         n.outputs, n.name, OutputNames(n)));
     for (size_t k = 0; k < outs.size(); ++k) map_[n.outputs[k]] = outs[k];
     return absl::OkStatus();
   }
@@ -163,7 +148,7 @@ class Rewriter {
     const ir::ValueId w = *weight;
     ASSIGN_OR_RETURN(
         std::vector<ir::ValueId> copy,
-        Add(kClone, {Positional(w)}, {ir::Argument{"memory_format", v1::CHANNELS_LAST}}, {},
+        Add(kClone, {ir::Positional(w)}, {ir::Argument{"memory_format", v1::CHANNELS_LAST}}, {},
             n.name + "_weight_nhwc", {b_.value(w).name + "_nhwc"}));
     *weight = copy[0];
     ASSIGN_OR_RETURN(
@@ -189,8 +174,8 @@ class Rewriter {
     }
     ASSIGN_OR_RETURN(
         std::vector<ir::ValueId> copy,
-        Add(kClone, {Positional(now)}, {ir::Argument{"memory_format", v1::CONTIGUOUS_FORMAT}}, {id},
-            old.name + "_contiguous", {old.name + "_contiguous"}));
+        Add(kClone, {ir::Positional(now)}, {ir::Argument{"memory_format", v1::CONTIGUOUS_FORMAT}},
+            {id}, old.name + "_contiguous", {old.name + "_contiguous"}));
     return copy[0];
   }
 

@@ -94,30 +94,23 @@ class Matcher {
   absl::flat_hash_set<ir::ValueId> outputs_;
 };
 
-ir::Argument Positional(ir::Argument::Kind kind) { return ir::Argument{"", std::move(kind)}; }
-
 // Adds `target` over `args` with its metadata inferred.
 absl::StatusOr<ir::ValueId> Add(ir::GraphBuilder& b, const std::string& target,
                                 std::vector<ir::Argument> args, std::vector<ir::Argument> kwargs,
                                 std::string name, std::string value_name) {
-  ASSIGN_OR_RETURN(
-      std::vector<ir::TensorMeta> metas,
-      ops::InferMetas(ops::DefaultRegistry(), target, args, kwargs,
-                      [&b](ir::ValueId v) -> const ir::TensorMeta& { return b.value(v).meta; }));
-  return b.AddNode(target, std::move(args), std::move(kwargs), std::move(metas), std::move(name),
-                   {std::move(value_name)})[0];
+  ASSIGN_OR_RETURN(std::vector<ir::ValueId> out,
+                   ops::Emit(b, ops::DefaultRegistry(), target, std::move(args), std::move(kwargs),
+                             std::move(name), {std::move(value_name)}));
+  return out[0];
 }
 
 // `n` again over the builder's operands, its metadata inferred from them
 // (a view of a value whose strides changed).
 absl::Status Rederive(ir::GraphBuilder& b, const ir::Graph& g, const ir::Node& n,
                       std::vector<ir::ValueId>* map) {
-  std::vector<ir::Argument> args = n.args;
-  for (ir::Argument& a : args) {
-    if (const ir::ValueId* v = std::get_if<ir::ValueId>(&a.kind)) a.kind = (*map)[*v];
-  }
   ASSIGN_OR_RETURN((*map)[n.outputs[0]],
-                   Add(b, n.target, std::move(args), n.kwargs, n.name, g.value(n.outputs[0]).name));
+                   Add(b, n.target, ir::MapArguments(n.args, *map),
+                       ir::MapArguments(n.kwargs, *map), n.name, g.value(n.outputs[0]).name));
   return absl::OkStatus();
 }
 
@@ -155,14 +148,15 @@ absl::StatusOr<int> TransposeMatmulCopies(const ir::Graph& g, ir::Graph* out) {
     for (size_t d = 0; d < swap.size(); ++d) swap[d] = static_cast<int64_t>(d);
     std::swap(swap[swap.size() - 1], swap[swap.size() - 2]);
     ASSIGN_OR_RETURN(const ir::ValueId row_major,
-                     Add(b, kPermute, {Positional(x), Positional(swap)}, {}, n.name + "_in",
+                     Add(b, kPermute, {ir::Positional(x), ir::Positional(swap)}, {}, n.name + "_in",
                          result.name + "_in"));
     ASSIGN_OR_RETURN(
         const ir::ValueId copy,
-        Add(b, kClone, {Positional(row_major)},
+        Add(b, kClone, {ir::Positional(row_major)},
             {ir::Argument{"memory_format", v1::CONTIGUOUS_FORMAT}}, n.name, result.name));
-    ASSIGN_OR_RETURN(map[n.outputs[0]], Add(b, kPermute, {Positional(copy), Positional(swap)}, {},
-                                            n.name + "_t", result.name + "_t"));
+    ASSIGN_OR_RETURN(map[n.outputs[0]],
+                     Add(b, kPermute, {ir::Positional(copy), ir::Positional(swap)}, {},
+                         n.name + "_t", result.name + "_t"));
   }
   for (ir::ValueId id : g.outputs()) b.AddOutput(map[id]);
   *out = std::move(b).Build();  // the last use of `g`, which may be *out

@@ -197,8 +197,6 @@ class Analyzer {
   std::vector<int> producer_;
 };
 
-ir::Argument Positional(ir::Argument::Kind kind) { return ir::Argument{"", std::move(kind)}; }
-
 class Rewriter {
  public:
   explicit Rewriter(const ir::Graph& g) : g_(g), b_(g.name()), map_(b_.CopyInputs(g)) {}
@@ -234,13 +232,10 @@ class Rewriter {
  private:
   absl::StatusOr<ir::ValueId> Add(const std::string& target, std::vector<ir::Argument> args,
                                   const std::string& name) {
-    ASSIGN_OR_RETURN(std::vector<ir::TensorMeta> metas,
-                     ops::InferMetas(ops::DefaultRegistry(), target, args, {},
-                                     [this](ir::ValueId v) -> const ir::TensorMeta& {
-                                       return b_.value(v).meta;
-                                     }));
-    if (metas.size() != 1) return absl::InternalError(absl::StrCat(target, ": not one output"));
-    return b_.AddNode(target, std::move(args), {}, std::move(metas), name, {name})[0];
+    ASSIGN_OR_RETURN(std::vector<ir::ValueId> out, ops::Emit(b_, ops::DefaultRegistry(), target,
+                                                             std::move(args), {}, name, {name}));
+    if (out.size() != 1) return absl::InternalError(absl::StrCat(target, ": not one output"));
+    return out[0];
   }
 
   // R = sum(prod(variant), dims, keepdim=True), in the variant product's
@@ -268,7 +263,8 @@ class Rewriter {
                               absl::StrCat(n.name, "_times", k)));
     }
     if (f.scale != 1.0) {
-      ASSIGN_OR_RETURN(v, Add(kMulScalar, {ir::Ref(v), Positional(f.scale)}, n.name + "_scaled"));
+      ASSIGN_OR_RETURN(v,
+                       Add(kMulScalar, {ir::Ref(v), ir::Positional(f.scale)}, n.name + "_scaled"));
     }
     // The same elements in old's shape: sizes equal once the 1s are gone.
     auto without_ones = [](const std::vector<ir::SymInt>& sizes) {
@@ -283,7 +279,7 @@ class Rewriter {
           "node '", n.name, "': the merged sum's shape does not give ", "its result's"));
     }
     if (b_.value(v).meta.sizes == old.meta.sizes) return v;
-    return Add(kView, {ir::Ref(v), Positional(old.meta.sizes)}, n.name);
+    return Add(kView, {ir::Ref(v), ir::Positional(old.meta.sizes)}, n.name);
   }
 
   const ir::Graph& g_;
