@@ -67,6 +67,40 @@ absl::Status SizeLaunches(const std::vector<loop::Kernel>& kernels,
   return absl::OkStatus();
 }
 
+// Graph rewrites that are optimizations only, each run on the latest graph:
+// one that rewrites replaces it (dumped to the trace as
+// PREFIXFILE_graph.txt), one that fails leaves it as it came (its error in
+// PREFIXFILE_error.txt).
+class Rewrites {
+ public:
+  Rewrites(const ir::Graph& graph, std::string prefix, PhaseTimes* times, Trace* trace)
+      : latest_(&graph), prefix_(std::move(prefix)), times_(times), trace_(trace) {}
+
+  // `pass(graph, &out)` returns how many rewrites it made, setting `out`
+  // when there is one.
+  template <typename Pass>
+  void Run(const std::string& phase, const std::string& file, Pass pass) {
+    ir::Graph out;
+    absl::StatusOr<int> n = times_->Time(prefix_ + phase, [&] { return pass(*latest_, &out); });
+    if (!n.ok()) {
+      (*trace_)[prefix_ + file + "_error.txt"] = std::string(n.status().message());
+    } else if (*n > 0) {
+      rewritten_ = std::move(out);
+      (*trace_)[prefix_ + file + "_graph.txt"] = ir::PrintReadable(rewritten_);
+      latest_ = &rewritten_;
+    }
+  }
+
+  const ir::Graph& graph() const { return *latest_; }
+
+ private:
+  const ir::Graph* latest_;
+  ir::Graph rewritten_;
+  const std::string prefix_;
+  PhaseTimes* const times_;
+  Trace* const trace_;
+};
+
 // Lower, fuse and plan one graph, then generate and compile its kernels.
 absl::StatusOr<v1::CompiledGraph> CompileGraph(const ir::Graph& graph, const std::string& prefix,
                                                const target::Target& target,
@@ -74,19 +108,11 @@ absl::StatusOr<v1::CompiledGraph> CompileGraph(const ir::Graph& graph, const std
                                                const KilnOptions& options, PhaseTimes* times,
                                                Trace* trace) {
   // Sums of the same product computed once (a decomposed batch norm's
-  // backward has two pairs); an optimization only: an error leaves the
-  // graph as it came, the error in the trace.
-  ir::Graph merged;
-  absl::StatusOr<int> merges =
-      times->Time(prefix + "merge-sums", [&] { return MergeEquivalentSums(graph, &merged); });
-  if (!merges.ok()) {
-    (*trace)[prefix + "merge_sums_error.txt"] = std::string(merges.status().message());
-  } else if (*merges > 0) {
-    (*trace)[prefix + "merge_sums_graph.txt"] = ir::PrintReadable(merged);
-  }
-  const ir::Graph& input = merges.ok() && *merges > 0 ? merged : graph;
-  (*trace)[prefix + "ir_before_fusion.txt"] = ir::PrintReadable(input);
-  ASSIGN_OR_RETURN(const ir::Graph faulty, ApplyFault(input, options.fault));
+  // backward has two pairs).
+  Rewrites rewrites(graph, prefix, times, trace);
+  rewrites.Run("merge-sums", "merge_sums", MergeEquivalentSums);
+  (*trace)[prefix + "ir_before_fusion.txt"] = ir::PrintReadable(rewrites.graph());
+  ASSIGN_OR_RETURN(const ir::Graph faulty, ApplyFault(rewrites.graph(), options.fault));
   // The loop passes (compiler/loop/lowering.h), each timed and dumped.
   ASSIGN_OR_RETURN(std::vector<loop::NodeLowering> nodes, times->Time(prefix + "lower", [&] {
     return loop::LowerNodes(faulty, ops::DefaultRegistry());
@@ -233,21 +259,7 @@ absl::Status RunKiln(const ir::Graph& graph, const v1::Target& wanted, const Kil
   }
   // On CUDA, graph rewrites before lowering (in training graphs before the
   // joint graph is built, so that the backward derives from their result).
-  // Each is an optimization only: one that fails leaves the graph as it
-  // came, its error in the trace.
-  const ir::Graph* source = &graph;
-  ir::Graph rewritten;
-  auto rewrite = [&](const std::string& phase, const std::string& file, auto pass) {
-    ir::Graph out;
-    absl::StatusOr<int> rewrites = times->Time(phase, [&] { return pass(*source, &out); });
-    if (!rewrites.ok()) {
-      (*trace)[file + "_error.txt"] = std::string(rewrites.status().message());
-    } else if (*rewrites > 0) {
-      rewritten = std::move(out);
-      (*trace)[file + "_graph.txt"] = ir::PrintReadable(rewritten);
-      source = &rewritten;
-    }
-  };
+  Rewrites rewrites(graph, "", times, trace);
   if (target->device_type() == "cuda") {
     // One fused attention kernel for softmax attention spelled as matmuls,
     // whose backward is the fused kernel's. SelectTarget checked the arch's
@@ -256,26 +268,26 @@ absl::Status RunKiln(const ir::Graph& graph, const v1::Target& wanted, const Kil
     AttentionOptions attention;
     attention.flash = arch.ok() && arch->major >= 8;
     attention.training = training;
-    rewrite("attention", "attention", [&](const ir::Graph& g, ir::Graph* out) {
+    rewrites.Run("attention", "attention", [&](const ir::Graph& g, ir::Graph* out) {
       return RewriteAttention(g, out, attention);
     });
     // float32 addmm as a GEMM and a bias add fused into its reader.
-    rewrite("unfuse-addmm", "unfuse_addmm", UnfuseAddmm);
+    rewrites.Run("unfuse-addmm", "unfuse_addmm", UnfuseAddmm);
     // Copies that transpose a matmul's operand made along memory instead.
-    rewrite("matmul-layouts", "matmul_layouts", TransposeMatmulCopies);
+    rewrites.Run("matmul-layouts", "matmul_layouts", TransposeMatmulCopies);
     // Convolutions channels-last, the layout cuDNN's kernels run in.
     using ChannelsLast = KilnOptions::ChannelsLast;
     if (options.channels_last == ChannelsLast::kAlways ||
         (options.channels_last == ChannelsLast::kInference && !training)) {
-      rewrite("conv-layouts", "conv_layouts", ChannelsLastConvolutions);
+      rewrites.Run("conv-layouts", "conv_layouts", ChannelsLastConvolutions);
     }
   }
   if (!training) {
     ASSIGN_OR_RETURN(*artifact->mutable_compiled(),
-                     CompileGraph(*source, "", *target, *backend, options, times, trace));
+                     CompileGraph(rewrites.graph(), "", *target, *backend, options, times, trace));
     return absl::OkStatus();
   }
-  ASSIGN_OR_RETURN(Split split, JointAndPartition(*source, times));
+  ASSIGN_OR_RETURN(Split split, JointAndPartition(rewrites.graph(), times));
   (*trace)["joint_graph.txt"] = ir::PrintReadable(split.joint.graph);
   (*trace)["forward_graph.txt"] = ir::PrintReadable(split.partition.forward);
   (*trace)["backward_graph.txt"] = ir::PrintReadable(split.partition.backward);
