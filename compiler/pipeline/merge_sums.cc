@@ -58,11 +58,7 @@ struct Form {
 
 class Analyzer {
  public:
-  explicit Analyzer(const ir::Graph& g) : g_(g), producer_(g.values().size(), -1) {
-    for (size_t i = 0; i < g.nodes().size(); ++i) {
-      for (ir::ValueId v : g.nodes()[i].outputs) producer_[v] = static_cast<int>(i);
-    }
-  }
+  explicit Analyzer(const ir::Graph& g) : g_(g) {}
 
   // The form of sum node `i`, or nullopt when it is not one this pass
   // merges.
@@ -117,7 +113,8 @@ class Analyzer {
   };
 
   const ir::Node* Producer(ir::ValueId v) const {
-    return producer_[v] < 0 ? nullptr : &g_.nodes()[producer_[v]];
+    const int32_t p = g_.value(v).producer;
+    return p < 0 ? nullptr : &g_.nodes()[p];
   }
 
   std::optional<ops::OpCall> Bind(const ir::Node& n) const {
@@ -194,7 +191,6 @@ class Analyzer {
   }
 
   const ir::Graph& g_;
-  std::vector<int> producer_;
 };
 
 class Rewriter {
