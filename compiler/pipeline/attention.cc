@@ -27,6 +27,13 @@ constexpr int64_t kMaxHeadDim = 256;
 // the softmax). 16-bit training stays with the matmuls too: flash
 // attention's forward and backward for heads of 192 (bfloat16, H100) made a
 // GPT-2 block's training step 1523 us of kernels against 1481 us.
+// float32 training stays with them at any head dim: memory-efficient
+// attention's forward and backward took as long as the matmuls and the
+// softmax kernels (2646 us against 2686 us for [8, 12, 1024, 64] on an
+// H100), and its layouts cost copies on top (the output gradient made
+// contiguous along [B, L, H, D], the input gradients made contiguous along
+// [B, H, L, D], its backward's own row sums of dO * O): 2923 us of kernels
+// per step against Inductor's 2804 us, which keeps the matmuls.
 constexpr int64_t kMaxEfficientHeadDim = 128;
 
 // Who makes each value, and how many times it is read (graph outputs count).
@@ -270,8 +277,9 @@ absl::StatusOr<int> RewriteAttention(const ir::Graph& g, ir::Graph* out,
     const ir::TensorMeta& q = g.value(matches[i]->q).meta;
     const ir::TensorMeta& v = g.value(matches[i]->v).meta;
     const bool efficient = options.training || !Fused16Bit(q, v, options);
-    if (efficient &&
-        std::max(q.sizes.back().constant(), v.sizes.back().constant()) > kMaxEfficientHeadDim) {
+    if ((efficient &&
+         std::max(q.sizes.back().constant(), v.sizes.back().constant()) > kMaxEfficientHeadDim) ||
+        (options.training && q.dtype == v1::FLOAT32)) {
       matches[i].reset();
     }
     found += matches[i].has_value();

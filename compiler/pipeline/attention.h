@@ -27,12 +27,13 @@
 // used by the chain alone. Anything else is left as it is.
 //
 // In training graphs (options.training; the rewrite runs before the joint
-// graph is built) it is flash attention in 16-bit where the target has it
-// and the head dims agree, memory-efficient attention (with its
+// graph is built) it is, in 16-bit, flash attention where the target has
+// it and the head dims agree, memory-efficient attention (with its
 // log-sum-exp) otherwise: their derivative rules are ATen's backwards of
 // them, which read the output and the log-sum-exp the forward saved
 // (softmax attention's bfloat16 training step on an H100: 0.97 ms with
 // flash, 1.16-1.77 ms over five runs with memory-efficient attention).
+// float32 training graphs keep the matmuls (attention.cc says why).
 // Head dims over 128 are left unfused wherever memory-efficient attention
 // would run (in training, and in float32 inference): its backward, and its
 // forward's one kernel for such heads, are slower than the matmuls.
