@@ -339,6 +339,61 @@ TEST(CudaCodegen, ColumnsAreReadInGroupsOf512Bytes) {
   ASSERT_TRUE(module.ok()) << module.status();
 }
 
+// Sum over dim 0 of a [rows, cols] tensor of `dtype`, each column scaled by
+// a float32 parameter of its own (a load that stays put along the sweep).
+Kernel ScaledColumnSum(int64_t rows, int64_t cols, v1::DType dtype) {
+  KernelBuilder kb("scaled_column_sum", {C(cols)}, {C(rows)});
+  const int x = kb.Buffer("x", dtype);
+  const int w = kb.Buffer("w", v1::FLOAT32);
+  const int out = kb.Buffer("out", v1::FLOAT32, true);
+  kb.At(0, true);
+  const int load = kb.Load(x, Idx({C(1)}, {C(cols)}));
+  const int scale = kb.Load(w, Idx({C(1)}, {C(0)}));
+  const int total = kb.Reduce(ReduceOp::kSum, kb.Op(ScalarOp::kMul, {load, scale}));
+  kb.At(0, false);
+  kb.Store(out, Idx({C(1)}, {}), total);
+  return kb.kernel();
+}
+
+// Rows narrower than a warp's chunks (a channels-last mean: the channels
+// of a pixel, then the next pixel's): a block of 128 threads takes one row
+// of chunks, 16 bytes of x each, and a warp's other lanes take the next
+// steps of the sweep, so that each warp step still reads 512 adjacent
+// bytes. Rows that do not make a power of two of chunks keep 32 lanes, as
+// does Welford.
+TEST(CudaCodegen, NarrowRowsShareEachWarpWithTheNextStepsOfTheSweep) {
+  auto backend = Backend();
+  struct Case {
+    v1::DType dtype;
+    int64_t cols;
+    int lanes, groups;
+  };
+  for (const Case& c : {Case{v1::FLOAT32, 64, 16, 4}, Case{v1::BFLOAT16, 32, 4, 8},
+                        Case{v1::BFLOAT16, 8, 1, 8}, Case{v1::FLOAT32, 8, 2, 4}}) {
+    SCOPED_TRACE(absl::StrCat(v1::DType_Name(c.dtype), " x ", c.cols));
+    const Kernel k = ScaledColumnSum(4096, c.cols, c.dtype);
+    const Schedule sched = ScheduleOf(k);
+    EXPECT_EQ(sched.column_lanes, c.lanes);
+    EXPECT_EQ(sched.column_groups, c.groups);
+    auto source = backend->Generate({k}, {});
+    ASSERT_TRUE(source.ok()) << source.status();
+    EXPECT_TRUE(absl::StrContains(*source, absl::StrCat("kiln_narrow_column_reduce<", c.lanes,
+                                                        ">(acc")))
+        << *source;
+    EXPECT_TRUE(absl::StrContains(*source, absl::StrCat("i += ", 128 / c.lanes, ")"))) << *source;
+    auto launch = backend->Launch(k);
+    ASSERT_TRUE(launch.ok());
+    EXPECT_EQ(launch->block, kNarrowColumnBlock);
+    EXPECT_EQ(launch->rows_per_block, c.cols);
+    EXPECT_EQ(launch->grid, C(1));
+    auto module = backend->Compile(*source);
+    ASSERT_TRUE(module.ok()) << module.status();
+  }
+  EXPECT_EQ(ScheduleOf(ScaledColumnSum(4096, 48, v1::BFLOAT16)).column_lanes, kColumnRows);
+  EXPECT_EQ(ScheduleOf(ScaledColumnSum(4096, 1024, v1::FLOAT32)).column_lanes, kColumnRows);
+  EXPECT_EQ(ScheduleOf(ColumnStats(4096, 64, v1::FLOAT32)).column_lanes, kColumnRows);
+}
+
 // Where a lane's rows can be adjacent in memory, it takes adjacent ones and
 // reads each step's as one 16-byte vector; rows that do not divide into
 // vectors, and loads offset off a vector's boundary, keep the groups 32

@@ -188,7 +188,8 @@ absl::Status CudaKernelEmitter::DeclareVectors(int vector, int dim,
   }
   for (int b : buffers) {
     masks.push_back(absl::StrCat("(reinterpret_cast<uint64_t>(buf", b, ") & ",
-                                 vector * StorageBytes(k_.buffers[b].dtype) - 1, ")"));
+                                 std::min(16, vector * StorageBytes(k_.buffers[b].dtype)) - 1,
+                                 ")"));
   }
   for (const ir::SymInt& c : checks) {
     ASSIGN_OR_RETURN(std::string text, Int(c));

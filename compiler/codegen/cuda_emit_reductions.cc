@@ -124,14 +124,19 @@ absl::Status CudaKernelEmitter::EmitReduction(const Schedule& sched, std::string
   // packed, `groups` adjacent rows, read as vectors.
   const int groups = column ? sched.column_groups : 1;
   const bool packed = groups > 1 && sched.column_packed;
+  // The lanes along the rows (32, or fewer for narrow rows: the warp's
+  // other lanes take later steps of the sweep) and the rows of a tile.
+  const int row_lanes = column ? sched.column_lanes : 1;
+  const bool narrow = column && row_lanes < kColumnRows;
   const std::string at = groups > 1 ? "[g]" : "";
   // The first row of the lane's chunk (packed), or the row of group g,
   // and whether it exists, at `depth`.
   auto group_row = [&](int depth, bool chunk = false) -> absl::Status {
-    const std::string row = packed
-                                ? absl::StrCat("(threadIdx.x & 31) * ", groups, chunk ? "" : " + g")
-                                : "g * 32 + (threadIdx.x & 31)";
-    absl::StrAppend(out, Pad(depth), "const ", idx_, " o = tile * ", 32 * groups, " + ", row, ";\n",
+    const std::string row =
+        packed ? absl::StrCat("(threadIdx.x & ", row_lanes - 1, ") * ", groups, chunk ? "" : " + g")
+               : "g * 32 + (threadIdx.x & 31)";
+    absl::StrAppend(out, Pad(depth), "const ", idx_, " o = tile * ", row_lanes * groups, " + ", row,
+                    ";\n",
                     Pad(depth), "const bool live = o < outer_n;\n");
     return Decompose(k_.outer, "o", "o", depth, out);
   };
@@ -139,8 +144,9 @@ absl::Status CudaKernelEmitter::EmitReduction(const Schedule& sched, std::string
     RETURN_IF_ERROR(DeclareVectors(groups, static_cast<int>(k_.outer.size()) - 1, {}, out));
   }
   if (groups > 1) {
-    absl::StrAppend(out, "  const int lane = threadIdx.x >> 5;  // along the rows\n", "  for (",
-                    idx_, " tile = blockIdx.x; tile * ", 32 * groups,
+    absl::StrAppend(out, "  const int lane = threadIdx.x ", narrow ? "/ " : ">> ",
+                    narrow ? row_lanes : 5, ";  // along the rows\n", "  for (", idx_,
+                    " tile = blockIdx.x; tile * ", row_lanes * groups,
                     " < outer_n; tile += gridDim.x) {\n");
   } else if (column) {
     absl::StrAppend(out, "  const int lane = threadIdx.x >> 5;  // along the rows\n", "  for (",
@@ -155,7 +161,7 @@ absl::Status CudaKernelEmitter::EmitReduction(const Schedule& sched, std::string
   }
   if (groups == 1) RETURN_IF_ERROR(Decompose(k_.outer, "o", "o", 2, out));
   const std::string store_guard = column ? "lane == 0" : "threadIdx.x == 0";
-  const int lanes = column ? kColumnRows : sched.block;
+  const int lanes = sched.block / row_lanes;  // threads along the sweep
   const int n = static_cast<int>(k_.stmts.size());
   // A statement of a later pass -> the earlier pass's statement whose
   // registers it reads (CacheOf).
@@ -401,6 +407,14 @@ absl::Status CudaKernelEmitter::EmitReduction(const Schedule& sched, std::string
     }
     // The combination and the epilogue, for each group in turn.
     std::string pad = "    ";
+    if (narrow) {
+      // Every group's accumulators at once: one exchange between warps.
+      for (int j : inner) {
+        if (k_.stmts[j].kind != StmtKind::kReduce) continue;
+        absl::StrAppend(out, pad, "kiln_narrow_column_reduce<", row_lanes, ">(acc", j, ", ",
+                        Combiner(k_.stmts[j].reduce), ", kiln_smem);\n");
+      }
+    }
     if (groups > 1) {
       absl::StrAppend(out, "#pragma unroll\n    for (int g = 0; g < ", groups, "; ++g) {\n");
       RETURN_IF_ERROR(group_row(3));
@@ -418,6 +432,8 @@ absl::Status CudaKernelEmitter::EmitReduction(const Schedule& sched, std::string
         }
         absl::StrAppend(out, pad, "const ", T, " t", j, " = ",
                         s.reduce == ReduceOp::kWelfordMean ? "wm" : "wq", w, at, ";\n");
+      } else if (narrow) {
+        absl::StrAppend(out, pad, "const ", T, " t", j, " = acc", j, at, ";\n");
       } else if (column) {
         absl::StrAppend(out, pad, "const ", T, " t", j, " = kiln_column_reduce(acc", j, at, ", ",
                         Combiner(s.reduce), ", kiln_smem);\n");

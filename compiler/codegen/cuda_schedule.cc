@@ -136,22 +136,34 @@ int VectorWidth(const Kernel& k, int dim, std::vector<ir::SymInt>* checks = null
   return v;
 }
 
+// The last inner dimension, along which rows are swept.
+int RowDim(const Kernel& k) { return static_cast<int>(k.outer.size() + k.inner.size()) - 1; }
+
 // Groups of 32 rows a column-layout block takes (Schedule::column_groups):
 // enough for each warp to read 512 adjacent bytes of its widest buffer per
 // step, and no more groups than there are rows. Only for one-pass kernels
 // of constant sizes with no loads outside the sweep, whose every statement
 // outside it is the reductions' epilogue (or a constant).
+bool GroupsAllowed(const Kernel& k) {
+  if (k.passes != 1) return false;
+  bool constant = false;
+  ConstantProduct(k.outer, &constant);
+  if (!constant) return false;
+  ConstantProduct(k.inner, &constant);
+  if (!constant) return false;
+  for (const Stmt& s : k.stmts) {
+    if (s.kind == StmtKind::kLoad && !s.inner) return false;
+  }
+  return true;
+}
+
 int ColumnGroups(const Kernel& k) {
-  if (k.passes != 1) return 1;
+  if (!GroupsAllowed(k)) return 1;
   bool constant = false;
   const int64_t rows = ConstantProduct(k.outer, &constant);
-  if (!constant) return 1;
-  ConstantProduct(k.inner, &constant);
-  if (!constant) return 1;
   int widest = 0;
   for (const Stmt& s : k.stmts) {
     if (s.kind != StmtKind::kLoad && s.kind != StmtKind::kStore) continue;
-    if (s.kind == StmtKind::kLoad && !s.inner) return 1;
     // Accesses that the 32 adjacent rows of a warp share (no stride along
     // the last outer dimension) do not count.
     if (MovesAlong(k, s, static_cast<int>(k.outer.size()) - 1)) {
@@ -190,8 +202,49 @@ bool ColumnPacked(const Kernel& k, int groups) {
   return any;
 }
 
-// The last inner dimension, along which rows are swept.
-int RowDim(const Kernel& k) { return static_cast<int>(k.outer.size() + k.inner.size()) - 1; }
+// Lanes of a warp along a packed column layout's rows
+// (Schedule::column_lanes) when each lane takes `groups` of them: where the
+// last outer dimension is E < 32 such chunks (E / groups lanes, a power of
+// two) and every load of the sweep moving along it and along the sweep
+// steps by E along the last inner dimension (the next step's chunk follows
+// this one's in memory), E / groups; else kColumnRows. Not for Welford
+// (its merge across lanes is the 32-lane one).
+int ColumnLanes(const Kernel& k, int groups) {
+  if (k.inner.empty() || !k.outer.back().is_constant()) return kColumnRows;
+  const int dim = static_cast<int>(k.outer.size()) - 1;
+  const int64_t e = k.outer.back().constant();
+  const int64_t lanes = e / groups;
+  if (e % groups != 0 || lanes >= kColumnRows || (lanes & (lanes - 1)) != 0) return kColumnRows;
+  bool any = false;
+  for (const Stmt& s : k.stmts) {
+    if (IsWelford(s)) return kColumnRows;
+    if (s.kind != StmtKind::kLoad || !MovesAlong(k, s, dim) || !MovesAlong(k, s, RowDim(k))) {
+      continue;
+    }
+    const ir::SymInt& step = StrideAlong(k, s, RowDim(k));
+    if (!step.is_constant() || step.constant() != e) return kColumnRows;
+    any = true;
+  }
+  return any ? static_cast<int>(lanes) : kColumnRows;
+}
+
+// Rows each lane takes in a column layout of narrow rows: 16 bytes of the
+// widest buffer that moves along the rows and along the sweep (the loads
+// that stay put along the sweep, per-row parameters, are read as several
+// vectors where wider); 1 where ColumnGroups takes no groups at all.
+int NarrowColumnGroups(const Kernel& k) {
+  if (!GroupsAllowed(k) || k.outer.empty()) return 1;
+  const int dim = static_cast<int>(k.outer.size()) - 1;
+  int widest = 0;
+  for (const Stmt& s : k.stmts) {
+    if (s.kind != StmtKind::kLoad && s.kind != StmtKind::kStore) continue;
+    if (MovesAlong(k, s, dim) && MovesAlong(k, s, RowDim(k))) {
+      widest = std::max(widest, StorageBytes(k.buffers[s.buffer].dtype));
+    }
+  }
+  return widest == 0 ? 1 : std::max(1, 16 / widest);
+}
+
 
 // A product of sizes as an expression of the plan's symbols.
 std::string ProductExpr(const std::vector<ir::SymInt>& sizes) {
@@ -355,6 +408,18 @@ Schedule ScheduleOf(const Kernel& k) {
     s.block = 32 * kColumnRows;
     s.column_groups = ColumnGroups(k);
     s.column_packed = ColumnPacked(k, s.column_groups);
+    // Narrow rows: each lane a chunk of 16 bytes of the buffers read along
+    // the sweep.
+    const int groups = NarrowColumnGroups(k);
+    if (ColumnPacked(k, groups)) {
+      const int lanes = ColumnLanes(k, groups);
+      if (lanes < kColumnRows) {
+        s.column_groups = groups;
+        s.column_packed = true;
+        s.column_lanes = lanes;
+        s.block = kNarrowColumnBlock;
+      }
+    }
     return s;
   }
   // A long row, or one of symbolic length, is swept by a loop over chunks
@@ -425,7 +490,7 @@ LaunchSize SizeLaunch(const Kernel& k) {
   const bool reduce = HasReduction(k);
   // Work items: points (pointwise), rows (kRow) or groups of 32 rows.
   const int64_t per_block = !reduce                           ? int64_t{sched.block} * sched.vector
-                            : sched.layout == Layout::kColumn ? kColumnRows * sched.column_groups
+                            : sched.layout == Layout::kColumn ? sched.column_lanes * sched.column_groups
                                                               : 1;
   if (reduce) size.rows_per_block = per_block;
   size.row_in_registers = reduce && sched.layout == Layout::kRow && sched.per_thread > 0;

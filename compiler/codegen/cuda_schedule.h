@@ -27,7 +27,16 @@
 //     stride and offset keeps a lane's rows in one aligned chunk), each
 //     lane takes `column_groups` adjacent rows instead, read as one 16-byte
 //     vector: the same 512 bytes per warp step in a quarter (float32) or an
-//     eighth (16-bit) of the load instructions.
+//     eighth (16-bit) of the load instructions. Where the last outer
+//     dimension is narrower than 32 such chunks and the rows are adjacent
+//     along the last inner one too (a channels-last mean over H and W, 32
+//     channels: 64 bytes of bfloat16 per pixel, the next pixel's after
+//     them), a block of kNarrowColumnBlock threads takes one row of chunks
+//     (`column_lanes` of them, a lane each) and its warp's other lanes take
+//     the next steps of the sweep: each warp step still reads 512 adjacent
+//     bytes (the conv net's mean, bfloat16 on an H100: 51 us against 55
+//     us; written by hand with its per-channel parameters kept in registers
+//     as float32, 34 us).
 //
 // Internal to compiler/codegen. Pure functions; thread-safe.
 #ifndef KILN_COMPILER_CODEGEN_CUDA_SCHEDULE_H_
@@ -42,6 +51,11 @@
 namespace kiln::codegen {
 
 enum class Layout { kRow, kColumn };
+
+// Rows per block in the column layout.
+inline constexpr int kColumnRows = 32;
+// Threads per block in the column layout of narrow rows.
+inline constexpr int kNarrowColumnBlock = 128;
 
 struct Schedule {
   Layout layout = Layout::kRow;
@@ -77,12 +91,16 @@ struct Schedule {
   // and stores that move along the last outer dimension access vectors of
   // column_groups elements.
   bool column_packed = false;
+  // kColumn: lanes of a warp along the block's rows (kColumnRows), or, for
+  // packed rows whose last outer dimension is narrower than a warp's
+  // chunks (kNarrowColumnBlock threads), the lanes that take one chunk
+  // each, the warp's others taking the next steps of the same rows.
+  int column_lanes = kColumnRows;
 };
 
 // Threads per block of a pointwise kernel.
 inline constexpr int kPointwiseBlock = 256;
-// Rows per block in the column layout.
-inline constexpr int kColumnRows = 32;
+
 // Threads per SM a kernel with row groups (loop::Kernel::row_groups) is
 // given: its launch asks for 1024 / block blocks per SM (a register cap of
 // 64), and a target gives it that many groups per SM, every block resident

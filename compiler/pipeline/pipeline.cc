@@ -148,19 +148,26 @@ absl::StatusOr<v1::CompiledGraph> CompileGraph(const ir::Graph& graph, const std
     loop::SplitPolicy policy;
     policy.split_below = target.multiprocessors();
     policy.min_blocks = 2 * target.multiprocessors();
+    // The column layout's blocks count in threads: one of narrow rows (128
+    // threads) is an eighth of one of 1024, so that a channels-last mean
+    // over 4096 pixels of 128 x 32 channels is split to 2048 such blocks,
+    // as many threads as the 32-lane layout's 512 blocks.
     policy.blocks = [&backend](const loop::Kernel& k) -> std::optional<int64_t> {
       absl::StatusOr<codegen::LaunchSize> size = backend.Launch(k);
       if (!size.ok() || !size->grid.is_constant()) return std::nullopt;
+      if (size->rows_per_block > 1 && size->block < 1024) {
+        return std::max<int64_t>(1, size->grid.constant() * size->block / 1024);
+      }
       return size->grid.constant();
     };
-    // A block that reduces 32 or more rows at once (the column layout),
-    // its 32 warps striding along them, reads 8 or more elements of each
+    // A block that reduces several rows at once (the column layout),
+    // its warps striding along them, reads 8 or more elements of each
     // per thread in slices of 256: a bias gradient over 4096 rows of 3072
     // columns takes 16 slices (192 blocks) rather than 4 (48 blocks, 62 us
     // with GELU's backward in them on an H100).
     policy.min_slice_of = [&backend, &policy](const loop::Kernel& k) -> int64_t {
       absl::StatusOr<codegen::LaunchSize> size = backend.Launch(k);
-      if (size.ok() && size->rows_per_block >= 32) return 256;
+      if (size.ok() && size->rows_per_block > 1) return 256;
       return policy.min_slice;
     };
     times->Time(prefix + "split-reductions", [&] { loop::SplitReductions(policy, &lowered); });
