@@ -377,8 +377,8 @@ TEST(CudaCodegen, NarrowRowsShareEachWarpWithTheNextStepsOfTheSweep) {
     EXPECT_EQ(sched.column_groups, c.groups);
     auto source = backend->Generate({k}, {});
     ASSERT_TRUE(source.ok()) << source.status();
-    EXPECT_TRUE(absl::StrContains(*source, absl::StrCat("kiln_narrow_column_reduce<", c.lanes,
-                                                        ">(acc")))
+    EXPECT_TRUE(
+        absl::StrContains(*source, absl::StrCat("kiln_narrow_column_reduce<", c.lanes, ">(acc")))
         << *source;
     EXPECT_TRUE(absl::StrContains(*source, absl::StrCat("i += ", 128 / c.lanes, ")"))) << *source;
     auto launch = backend->Launch(k);

@@ -136,8 +136,7 @@ absl::Status CudaKernelEmitter::EmitReduction(const Schedule& sched, std::string
         packed ? absl::StrCat("(threadIdx.x & ", row_lanes - 1, ") * ", groups, chunk ? "" : " + g")
                : "g * 32 + (threadIdx.x & 31)";
     absl::StrAppend(out, Pad(depth), "const ", idx_, " o = tile * ", row_lanes * groups, " + ", row,
-                    ";\n",
-                    Pad(depth), "const bool live = o < outer_n;\n");
+                    ";\n", Pad(depth), "const bool live = o < outer_n;\n");
     return Decompose(k_.outer, "o", "o", depth, out);
   };
   if (packed) {

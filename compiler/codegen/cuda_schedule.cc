@@ -245,7 +245,6 @@ int NarrowColumnGroups(const Kernel& k) {
   return widest == 0 ? 1 : std::max(1, 16 / widest);
 }
 
-
 // A product of sizes as an expression of the plan's symbols.
 std::string ProductExpr(const std::vector<ir::SymInt>& sizes) {
   int64_t constant = 1;
@@ -489,9 +488,10 @@ LaunchSize SizeLaunch(const Kernel& k) {
   size.block = sched.block;
   const bool reduce = HasReduction(k);
   // Work items: points (pointwise), rows (kRow) or groups of 32 rows.
-  const int64_t per_block = !reduce                           ? int64_t{sched.block} * sched.vector
-                            : sched.layout == Layout::kColumn ? sched.column_lanes * sched.column_groups
-                                                              : 1;
+  const int64_t per_block = !reduce ? int64_t{sched.block} * sched.vector
+                            : sched.layout == Layout::kColumn
+                                ? sched.column_lanes * sched.column_groups
+                                : 1;
   if (reduce) size.rows_per_block = per_block;
   size.row_in_registers = reduce && sched.layout == Layout::kRow && sched.per_thread > 0;
   if (k.row_groups > 0) {
