@@ -39,7 +39,13 @@ class FakeCompiler(service_pb2_grpc.CompilerServicer):
     def Lookup(self, request, context):
         self._refuse(context)
         self.requests.append(request)
-        return service_pb2.LookupResponse(key=self.KEY, outcome=service_pb2.HIT)
+        response = service_pb2.LookupResponse(key=self.KEY, outcome=service_pb2.HIT)
+        if request.include_artifact:
+            # An artifact past gRPC's default limit of 4 MiB, as a deep
+            # model's is.
+            response.artifact.backend = "kiln"
+            response.artifact.trace["big.txt"] = "x" * (6 << 20)
+        return response
 
 
 class FakeAdmin(service_pb2_grpc.AdminServicer):
@@ -112,6 +118,12 @@ class ClientTest(unittest.TestCase):
             self.client.lookup()
         with self.assertRaises(ValueError):
             self.client.lookup(graph=self.graph, key="cd" * 32)
+
+    def test_artifacts_past_4_mib_are_received(self):
+        found = self.client.lookup(key=FakeCompiler.KEY, signature=kiln.signature(self.x),
+                                   include_artifact=True)
+        self.assertEqual(found.artifact.backend, "kiln")
+        self.assertEqual(len(found.artifact.trace["big.txt"]), 6 << 20)
 
     def test_errors_carry_code_and_message(self):
         with self.assertRaises(kiln.KilnError) as cm:

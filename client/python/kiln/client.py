@@ -61,19 +61,25 @@ class Client:
     RETRIES = 4          # further attempts after an UNAVAILABLE reply
     BACKOFF_S = 0.1      # first wait; doubled on every retry
 
+    # The largest message sent or received, as the C++ client's default:
+    # gRPC's own default (4 MiB) is less than a deep model's artifact.
+    MAX_MESSAGE_BYTES = 256 << 20
+
     def __init__(self, address, timeout=30.0, token=None, root_certificates=None,
-                 certificate_chain=None, private_key=None):
+                 certificate_chain=None, private_key=None, max_message_bytes=MAX_MESSAGE_BYTES):
         self.address = address
         self.timeout = timeout
         token = token if token is not None else os.environ.get("KILN_TOKEN")
         self._metadata = (("authorization", f"Bearer {token}"),) if token else None
+        options = [("grpc.max_receive_message_length", max_message_bytes),
+                   ("grpc.max_send_message_length", max_message_bytes)]
         if root_certificates is not None:
             credentials = grpc.ssl_channel_credentials(
                 root_certificates=root_certificates, private_key=private_key,
                 certificate_chain=certificate_chain)
-            self._channel = grpc.secure_channel(address, credentials)
+            self._channel = grpc.secure_channel(address, credentials, options=options)
         else:
-            self._channel = grpc.insecure_channel(address)
+            self._channel = grpc.insecure_channel(address, options=options)
         self._compiler = service_pb2_grpc.CompilerStub(self._channel)
         self._admin = service_pb2_grpc.AdminStub(self._channel)
         self._keys = {}  # (graph digest, options, namespace) -> key
