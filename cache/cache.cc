@@ -15,6 +15,7 @@
 #include "common/status_macros.h"
 #include "compiler/ir/canonical.h"
 #include "google/protobuf/message.h"
+#include "rocksdb/cache.h"
 #include "rocksdb/db.h"
 #include "rocksdb/iterator.h"
 #include "rocksdb/options.h"
@@ -191,7 +192,9 @@ absl::StatusOr<std::unique_ptr<Cache>> Cache::Open(const CacheOptions& options) 
 }
 
 Cache::Cache(CacheOptions options, std::unique_ptr<rocksdb::DB> db)
-    : options_(std::move(options)), db_(std::move(db)) {}
+    : options_(std::move(options)), db_(std::move(db)) {
+  if (options_.memory_bytes > 0) verified_ = rocksdb::NewLRUCache(options_.memory_bytes);
+}
 
 Cache::~Cache() {
   (void)FlushUsage();
@@ -332,7 +335,7 @@ absl::StatusOr<ProbeResult> Cache::Probe(const ProbeRequest& req) {
     }
     if (req.read_artifact) {
       bool quarantined = false;
-      auto artifact = ReadVerifiedArtifact(r.digest, &quarantined);
+      auto artifact = ReadVerifiedArtifact(r.digest, &quarantined, req.parse_artifact);
       if (absl::IsDataLoss(artifact.status())) {  // probe again
         result.unreadable.push_back(artifact.status());
         result.quarantined += quarantined ? 1 : 0;
@@ -385,9 +388,22 @@ absl::StatusOr<std::string> Cache::ReadArtifact(const std::string& digest) {
 }
 
 absl::StatusOr<VerifiedArtifact> Cache::ReadVerifiedArtifact(const std::string& digest,
-                                                             bool* quarantined) {
+                                                             bool* quarantined, bool parse) {
   VerifiedArtifact a;
   a.digest = digest;
+  if (quarantined != nullptr) *quarantined = false;
+  if (verified_ != nullptr) {
+    if (rocksdb::Cache::Handle* h = verified_->Lookup(digest)) {
+      a.bytes = *static_cast<const std::string*>(verified_->Value(h));
+      verified_->Release(h);
+      a.parsed = parse;
+      if (parse && !a.artifact.ParseFromString(a.bytes)) {
+        return absl::InternalError(
+            absl::StrCat("artifact ", digest, " held in memory does not parse"));
+      }
+      return a;
+    }
+  }
   absl::StatusOr<std::string> bytes = ReadArtifact(digest);
   // ReadArtifact's DATA_LOSS is a corrupt blob, quarantined.
   if (quarantined != nullptr) *quarantined = absl::IsDataLoss(bytes.status());
@@ -400,6 +416,12 @@ absl::StatusOr<VerifiedArtifact> Cache::ReadVerifiedArtifact(const std::string& 
     return absl::FailedPreconditionError(
         absl::StrCat("artifact ", digest, " has format version ", a.artifact.format_version(),
                      ", newer than this server's ", options_.max_artifact_format_version));
+  }
+  if (verified_ != nullptr) {
+    // Dropped (if over the budget) when the cache evicts it.
+    (void)verified_->Insert(
+        digest, new std::string(a.bytes), a.bytes.size(),
+        [](const rocksdb::Slice&, void* value) { delete static_cast<std::string*>(value); });
   }
   return a;
 }

@@ -42,6 +42,7 @@
 #include "kiln/v1/store.pb.h"
 
 namespace rocksdb {
+class Cache;
 class DB;
 class WriteBatch;
 }  // namespace rocksdb
@@ -58,6 +59,11 @@ struct CacheOptions {
   // The newest Artifact.format_version served (kArtifactFormatVersion,
   // server/backend.h); a newer artifact is FAILED_PRECONDITION.
   uint32_t max_artifact_format_version = 1;
+  // Artifacts verified once (their digest, their parse, their format) are
+  // kept in memory, least recently read dropped first, up to this many
+  // bytes; 0: none. A hit then reads none of RocksDB, SHA-256 or the parse
+  // again.
+  uint64_t memory_bytes = 256ull << 20;
 };
 
 struct LookupResult {
@@ -68,11 +74,13 @@ struct LookupResult {
 };
 
 // An artifact read and checked: its bytes hash to its digest and parse as a
-// v1::Artifact of a format this server serves.
+// v1::Artifact of a format this server serves. `artifact` is those bytes
+// parsed, unless the reader asked for the bytes alone (`parsed` false).
 struct VerifiedArtifact {
   std::string digest;
   std::string bytes;
   v1::Artifact artifact;
+  bool parsed = true;
 };
 
 // What a probe asks: which variant of (ns, key) serves.
@@ -87,6 +95,8 @@ struct ProbeRequest {
   std::optional<v1::GuardSet> guards;
   // Read and verify the serving variant's artifact.
   bool read_artifact = true;
+  // Parse it too (false: the bytes alone where they were verified before).
+  bool parse_artifact = true;
 };
 
 // A probe's answer: a hit with its verified artifact, or the miss report.
@@ -156,8 +166,11 @@ class Cache {
   // ReadArtifact, then parsed: bytes that do not parse are DATA_LOSS too
   // (not quarantined), a newer format FAILED_PRECONDITION. `*quarantined`
   // (when given) tells whether the blob was found corrupt and quarantined.
+  // An artifact verified before comes from memory (CacheOptions::
+  // memory_bytes), parsed only when `parse`.
   absl::StatusOr<VerifiedArtifact> ReadVerifiedArtifact(const std::string& digest,
-                                                        bool* quarantined = nullptr);
+                                                        bool* quarantined = nullptr,
+                                                        bool parse = true);
 
   // Stores the artifact and a new variant at the front of the key's list in
   // one WriteBatch. Then evicts down to the byte budget.
@@ -246,6 +259,9 @@ class Cache {
 
   const CacheOptions options_;
   std::unique_ptr<rocksdb::DB> db_;
+  // Verified artifacts' bytes by digest (CacheOptions::memory_bytes), or
+  // null. Thread-safe.
+  std::shared_ptr<rocksdb::Cache> verified_;
 
   // Serializes read-modify-write of entries and artifacts.
   absl::Mutex write_mu_;

@@ -65,6 +65,64 @@ TEST(ProbeTest, HitReturnsTheVerifiedArtifact) {
   EXPECT_FALSE(cheap->artifact.has_value());
 }
 
+// An artifact verified once is held in memory (CacheOptions::memory_bytes):
+// later probes that ask for the bytes alone get them unparsed. A cache
+// opened afresh holds nothing, and finds damage to the stored copy; with no
+// memory, every probe reads, verifies and parses the stored bytes.
+TEST(ProbeTest, VerifiedArtifactsAreServedFromMemory) {
+  TempDir dir;
+  const std::string bytes = ArtifactBytes(4);
+  const std::string digest = Sha256Hex(bytes);
+  {
+    auto cache = *Cache::Open({dir.path()});
+    ASSERT_TRUE(cache->Publish(Pub(kKey, 4, bytes)).ok());
+  }
+  CacheOptions options{dir.path()};
+  auto cache = *Cache::Open(options);
+  ProbeRequest bytes_only = BySignature(4);
+  bytes_only.parse_artifact = false;
+  // The first read verifies and parses, whatever was asked.
+  auto first = cache->Probe(bytes_only);
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_TRUE(first->artifact.has_value());
+  EXPECT_TRUE(first->artifact->parsed);
+  EXPECT_EQ(first->artifact->bytes, bytes);
+  // The stored copy damaged while the cache is closed.
+  cache.reset();
+  Overwrite(dir.path(), digest, "damaged");
+  cache = *Cache::Open(options);
+  // A fresh cache knows nothing: the damage is found and quarantined.
+  auto damaged = cache->Probe(bytes_only);
+  ASSERT_TRUE(damaged.ok()) << damaged.status();
+  EXPECT_EQ(damaged->quarantined, 1);
+  EXPECT_EQ(damaged->lookup.outcome, v1::FULL_MISS);
+
+  // Published again and read once: then served from memory, bytes alone
+  // or parsed.
+  ASSERT_TRUE(cache->Publish(Pub(kKey, 4, bytes)).ok());
+  ASSERT_TRUE(cache->Probe(BySignature(4)).ok());
+  auto held = cache->Probe(bytes_only);
+  ASSERT_TRUE(held.ok()) << held.status();
+  ASSERT_TRUE(held->artifact.has_value());
+  EXPECT_FALSE(held->artifact->parsed);
+  EXPECT_EQ(held->artifact->bytes, bytes);
+  auto parsed = cache->Probe(BySignature(4));
+  ASSERT_TRUE(parsed.ok());
+  EXPECT_TRUE(parsed->artifact->parsed);
+  EXPECT_EQ(parsed->artifact->artifact.key(), kKey);
+
+  // No memory: always read and parsed.
+  cache.reset();
+  options.memory_bytes = 0;
+  cache = *Cache::Open(options);
+  for (int i = 0; i < 2; ++i) {
+    auto again = cache->Probe(bytes_only);
+    ASSERT_TRUE(again.ok()) << again.status();
+    ASSERT_TRUE(again->artifact.has_value());
+    EXPECT_TRUE(again->artifact->parsed);
+  }
+}
+
 TEST(ProbeTest, MissesCarryTheReasonOfEveryVariant) {
   TempDir dir;
   auto cache = *Cache::Open({dir.path()});

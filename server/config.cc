@@ -101,6 +101,7 @@ absl::Status FinishConfig(v1::ServerConfig* config) {
   }
   if (config->compile_queue_depth() == 0) config->set_compile_queue_depth(64);
   if (config->cache_byte_budget() == 0) config->set_cache_byte_budget(8ull << 30);
+  if (config->artifact_memory_bytes() == 0) config->set_artifact_memory_bytes(256ull << 20);
   if (config->cache_size_limit() == 0) config->set_cache_size_limit(8);
   if (config->stats_flush_millis() == 0) config->set_stats_flush_millis(1000);
 
@@ -111,6 +112,9 @@ absl::Status FinishConfig(v1::ServerConfig* config) {
       port < 0 || port > 65535) {
     return absl::InvalidArgumentError(
         absl::StrCat("listen: '", listen.substr(0, 200), "' is not HOST:PORT"));
+  }
+  if (config->artifact_memory_bytes() > (64ull << 30)) {
+    return absl::InvalidArgumentError("artifact_memory_bytes: at most 64 GiB");
   }
   if (config->max_message_bytes() > (1ull << 30)) {
     return absl::InvalidArgumentError("max_message_bytes: at most 1 GiB");

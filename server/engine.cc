@@ -499,7 +499,7 @@ absl::StatusOr<v1::CompileResponse> Engine::AwaitFlight(const std::shared_ptr<Fl
   return flight->result;
 }
 
-absl::StatusOr<v1::LookupResponse> Engine::Lookup(const v1::LookupRequest& req) {
+absl::StatusOr<Engine::LookupReply> Engine::Lookup(const v1::LookupRequest& req) {
   const std::string& ns = req.namespace_();
   RETURN_IF_ERROR(cache::ValidateNamespace(ns));
   if (req.has_report()) RecordReport(ns, req.report());
@@ -509,14 +509,28 @@ absl::StatusOr<v1::LookupResponse> Engine::Lookup(const v1::LookupRequest& req) 
   switch (req.what_case()) {
     case v1::LookupRequest::kGraph: {
       const absl::Time start = absl::Now();
-      ASSIGN_OR_RETURN(ir::Graph graph, BuildVerified(req.graph(), options_.graph_limits));
-      v1::CompileOptions options = ir::NormalizeOptions(req.options(), &graph);
-      RETURN_IF_ERROR(ApplyRequestOptions(graph, &options).status());
-      key = ir::CacheKey(graph, options);
-      key_micros = absl::ToInt64Microseconds(absl::Now() - start);
-      if (!req.has_signature()) {
-        ASSIGN_OR_RETURN(signature, cache::SignatureFromGraph(graph));
+      const std::string id = Sha256Hex(absl::StrCat(ir::DeterministicBytes(req.graph()), "\n",
+                                                    ir::DeterministicBytes(req.options())));
+      if (req.has_signature()) {
+        absl::MutexLock l(&keys_mu_);
+        if (auto it = keys_.find(id); it != keys_.end()) key = it->second;
       }
+      if (key.empty()) {
+        ASSIGN_OR_RETURN(ir::Graph graph, BuildVerified(req.graph(), options_.graph_limits));
+        v1::CompileOptions options = ir::NormalizeOptions(req.options(), &graph);
+        RETURN_IF_ERROR(ApplyRequestOptions(graph, &options).status());
+        key = ir::CacheKey(graph, options);
+        if (!req.has_signature()) {
+          ASSIGN_OR_RETURN(signature, cache::SignatureFromGraph(graph));
+        }
+        absl::MutexLock l(&keys_mu_);
+        if (keys_.emplace(id, key).second) key_order_.push_back(id);
+        if (key_order_.size() > kRememberedKeys) {
+          keys_.erase(key_order_.front());
+          key_order_.pop_front();
+        }
+      }
+      key_micros = absl::ToInt64Microseconds(absl::Now() - start);
       break;
     }
     case v1::LookupRequest::kKey:
@@ -534,24 +548,26 @@ absl::StatusOr<v1::LookupResponse> Engine::Lookup(const v1::LookupRequest& req) 
   }
   cache::ProbeRequest probe{ns, key, signature};
   probe.read_artifact = req.include_artifact();
+  probe.parse_artifact = false;
   ASSIGN_OR_RETURN(cache::ProbeResult found, cache_->Probe(probe));
   stats_->CountCorruptArtifacts(found.quarantined);
   // A second artifact that cannot be served is the reply.
   if (found.unreadable.size() > 1) return found.unreadable.back();
   const cache::LookupResult& r = found.lookup;
-  v1::LookupResponse resp;
+  LookupReply reply;
+  v1::LookupResponse& resp = reply.response;
   resp.set_key(key);
   resp.set_key_micros(key_micros);
   // A corrupt artifact was quarantined, its variants dropped: the reply is
   // what the cache holds now.
   if (!found.unreadable.empty()) resp.set_reason(std::string(found.unreadable[0].message()));
-  if (found.artifact.has_value()) *resp.mutable_artifact() = std::move(found.artifact->artifact);
+  if (found.artifact.has_value()) reply.artifact = std::move(found.artifact->bytes);
   if (r.outcome == v1::HIT) {
     stats_->Count(v1::HIT);
     resp.set_outcome(v1::HIT);
     resp.set_digest(r.digest);
     resp.set_reason("hit");
-    return resp;
+    return reply;
   }
   for (auto& m : r.misses) *resp.add_misses() = m;
   v1::LookupOutcome outcome = r.outcome;
@@ -569,7 +585,7 @@ absl::StatusOr<v1::LookupResponse> Engine::Lookup(const v1::LookupRequest& req) 
   }
   if (!resp.reason().empty()) reason = absl::StrCat(resp.reason(), "; ", reason);
   resp.set_reason(reason);
-  return resp;
+  return reply;
 }
 
 absl::StatusOr<v1::GetArtifactResponse> Engine::GetArtifact(const v1::GetArtifactRequest& req,

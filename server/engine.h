@@ -108,7 +108,14 @@ class Engine {
   // refused by a limit, frozen or cancelled) is recorded for replay.
   absl::StatusOr<v1::CompileResponse> Compile(const v1::CompileRequest& request,
                                               Caller* caller = nullptr);
-  absl::StatusOr<v1::LookupResponse> Lookup(const v1::LookupRequest& request);
+  // A lookup's answer: on a hit with include_artifact, the artifact is
+  // `artifact`, its stored (verified) bytes, which the reply carries as
+  // `response`'s artifact field: they are never parsed again to be sent.
+  struct LookupReply {
+    v1::LookupResponse response;
+    std::string artifact;
+  };
+  absl::StatusOr<LookupReply> Lookup(const v1::LookupRequest& request);
   // With `scoped`, the artifact must be named by a variant of the request's
   // namespace (NOT_FOUND otherwise, as for an unknown digest).
   absl::StatusOr<v1::GetArtifactResponse> GetArtifact(const v1::GetArtifactRequest& request,
@@ -224,6 +231,15 @@ class Engine {
   absl::Mutex failures_mu_;
   std::map<std::string, v1::FailedCompile> failures_ ABSL_GUARDED_BY(failures_mu_);
   std::deque<std::string> failure_order_ ABSL_GUARDED_BY(failures_mu_);
+
+  // The keys of graphs looked up by graph, by the SHA-256 of the graph's
+  // and options' bytes: a graph sent again (every process of a job sends
+  // its graphs) is verified and keyed once. At most kRememberedKeys, the
+  // oldest dropped first.
+  static constexpr size_t kRememberedKeys = 4096;
+  absl::Mutex keys_mu_;
+  absl::flat_hash_map<std::string, std::string> keys_ ABSL_GUARDED_BY(keys_mu_);
+  std::deque<std::string> key_order_ ABSL_GUARDED_BY(keys_mu_);
 
   absl::Mutex flights_mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<Flight>> flights_ ABSL_GUARDED_BY(flights_mu_);

@@ -50,6 +50,8 @@ ABSL_FLAG(bool, frozen, false, "serve only what is cached; compile nothing");
 ABSL_FLAG(uint64_t, cache_byte_budget, 0,
           "artifact bytes kept before LRU eviction (default 8 GiB)");
 ABSL_FLAG(uint32_t, cache_size_limit, 0, "variants per key (default 8)");
+ABSL_FLAG(uint64_t, artifact_memory_bytes, 0,
+          "bytes of verified artifacts kept in memory for hits (default 256 MiB)");
 ABSL_FLAG(std::string, inject_fault, "",
           "testing only: KIND:TARGET, KIND compile_error, accuracy or runtime_error, TARGET an "
           "op (aten.relu.default): the kiln backend fails to compile graphs with it, computes "
@@ -164,6 +166,7 @@ absl::StatusOr<v1::ServerConfig> LoadConfig() {
   set_string(absl::GetFlag(FLAGS_tokens_file), config.mutable_tokens_file());
   set_string(absl::GetFlag(FLAGS_signing_key_file), config.mutable_signing_key_file());
   if (auto v = absl::GetFlag(FLAGS_cache_byte_budget)) config.set_cache_byte_budget(v);
+  if (auto v = absl::GetFlag(FLAGS_artifact_memory_bytes)) config.set_artifact_memory_bytes(v);
   if (auto v = absl::GetFlag(FLAGS_cache_size_limit)) config.set_cache_size_limit(v);
   if (auto v = absl::GetFlag(FLAGS_max_message_bytes)) config.set_max_message_bytes(v);
   if (auto v = absl::GetFlag(FLAGS_compile_workers)) config.set_compile_workers(v);
@@ -192,6 +195,7 @@ absl::Status Serve() {
   cache::CacheOptions cache_options;
   cache_options.path = config.data_dir();
   cache_options.byte_budget = config.cache_byte_budget();
+  cache_options.memory_bytes = config.artifact_memory_bytes();
   cache_options.sync_writes = config.sync_writes();
   cache_options.salvage_wal = config.salvage_wal();
   cache_options.max_artifact_format_version = kArtifactFormatVersion;

@@ -3,6 +3,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/status_macros.h"
+#include "google/protobuf/io/coded_stream.h"
+#include "google/protobuf/io/zero_copy_stream_impl_lite.h"
+#include "google/protobuf/wire_format_lite.h"
 #include "grpcpp/support/proto_buffer_reader.h"
 #include "grpcpp/support/proto_buffer_writer.h"
 
@@ -58,6 +61,29 @@ grpc::Status Serve(const grpc::ByteBuffer& in, uint64_t limit, grpc::ByteBuffer*
   if (!resp.ok()) return ToGrpc(resp.status());
   bool own = false;
   return grpc::SerializationTraits<Resp>::Serialize(*resp, out, &own);
+}
+
+// A Lookup's reply on the wire: the response, then the artifact field made
+// of the artifact's stored bytes (an embedded message is its serialized
+// bytes, and a field may follow the others): what the client parses as
+// LookupResponse.artifact, without kilnd parsing and serializing it again.
+grpc::Status SerializeLookup(const Engine::LookupReply& reply, grpc::ByteBuffer* out) {
+  using google::protobuf::internal::WireFormatLite;
+  std::string wire;
+  if (!reply.response.SerializeToString(&wire)) {
+    return grpc::Status(grpc::StatusCode::INTERNAL, "the lookup's reply does not serialize");
+  }
+  if (!reply.artifact.empty()) {
+    google::protobuf::io::StringOutputStream stream(&wire);
+    google::protobuf::io::CodedOutputStream coded(&stream);
+    coded.WriteTag(WireFormatLite::MakeTag(v1::LookupResponse::kArtifactFieldNumber,
+                                           WireFormatLite::WIRETYPE_LENGTH_DELIMITED));
+    coded.WriteVarint64(reply.artifact.size());
+    coded.WriteRaw(reply.artifact.data(), static_cast<int>(reply.artifact.size()));
+  }
+  grpc::Slice slice(wire);
+  *out = grpc::ByteBuffer(&slice, 1);
+  return grpc::Status::OK;
 }
 
 // A Compile call's reactor: it tells the engine when the client goes away
@@ -156,13 +182,20 @@ grpc::ServerUnaryReactor* CompilerService::Lookup(grpc::CallbackServerContext* c
   const absl::Time start = absl::Now();
   absl::Status queued = lookups_.Submit([this, ctx, req, resp, reactor, start] {
     std::string ns;
-    grpc::Status s = Serve<v1::LookupRequest, v1::LookupResponse>(
-        *req, max_message_bytes_, resp,
-        [&](const v1::LookupRequest& r) -> absl::StatusOr<v1::LookupResponse> {
-          ns = r.namespace_();
-          RETURN_IF_ERROR(auth_->Check(*ctx, Role::kReader, r.namespace_()));
-          return Signed(engine_->Lookup(r));
-        });
+    v1::LookupRequest r;
+    grpc::Status s = ToGrpc(Parse(*req, max_message_bytes_, &r));
+    if (s.ok()) {
+      ns = r.namespace_();
+      absl::StatusOr<Engine::LookupReply> reply = [&]() -> absl::StatusOr<Engine::LookupReply> {
+        RETURN_IF_ERROR(auth_->Check(*ctx, Role::kReader, r.namespace_()));
+        return engine_->Lookup(r);
+      }();
+      if (reply.ok() && signer_ != nullptr && !reply->artifact.empty() &&
+          !reply->response.digest().empty()) {
+        reply->response.set_signature(signer_->Sign(reply->response.digest()));
+      }
+      s = reply.ok() ? SerializeLookup(*reply, resp) : ToGrpc(reply.status());
+    }
     Log(requests_, *auth_, *ctx, "Lookup", ns, s, start);
     reactor->Finish(s);
   });

@@ -12,6 +12,8 @@
 #include "absl/strings/str_cat.h"
 #include "cache/cache.h"
 #include "client/client.h"
+#include "common/hashing.h"
+#include "compiler/ir/canonical.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
 #include "rocksdb/db.h"
@@ -103,6 +105,54 @@ TEST(KilndTest, RestartKeepsEntriesAndStatistics) {
   auto entry = c->GetEntry(hit->key());
   ASSERT_TRUE(entry.ok());
   EXPECT_EQ(entry->entry().variants(0).hits(), 2u);
+}
+
+// A lookup by graph: the same graph sent again (as every process of a job
+// sends it) gets the same key; other options or another graph get theirs.
+// A hit's artifact is the stored one, byte for byte (kilnd sends the bytes
+// it verified, and again from memory).
+TEST(KilndTest, LookupsByGraphCarryTheStoredArtifact) {
+  TempDir dir;
+  KilndProcess kilnd(dir.path());
+  auto c = ConnectTo(kilnd);
+  const v1::Graph g = ChainGraph(30);
+  auto compiled = c->Compile(Request(g));
+  ASSERT_TRUE(compiled.ok()) << compiled.status();
+  auto stored = c->GetArtifact(compiled->digest());
+  ASSERT_TRUE(stored.ok()) << stored.status();
+  v1::LookupRequest by_graph;
+  *by_graph.mutable_graph() = g;
+  *by_graph.mutable_signature() = ChainSignature(8);
+  by_graph.mutable_options()->set_backend("eager");
+  by_graph.set_include_artifact(true);
+  for (int i = 0; i < 3; ++i) {
+    auto hit = c->Lookup(by_graph);
+    ASSERT_TRUE(hit.ok()) << hit.status();
+    EXPECT_EQ(hit->outcome(), v1::HIT);
+    EXPECT_EQ(hit->key(), compiled->key());
+    EXPECT_EQ(hit->digest(), compiled->digest());
+    ASSERT_TRUE(hit->has_artifact());
+    EXPECT_EQ(ir::DeterministicBytes(hit->artifact()), ir::DeterministicBytes(stored->artifact()));
+    EXPECT_EQ(Sha256Hex(ir::DeterministicBytes(hit->artifact())), compiled->digest());
+  }
+  v1::LookupRequest other_backend = by_graph;
+  other_backend.mutable_options()->set_backend("aot_eager");
+  auto other = c->Lookup(other_backend);
+  ASSERT_TRUE(other.ok()) << other.status();
+  EXPECT_NE(other->key(), compiled->key());
+  EXPECT_EQ(other->outcome(), v1::FULL_MISS);
+  v1::LookupRequest other_graph = by_graph;
+  *other_graph.mutable_graph() = ChainGraph(31);
+  auto longer = c->Lookup(other_graph);
+  ASSERT_TRUE(longer.ok()) << longer.status();
+  EXPECT_NE(longer->key(), compiled->key());
+  EXPECT_EQ(longer->outcome(), v1::FULL_MISS);
+  // A graph that does not verify is refused however often it comes.
+  v1::LookupRequest bad = by_graph;
+  bad.mutable_graph()->set_outputs(0, "t99");
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(c->Lookup(bad).status().code(), absl::StatusCode::kInvalidArgument);
+  }
 }
 
 TEST(KilndTest, ConcurrentIdenticalCompilesMakeOneCompile) {
