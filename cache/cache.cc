@@ -417,12 +417,7 @@ absl::StatusOr<VerifiedArtifact> Cache::ReadVerifiedArtifact(const std::string& 
         absl::StrCat("artifact ", digest, " has format version ", a.artifact.format_version(),
                      ", newer than this server's ", options_.max_artifact_format_version));
   }
-  if (verified_ != nullptr) {
-    // Dropped (if over the budget) when the cache evicts it.
-    (void)verified_->Insert(
-        digest, new std::string(a.bytes), a.bytes.size(),
-        [](const rocksdb::Slice&, void* value) { delete static_cast<std::string*>(value); });
-  }
+  if (verified_ != nullptr) Remember(digest, a.bytes);
   return a;
 }
 
@@ -517,7 +512,22 @@ absl::StatusOr<Published> Cache::Publish(const PublishRequest& req) {
     ++total_variants_;
   }
   ASSIGN_OR_RETURN(const uint64_t evicted, EvictToBudget());
+  // What was just compiled is what the job's other processes look up next.
+  if (verified_ != nullptr) {
+    v1::Artifact parsed;
+    if (parsed.ParseFromString(req.artifact) &&
+        parsed.format_version() <= options_.max_artifact_format_version) {
+      Remember(digest, req.artifact);
+    }
+  }
   return Published{digest, evicted};
+}
+
+void Cache::Remember(const std::string& digest, const std::string& bytes) {
+  // Dropped (if over the budget) when the memory evicts it.
+  (void)verified_->Insert(
+      digest, new std::string(bytes), bytes.size(),
+      [](const rocksdb::Slice&, void* value) { delete static_cast<std::string*>(value); });
 }
 
 absl::Status Cache::DropVariants(const std::vector<std::string>& entry_keys,

@@ -59,10 +59,10 @@ struct CacheOptions {
   // The newest Artifact.format_version served (kArtifactFormatVersion,
   // server/backend.h); a newer artifact is FAILED_PRECONDITION.
   uint32_t max_artifact_format_version = 1;
-  // Artifacts verified once (their digest, their parse, their format) are
-  // kept in memory, least recently read dropped first, up to this many
-  // bytes; 0: none. A hit then reads none of RocksDB, SHA-256 or the parse
-  // again.
+  // Artifacts verified once (their digest, their parse, their format), and
+  // those published, are kept in memory, least recently read dropped
+  // first, up to this many bytes; 0: none. A hit then reads none of
+  // RocksDB, SHA-256 or the parse again.
   uint64_t memory_bytes = 256ull << 20;
 };
 
@@ -245,6 +245,8 @@ class Cache {
 
   Cache(CacheOptions options, std::unique_ptr<rocksdb::DB> db);
   absl::Status LoadIndex();
+  // Keeps the bytes of verified artifact `digest` in memory (verified_).
+  void Remember(const std::string& digest, const std::string& bytes);
   // Returns the variants evicted.
   absl::StatusOr<uint64_t> EvictToBudget() ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_);
   // Drops the variants naming `digest` (every variant when empty) from each
