@@ -193,7 +193,11 @@ absl::StatusOr<std::unique_ptr<Cache>> Cache::Open(const CacheOptions& options) 
 
 Cache::Cache(CacheOptions options, std::unique_ptr<rocksdb::DB> db)
     : options_(std::move(options)), db_(std::move(db)) {
-  if (options_.memory_bytes > 0) verified_ = rocksdb::NewLRUCache(options_.memory_bytes);
+  // One shard: a shard holds at most its share of the bytes, and an
+  // artifact larger than that would never be kept.
+  if (options_.memory_bytes > 0) {
+    verified_ = rocksdb::NewLRUCache(options_.memory_bytes, /*num_shard_bits=*/0);
+  }
 }
 
 Cache::~Cache() {

@@ -111,6 +111,24 @@ TEST(ProbeTest, VerifiedArtifactsAreServedFromMemory) {
   EXPECT_TRUE(parsed->artifact->parsed);
   EXPECT_EQ(parsed->artifact->artifact.key(), kKey);
 
+  // An artifact of most of the memory's bytes is held too.
+  cache.reset();
+  options.memory_bytes = 1 << 20;
+  cache = *Cache::Open(options);
+  v1::Artifact large;
+  large.set_format_version(1);
+  large.set_backend("eager");
+  large.set_key(kKey);
+  *large.mutable_guards() = GuardsForSize(6);
+  (*large.mutable_trace())["code.txt"] = std::string(600 << 10, 'x');
+  ASSERT_TRUE(cache->Publish(Pub(kKey, 6, large.SerializeAsString())).ok());
+  ProbeRequest large_bytes = BySignature(6);
+  large_bytes.parse_artifact = false;
+  auto held_large = cache->Probe(large_bytes);
+  ASSERT_TRUE(held_large.ok()) << held_large.status();
+  ASSERT_TRUE(held_large->artifact.has_value());
+  EXPECT_FALSE(held_large->artifact->parsed);
+
   // No memory: always read and parsed.
   cache.reset();
   options.memory_bytes = 0;
