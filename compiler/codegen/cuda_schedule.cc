@@ -139,10 +139,8 @@ int VectorWidth(const Kernel& k, int dim, std::vector<ir::SymInt>* checks = null
 // The last inner dimension, along which rows are swept.
 int RowDim(const Kernel& k) { return static_cast<int>(k.outer.size() + k.inner.size()) - 1; }
 
-// Groups of 32 rows a column-layout block takes (Schedule::column_groups):
-// enough for each warp to read 512 adjacent bytes of its widest buffer per
-// step, and no more groups than there are rows. Only for one-pass kernels
-// of constant sizes with no loads outside the sweep, whose every statement
+// Whether a column-layout lane may take several rows: a one-pass kernel of
+// constant sizes with no loads outside the sweep, whose every statement
 // outside it is the reductions' epilogue (or a constant).
 bool GroupsAllowed(const Kernel& k) {
   if (k.passes != 1) return false;
@@ -157,6 +155,10 @@ bool GroupsAllowed(const Kernel& k) {
   return true;
 }
 
+// Groups of 32 rows a column-layout block takes (Schedule::column_groups):
+// enough for each warp to read 512 adjacent bytes of its widest buffer per
+// step, and no more groups than there are rows; 1 where GroupsAllowed says
+// no.
 int ColumnGroups(const Kernel& k) {
   if (!GroupsAllowed(k)) return 1;
   bool constant = false;
