@@ -51,23 +51,18 @@ absl::Status Parse(const grpc::ByteBuffer& bytes, uint64_t limit, Req* req) {
   return absl::OkStatus();
 }
 
-// Runs `handle` on the parsed request and serializes its reply into `out`.
-template <typename Req, typename Resp, typename Handle>
-grpc::Status Serve(const grpc::ByteBuffer& in, uint64_t limit, grpc::ByteBuffer* out,
-                   Handle&& handle) {
-  Req req;
-  if (absl::Status s = Parse(in, limit, &req); !s.ok()) return ToGrpc(s);
-  absl::StatusOr<Resp> resp = handle(req);
-  if (!resp.ok()) return ToGrpc(resp.status());
+// A reply on the wire.
+template <typename Resp>
+grpc::Status Write(const Resp& resp, grpc::ByteBuffer* out) {
   bool own = false;
-  return grpc::SerializationTraits<Resp>::Serialize(*resp, out, &own);
+  return grpc::SerializationTraits<Resp>::Serialize(resp, out, &own);
 }
 
 // A Lookup's reply on the wire: the response, then the artifact field made
 // of the artifact's stored bytes (an embedded message is its serialized
 // bytes, and a field may follow the others): what the client parses as
 // LookupResponse.artifact, without kilnd parsing and serializing it again.
-grpc::Status SerializeLookup(const Engine::LookupReply& reply, grpc::ByteBuffer* out) {
+grpc::Status Write(const Engine::LookupReply& reply, grpc::ByteBuffer* out) {
   using google::protobuf::internal::WireFormatLite;
   std::string wire;
   if (!reply.response.SerializeToString(&wire)) {
@@ -84,6 +79,17 @@ grpc::Status SerializeLookup(const Engine::LookupReply& reply, grpc::ByteBuffer*
   grpc::Slice slice(wire);
   *out = grpc::ByteBuffer(&slice, 1);
   return grpc::Status::OK;
+}
+
+// Runs `handle` on the parsed request and serializes its reply into `out`.
+template <typename Req, typename Resp, typename Handle>
+grpc::Status Serve(const grpc::ByteBuffer& in, uint64_t limit, grpc::ByteBuffer* out,
+                   Handle&& handle) {
+  Req req;
+  if (absl::Status s = Parse(in, limit, &req); !s.ok()) return ToGrpc(s);
+  absl::StatusOr<Resp> resp = handle(req);
+  if (!resp.ok()) return ToGrpc(resp.status());
+  return Write(*resp, out);
 }
 
 // A Compile call's reactor: it tells the engine when the client goes away
@@ -135,6 +141,15 @@ absl::StatusOr<Resp> CompilerService::Signed(absl::StatusOr<Resp> resp) const {
   return resp;
 }
 
+absl::StatusOr<Engine::LookupReply> CompilerService::Signed(
+    absl::StatusOr<Engine::LookupReply> reply) const {
+  if (signer_ != nullptr && reply.ok() && !reply->artifact.empty() &&
+      !reply->response.digest().empty()) {
+    reply->response.set_signature(signer_->Sign(reply->response.digest()));
+  }
+  return reply;
+}
+
 CompilerService::CompilerService(Engine* engine, const Limits& limits, const Authorizer* auth,
                                  RequestLog* requests, const Signer* signer)
     : engine_(engine),
@@ -182,20 +197,13 @@ grpc::ServerUnaryReactor* CompilerService::Lookup(grpc::CallbackServerContext* c
   const absl::Time start = absl::Now();
   absl::Status queued = lookups_.Submit([this, ctx, req, resp, reactor, start] {
     std::string ns;
-    v1::LookupRequest r;
-    grpc::Status s = ToGrpc(Parse(*req, max_message_bytes_, &r));
-    if (s.ok()) {
-      ns = r.namespace_();
-      absl::StatusOr<Engine::LookupReply> reply = [&]() -> absl::StatusOr<Engine::LookupReply> {
-        RETURN_IF_ERROR(auth_->Check(*ctx, Role::kReader, r.namespace_()));
-        return engine_->Lookup(r);
-      }();
-      if (reply.ok() && signer_ != nullptr && !reply->artifact.empty() &&
-          !reply->response.digest().empty()) {
-        reply->response.set_signature(signer_->Sign(reply->response.digest()));
-      }
-      s = reply.ok() ? SerializeLookup(*reply, resp) : ToGrpc(reply.status());
-    }
+    grpc::Status s = Serve<v1::LookupRequest, Engine::LookupReply>(
+        *req, max_message_bytes_, resp,
+        [&](const v1::LookupRequest& r) -> absl::StatusOr<Engine::LookupReply> {
+          ns = r.namespace_();
+          RETURN_IF_ERROR(auth_->Check(*ctx, Role::kReader, r.namespace_()));
+          return Signed(engine_->Lookup(r));
+        });
     Log(requests_, *auth_, *ctx, "Lookup", ns, s, start);
     reactor->Finish(s);
   });

@@ -64,8 +64,11 @@ class CompilerService final
   int active() const { return active_; }
 
  private:
+  // The reply with kilnd's signature of its digest, when it carries an
+  // artifact and kilnd has a signing key.
   template <typename Resp>
   absl::StatusOr<Resp> Signed(absl::StatusOr<Resp> resp) const;
+  absl::StatusOr<Engine::LookupReply> Signed(absl::StatusOr<Engine::LookupReply> reply) const;
 
   Engine* const engine_;
   const Authorizer* const auth_;
