@@ -46,8 +46,7 @@ def main():
     parser.add_argument("--top", type=int, default=30)
     args = parser.parse_args()
     for spec in args.rows:
-        row, dtype, mode = spec.split(":")
-        first_call(row, getattr(torch, dtype), mode == "training", args.top)
+        first_call(*profile_kernels.parse_row(spec), args.top)
 
 
 if __name__ == "__main__":

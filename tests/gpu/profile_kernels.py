@@ -42,6 +42,13 @@ def step(fn, xs, training):
             fn(*xs)
 
 
+def parse_row(spec):
+    """ROW:DTYPE:MODE (gpt2_block:bfloat16:training) -> (row, torch dtype,
+    whether training)."""
+    row, dtype, mode = spec.split(":")
+    return row, getattr(torch, dtype), mode == "training"
+
+
 def prepared(row, dtype, training, which):
     """Bench row `row`'s model compiled by `which` (kiln or inductor), and
     random inputs for it, under the bench's float32 precision."""
@@ -93,13 +100,13 @@ def main():
     parser.add_argument("--traces", help="write kiln's compile traces of each row here")
     args = parser.parse_args()
     for spec in args.rows:
-        row, dtype, mode = spec.split(":")
+        row, dtype, training = parse_row(spec)
         for which in ("kiln", "inductor"):
-            traces = os.path.join(args.traces, f"{row}.{dtype}.{mode}") if args.traces else None
-            totals = kernels(row, getattr(torch, dtype), mode == "training", which, traces)
+            traces = os.path.join(args.traces, spec.replace(":", ".")) if args.traces else None
+            totals = kernels(row, dtype, training, which, traces)
             total = sum(us for us, _ in totals.values()) / STEPS
             launches = sum(n for _, n in totals.values()) / STEPS
-            print(f"\n=== {row} {dtype} {mode} {which}: {total:.1f} us of kernels per step, "
+            print(f"\n=== {spec.replace(':', ' ')} {which}: {total:.1f} us of kernels per step, "
                   f"{launches:.0f} launches")
             ranked = sorted(totals.items(), key=lambda kv: -kv[1][0])
             for name, (us, n) in ranked[:args.top]:

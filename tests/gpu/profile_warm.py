@@ -50,8 +50,7 @@ def main():
     parser.add_argument("--reps", type=int, default=5)
     args = parser.parse_args()
     for spec in args.rows:
-        row, dtype, mode = spec.split(":")
-        warm_starts(row, getattr(torch, dtype), mode == "training", args.reps)
+        warm_starts(*profile_kernels.parse_row(spec), args.reps)
 
 
 if __name__ == "__main__":
