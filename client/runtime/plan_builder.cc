@@ -12,6 +12,10 @@
 namespace kiln::runtime::plan_internal {
 namespace {
 
+// The largest alignment a launch may ask of a buffer: the caching
+// allocator's blocks start at multiples of 512 bytes.
+constexpr int kMaxAlignment = 256;
+
 // Builds the Steps; the state of every slot along the plan is known here.
 class PlanBuilder {
  public:
@@ -202,6 +206,22 @@ class PlanBuilder {
       absl::StatusOr<Dim> grid = Dim::Parse(p.grid(0), symbols_);
       if (!grid.ok()) return Annotate(grid.status(), absl::StrCat(where, ": grid[0]"));
       s.grid = *std::move(grid);
+      if ((p.alignment_size() != 0 && p.alignment_size() != p.buffers_size()) ||
+          p.written_size() != p.alignment_size()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, ": ", p.alignment_size(), " alignments and ", p.written_size(),
+                         " written flags for ", p.buffers_size(), " buffers"));
+      }
+      for (int b = 0; b < p.alignment_size(); ++b) {
+        const int a = p.alignment(b);
+        if (a < 0 || a > kMaxAlignment || (a & (a - 1)) != 0) {
+          return absl::InvalidArgumentError(
+              absl::StrCat(where, ": alignment ", a, " of buffer '", p.buffers(b),
+                           "' is not 0 or a power of two up to ", kMaxAlignment));
+        }
+        s.alignment.push_back(a);
+        s.written.push_back(p.written(b));
+      }
       s.kernel = std::make_unique<CudaKernel>(module.cuda, p.symbol());
       s.buffers = std::move(buffers);
       s.buffer_names = std::move(names);

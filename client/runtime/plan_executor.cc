@@ -54,6 +54,20 @@ std::string IntsString(at::IntArrayRef v) {
   return s + "]";
 }
 
+// `t` in fresh memory at the same strides: a copy of the bytes its elements
+// span (any overlap of its elements is kept), at the start of a block of
+// the caching allocator, which is aligned to 512 bytes.
+at::Tensor AlignedCopy(const at::Tensor& t) {
+  const int64_t item = t.element_size();
+  const int64_t bytes =
+      static_cast<int64_t>(at::detail::computeStorageNbytes(t.sizes(), t.strides(), item));
+  const at::TensorOptions raw = t.options().dtype(at::kByte);
+  at::Tensor span = at::empty({0}, raw).set_(t.storage(), t.storage_offset() * item, {bytes}, {1});
+  at::Tensor copy = at::empty({bytes}, raw);
+  copy.copy_(span);
+  return at::empty({0}, t.options()).set_(copy.storage(), 0, t.sizes(), t.strides());
+}
+
 }  // namespace
 
 struct PlanExecutor::Impl {
@@ -314,6 +328,8 @@ absl::Status PlanExecutor::Impl::RunStep(const Step& step, const std::vector<int
   if (const auto* s = std::get_if<CudaLaunchStep>(&step.kind)) {
     absl::InlinedVector<uint64_t, 16> params;
     params.reserve(s->buffers.size() + values.size());
+    // (buffer, its aligned copy) of the buffers that were not aligned.
+    absl::InlinedVector<std::pair<size_t, at::Tensor>, 2> copies;
     int device = -1;
     for (size_t k = 0; k < s->buffers.size(); ++k) {
       const at::Tensor& t = env[s->buffers[k]];
@@ -325,12 +341,22 @@ absl::Status PlanExecutor::Impl::RunStep(const Step& step, const std::vector<int
             device >= 0 ? absl::StrCat(" (cuda:", device, ")") : std::string()));
       }
       device = t.get_device();
-      params.push_back(reinterpret_cast<uint64_t>(t.data_ptr()));
+      uint64_t ptr = reinterpret_cast<uint64_t>(t.data_ptr());
+      const uint64_t alignment = s->alignment.empty() ? 0 : s->alignment[k];
+      if (alignment > 1 && ptr % alignment != 0 && t.numel() > 0) {
+        copies.emplace_back(k, AlignedCopy(t));
+        ptr = reinterpret_cast<uint64_t>(copies.back().second.data_ptr());
+      }
+      params.push_back(ptr);
     }
     if (device < 0) return absl::InvalidArgumentError("a cuda kernel needs a buffer");
     for (int64_t v : values) params.push_back(static_cast<uint64_t>(v));
     ASSIGN_OR_RETURN(int64_t grid, s->grid.Evaluate(values, symbols));
-    return s->kernel->Launch(device, grid, s->block, params.data(), params.size());
+    RETURN_IF_ERROR(s->kernel->Launch(device, grid, s->block, params.data(), params.size()));
+    for (const auto& [k, copy] : copies) {
+      if (s->written[k]) env[s->buffers[k]].copy_(copy);
+    }
+    return absl::OkStatus();
   }
 
   if (const auto* s = std::get_if<ViewStep>(&step.kind)) {

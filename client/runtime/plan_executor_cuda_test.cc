@@ -76,6 +76,15 @@ TEST(CudaPlanTest, ACudaPlanIsCheckedAtCreateWithoutLoadingItsModule) {
 TEST(CudaPlanTest, MalformedCudaPlansAreInvalidArguments) {
   if (!CudaRuntimeAvailable()) GTEST_SKIP() << "runtime built without CUDA";
   const v1::CompiledGraph ok = CudaPlan({Sym("s0")}, {Int(128)});
+  // The launch's alignment and written flags, one each per buffer.
+  auto aligned = [&](std::vector<int> alignment, std::vector<bool> written) {
+    v1::CompiledGraph g = ok;
+    v1::PlanStep::Launch* l = g.mutable_plan()->mutable_steps(1)->mutable_launch();
+    for (int a : alignment) l->add_alignment(a);
+    for (bool w : written) l->add_written(w);
+    return g;
+  };
+  ASSERT_TRUE(CreateStatus(aligned({16, 0}, {false, true})).ok());
   struct Case {
     v1::CompiledGraph graph;
     std::string arch;
@@ -92,6 +101,13 @@ TEST(CudaPlanTest, MalformedCudaPlansAreInvalidArguments) {
        "step 1 (launch 'k'): block size 2048 is outside [1, 1024]"},
       {CudaPlan({Sym("s1 + 1")}, {Int(128)}), "sm_90",
        "step 1 (launch 'k'): grid[0]: 's1 + 1' uses the symbol 's1'"},
+      {aligned({16}, {false}), "sm_90",
+       "step 1 (launch 'k'): 1 alignments and 1 written flags for 2 buffers"},
+      {aligned({16, 16}, {true}), "sm_90", "2 alignments and 1 written flags for 2 buffers"},
+      {aligned({16, 12}, {false, true}), "sm_90",
+       "step 1 (launch 'k'): alignment 12 of buffer 'y' is not 0 or a power of two up to 256"},
+      {aligned({-4, 0}, {false, true}), "sm_90", "alignment -4 of buffer 'x'"},
+      {aligned({1024, 0}, {false, true}), "sm_90", "alignment 1024 of buffer 'x'"},
   };
   for (const Case& c : cases) {
     absl::Status s = CreateStatus(c.graph, c.arch);

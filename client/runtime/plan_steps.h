@@ -116,6 +116,12 @@ struct CudaLaunchStep {
   std::vector<std::string> buffer_names;  // for messages
   Dim grid;
   int block = 0;
+  // Per buffer (or empty): the bytes its data pointer must be a multiple
+  // of (0: any), and whether the kernel writes it. A buffer that is not
+  // aligned is copied to memory that is for the launch, and back after it
+  // where written.
+  std::vector<int> alignment;
+  std::vector<bool> written;
 };
 
 struct ViewStep {

@@ -47,6 +47,10 @@ struct LaunchSize {
   // each row, kept in registers: the kernel can take sums across rows
   // (loop::StmtKind::kAccumulate).
   bool row_in_registers = false;
+  // Per buffer of the kernel: the bytes its data pointer must be a
+  // multiple of, which its vector accesses assume (0: any). Empty: none
+  // needs alignment. The plan's Launch carries it to the launcher.
+  std::vector<int> alignment;
 };
 
 class CodegenBackend {

@@ -61,9 +61,10 @@ class CudaKernelEmitter {
 
   absl::Status Sizes(std::string* out);
 
-  // The flag that every vectorized buffer is aligned to its chunk, and every
-  // value of `checks` divides by the vector width (kernels fall back to
-  // element accesses otherwise), and the accesses vectorized.
+  // The accesses vectorized, and the flag that every value of `checks`
+  // divides by the vector width (kernels fall back to element accesses
+  // otherwise): a constant without checks. The buffers are aligned to a
+  // chunk by the launcher (LaunchSize::alignment).
   absl::Status DeclareVectors(int vector, int dim, const std::vector<ir::SymInt>& checks,
                               std::string* out);
 

@@ -76,6 +76,9 @@ TEST(CudaCodegen, PointwiseMovesSixteenByteChunks) {
   ASSERT_TRUE(launch.ok());
   EXPECT_EQ(launch->block, 256);
   EXPECT_EQ(launch->grid, C(64 * 1024 / (256 * 4)));
+  // The launcher aligns every buffer to its chunk: the kernel assumes it.
+  EXPECT_EQ(launch->alignment, std::vector<int>(k.buffers.size(), 16));
+  EXPECT_TRUE(absl::StrContains(*source, "constexpr bool aligned = true;")) << *source;
   // bfloat16: chunks of 8.
   auto bf16 = backend->Generate({Pointwise(C(64), 1024, v1::BFLOAT16)}, {});
   ASSERT_TRUE(bf16.ok());
@@ -87,6 +90,10 @@ TEST(CudaCodegen, RowsThatDoNotDivideIntoChunksAreNotVectorized) {
   auto source = backend->Generate({Pointwise(C(64), 1023)}, {});
   ASSERT_TRUE(source.ok());
   EXPECT_FALSE(absl::StrContains(*source, "kiln_vload<4>(v")) << *source;
+  // No alignment is asked of its buffers.
+  auto launch = backend->Launch(Pointwise(C(64), 1023));
+  ASSERT_TRUE(launch.ok());
+  EXPECT_TRUE(launch->alignment.empty());
 }
 
 // y = x.t() * 2 with y laid out as x (column-major in y's own view):
@@ -251,7 +258,10 @@ TEST(CudaCodegen, RowsOfSymbolicLengthAreSweptInChunksWithATail) {
   EXPECT_EQ(sched.vector_checks[0], E("s1"));
   auto source = Backend()->Generate({k}, {"s0", "s1"});
   ASSERT_TRUE(source.ok()) << source.status();
-  EXPECT_TRUE(absl::StrContains(*source, "((s1) % 8)) == 0;")) << *source;
+  EXPECT_TRUE(absl::StrContains(*source, "const bool aligned = (((s1) % 8)) == 0;")) << *source;
+  // The bfloat16 row is read in chunks of 16 bytes; the float32 sums are
+  // stored one per row.
+  EXPECT_EQ(SizeLaunch(k).alignment, (std::vector<int>{16, 0}));
   EXPECT_TRUE(absl::StrContains(*source, "kiln_vload<8>(")) << *source;
   EXPECT_TRUE(absl::StrContains(*source, "i = inner_n / 8 * 8 + lane; i < inner_n;")) << *source;
   EXPECT_TRUE(Backend()->Compile(*source).ok());
@@ -427,6 +437,11 @@ TEST(CudaCodegen, AdjacentColumnsAreReadAsOneVectorPerLane) {
     kb.At(0, false);
     kb.Store(out, Idx({C(1)}, {}), total);
     EXPECT_EQ(ScheduleOf(kb.kernel()).column_packed, offset == 0) << offset;
+    // Packed: x's chunks of 4 columns are 16-byte vectors; r is read per
+    // element and out written per element.
+    EXPECT_EQ(SizeLaunch(kb.kernel()).alignment,
+              offset == 0 ? (std::vector<int>{16, 0, 0}) : std::vector<int>{})
+        << offset;
     auto source = backend->Generate({kb.kernel()}, {});
     ASSERT_TRUE(source.ok()) << source.status();
     auto module = backend->Compile(*source);

@@ -129,6 +129,17 @@ absl::Status CudaKernelEmitter::EmitReduction(const Schedule& sched, std::string
   const int row_lanes = column ? sched.column_lanes : 1;
   const bool narrow = column && row_lanes < kColumnRows;
   const std::string at = groups > 1 ? "[g]" : "";
+  // Whether a row exists: a constant where the rows, constant in number,
+  // fill whole tiles.
+  int64_t rows = 1;
+  for (const ir::SymInt& d : k_.outer) {
+    const bool fits = d.is_constant() && d.constant() >= 0 && d.constant() < (int64_t{1} << 31) &&
+                      rows < (int64_t{1} << 31);
+    rows = fits ? rows * d.constant() : 0;
+  }
+  const std::string live_row = rows > 0 && rows % (row_lanes * groups) == 0
+                                   ? "constexpr bool live = true;\n"
+                                   : "const bool live = o < outer_n;\n";
   // The first row of the lane's chunk (packed), or the row of group g,
   // and whether it exists, at `depth`.
   auto group_row = [&](int depth, bool chunk = false) -> absl::Status {
@@ -136,7 +147,7 @@ absl::Status CudaKernelEmitter::EmitReduction(const Schedule& sched, std::string
         packed ? absl::StrCat("(threadIdx.x & ", row_lanes - 1, ") * ", groups, chunk ? "" : " + g")
                : "g * 32 + (threadIdx.x & 31)";
     absl::StrAppend(out, Pad(depth), "const ", idx_, " o = tile * ", row_lanes * groups, " + ", row,
-                    ";\n", Pad(depth), "const bool live = o < outer_n;\n");
+                    ";\n", Pad(depth), live_row);
     return Decompose(k_.outer, "o", "o", depth, out);
   };
   if (packed) {
@@ -150,8 +161,7 @@ absl::Status CudaKernelEmitter::EmitReduction(const Schedule& sched, std::string
   } else if (column) {
     absl::StrAppend(out, "  const int lane = threadIdx.x >> 5;  // along the rows\n", "  for (",
                     idx_, " tile = blockIdx.x; tile * 32 < outer_n; tile += gridDim.x) {\n",
-                    "    const ", idx_, " o = tile * 32 + (threadIdx.x & 31);\n",
-                    "    const bool live = o < outer_n;\n");
+                    "    const ", idx_, " o = tile * 32 + (threadIdx.x & 31);\n", "    ", live_row);
     live = "live";
   } else {
     absl::StrAppend(out, "  const int lane = threadIdx.x;\n");

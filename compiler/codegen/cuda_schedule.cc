@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstdlib>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -484,10 +486,40 @@ std::vector<int> BlockCandidates(const Kernel& k) {
   return out;
 }
 
+namespace {
+
+// Of a kernel scheduled as `s`: the vector width and the dimension of its
+// space its vector accesses run along (1 and -1 where it has none).
+std::pair<int, int> VectorAccesses(const Kernel& k, const Schedule& s) {
+  if (s.layout == Layout::kColumn) {
+    if (s.column_packed && s.column_groups > 1) {
+      return {s.column_groups, static_cast<int>(k.outer.size()) - 1};
+    }
+    return {1, -1};
+  }
+  return s.vector > 1 ? std::pair<int, int>{s.vector, s.vector_dim} : std::pair<int, int>{1, -1};
+}
+
+// Per buffer: the bytes of one vector access (at most 16), which its data
+// pointer must be a multiple of; 0 for a buffer without vector accesses.
+std::vector<int> BufferAlignment(const Kernel& k, const Schedule& s) {
+  const auto [vector, dim] = VectorAccesses(k, s);
+  if (vector == 1) return {};
+  std::vector<int> out(k.buffers.size(), 0);
+  for (const Stmt& st : k.stmts) {
+    if (!MovesAlong(k, st, dim)) continue;
+    out[st.buffer] = std::min(16, vector * StorageBytes(k.buffers[st.buffer].dtype));
+  }
+  return out;
+}
+
+}  // namespace
+
 LaunchSize SizeLaunch(const Kernel& k) {
   const Schedule sched = ScheduleOf(k);
   LaunchSize size;
   size.block = sched.block;
+  size.alignment = BufferAlignment(k, sched);
   const bool reduce = HasReduction(k);
   // Work items: points (pointwise), rows (kRow) or groups of 32 rows.
   const int64_t per_block = !reduce ? int64_t{sched.block} * sched.vector

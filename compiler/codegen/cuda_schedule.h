@@ -115,7 +115,8 @@ Schedule ScheduleOf(const loop::Kernel& k);
 // cuda_tuner.h), the heuristic's among them; empty when its layout has one
 // block size only (kColumn).
 std::vector<int> BlockCandidates(const loop::Kernel& k);
-// The grid and block `k` is generated for.
+// The grid and block `k` is generated for, and the alignment its vector
+// accesses assume of each buffer.
 LaunchSize SizeLaunch(const loop::Kernel& k);
 // Whether every index the kernel computes (the flattened space, each
 // access's element offset, a grid-stride step past the end) stays below

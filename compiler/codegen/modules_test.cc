@@ -73,6 +73,20 @@ void ExpectLaunchesFindTheirKernels(const v1::CompiledGraph& compiled, int modul
   }
   EXPECT_EQ(launches, compiled.plan().kernels());
   EXPECT_EQ(static_cast<int>(used.size()), modules);
+  // A kernel's vector accesses ask an alignment of its buffers, and say
+  // which it writes, one of each per buffer; c++ kernels ask none.
+  int aligned = 0;
+  for (const v1::PlanStep& step : compiled.plan().steps()) {
+    if (!step.has_launch() || step.launch().alignment().empty()) continue;
+    const v1::PlanStep::Launch& l = step.launch();
+    EXPECT_EQ(l.alignment_size(), l.buffers_size()) << l.symbol();
+    EXPECT_EQ(l.written_size(), l.buffers_size()) << l.symbol();
+    for (int a : l.alignment()) aligned += a == 16;
+    EXPECT_EQ(compiled.modules(l.module()).language(), "cuda") << l.symbol();
+  }
+  if (compiled.modules(0).language() == "cuda") {
+    EXPECT_GT(aligned, 0);
+  }
   for (const v1::CompiledModule& m : compiled.modules()) EXPECT_FALSE(m.binary().empty());
 }
 

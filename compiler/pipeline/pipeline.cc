@@ -44,12 +44,13 @@ absl::StatusOr<Split> JointAndPartition(const ir::Graph& graph, PhaseTimes* time
 }
 
 // Gives every Launch of `plan` the grid and block its kernel is generated
-// for.
+// for, and the alignment it assumes of its buffers.
 absl::Status SizeLaunches(const std::vector<loop::Kernel>& kernels,
                           const codegen::CodegenBackend& backend, v1::ExecutionPlan* plan) {
-  std::map<std::string, codegen::LaunchSize> sizes;
+  std::map<std::string, std::pair<const loop::Kernel*, codegen::LaunchSize>> sizes;
   for (const loop::Kernel& k : kernels) {
-    ASSIGN_OR_RETURN(sizes[k.name], backend.Launch(k));
+    ASSIGN_OR_RETURN(codegen::LaunchSize size, backend.Launch(k));
+    sizes[k.name] = {&k, std::move(size)};
   }
   for (v1::PlanStep& step : *plan->mutable_steps()) {
     if (!step.has_launch()) continue;
@@ -58,11 +59,25 @@ absl::Status SizeLaunches(const std::vector<loop::Kernel>& kernels,
       return absl::InternalError(
           absl::StrCat("plan launches '", step.launch().symbol(), "', which no kernel defines"));
     }
+    const auto& [kernel, size] = it->second;
     v1::PlanStep::Launch* launch = step.mutable_launch();
     launch->clear_grid();
     launch->clear_block();
-    *launch->add_grid() = ir::SymIntToProto(it->second.grid);
-    launch->add_block()->set_int_value(it->second.block);
+    launch->clear_alignment();
+    launch->clear_written();
+    *launch->add_grid() = ir::SymIntToProto(size.grid);
+    launch->add_block()->set_int_value(size.block);
+    if (size.alignment.empty()) continue;
+    if (launch->buffers_size() != static_cast<int>(kernel->buffers.size()) ||
+        size.alignment.size() != kernel->buffers.size()) {
+      return absl::InternalError(absl::StrCat("plan launches '", kernel->name, "' with ",
+                                              launch->buffers_size(), " buffers; it has ",
+                                              kernel->buffers.size()));
+    }
+    for (size_t b = 0; b < kernel->buffers.size(); ++b) {
+      launch->add_alignment(size.alignment[b]);
+      launch->add_written(kernel->buffers[b].written);
+    }
   }
   return absl::OkStatus();
 }

@@ -231,6 +231,60 @@ def test_dynamic_batch():
     assert backend.stats["eager"] == 0
 
 
+def _offset_by_one(shape, dtype):
+    """A tensor of `shape` that starts one element into its storage: no
+    vector access of 16 bytes is aligned in it."""
+    n = 1
+    for d in shape:
+        n *= d
+    return rand(n + 1, dtype=dtype)[1:].view(shape)
+
+
+MISALIGNED = {
+    "pointwise": (lambda x, b: torch.relu(x) * 2.0 + b, (256, 1024)),
+    "layer_norm": (lambda x, b: F.layer_norm(x, x.shape[-1:], b) * 2.0, (256, 1024)),
+    "softmax": (lambda x, b: torch.softmax(x + b, -1), (256, 1024)),
+    "column_sum": (lambda x, b: (x * b).sum(0), (8192, 1024)),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=_dtype_id)
+@pytest.mark.parametrize("name", sorted(MISALIGNED))
+def test_inputs_that_start_unaligned(name, dtype):
+    # Kernels read and write 16-byte vectors on the assumption that every
+    # buffer starts aligned; a graph compiled on aligned inputs is given
+    # inputs one element into their storage, which the launcher copies.
+    fn, shape = MISALIGNED[name]
+    torch._dynamo.reset()
+    backend = _backend()
+    compiled = torch.compile(fn, backend=backend)
+    for x, b in ((rand(*shape, dtype=dtype), rand(shape[-1], dtype=dtype)),
+                 (_offset_by_one(shape, dtype), _offset_by_one((shape[-1],), dtype))):
+        assert x.storage_offset() == 0 or x.data_ptr() % 16 != 0
+        _close(compiled(x, b), fn(x, b), dtype, f"storage offset {x.storage_offset()}")
+    assert backend.stats["eager"] == 0, backend.stats
+    assert _kernels(backend) >= 1
+
+
+def test_unaligned_input_mutated_in_place():
+    # The kernel that writes the input back writes an aligned copy; only
+    # the input's elements are copied back, the element before it is kept.
+    def fn(x):
+        x.mul_(2.0).add_(1.0)
+        return x.sum(-1)
+    torch._dynamo.reset()
+    backend = _backend()
+    compiled = torch.compile(fn, backend=backend)
+    base = rand(256 * 1024 + 1)
+    want_base = base.clone()
+    got = compiled(base[1:].view(256, 1024))
+    want = fn(want_base[1:].view(256, 1024))
+    _close(got, want, torch.float32, "sums")
+    _close(base, want_base, torch.float32, "the mutated input")
+    assert base[0].item() == want_base[0].item()
+    assert backend.stats["eager"] == 0, backend.stats
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=_dtype_id)
 def test_training_layernorm_gelu(dtype):
     def fn(x, w, b):
