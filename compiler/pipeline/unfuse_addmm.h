@@ -5,7 +5,12 @@
 // layer norm). cuBLAS's float32 GEMM with a bias epilogue took a smaller
 // tile than the plain GEMM on an H100 for GPT-2's [4096, 768] x [768, 3072]
 // (docs/benchmarks.md); the bias costs the reader nothing. 16-bit addmm
-// keeps its epilogue, whose kernels are the plain GEMM's.
+// keeps its epilogue, whose kernels are the plain GEMM's. Where the
+// product's only reader is that view, the bias is added to the viewed
+// product: the sum then has its readers' shape, and a kernel of that shape
+// computes it again rather than read it (a training graph's backward,
+// which recomputes the GELU and takes its gradient, need not store the
+// sum).
 //
 // Only addmm with beta and alpha 1 and a bias of one dimension (or [1, N]).
 //

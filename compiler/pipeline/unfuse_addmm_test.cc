@@ -49,15 +49,46 @@ TEST(UnfuseAddmmTest, Float32OnCudaIsAGemmAndABiasAddItsReaderFuses) {
   EXPECT_EQ(Count(out, "aten.addmm.default"), 0);
   EXPECT_EQ(Count(out, "aten.mm.default"), 1);
   EXPECT_EQ(Count(out, "aten.add.Tensor"), 1);
-  // The sum is the addmm's value: its name and metadata.
-  const ir::Node& addmm = g.nodes()[0];
-  const ir::Value& before = g.value(addmm.outputs[0]);
+  // The product's only reader is a view: the bias is added to the product
+  // viewed so, and the sum is the view's value (its name and metadata), of
+  // the GELU's shape.
+  const ir::Value& before = g.value(g.nodes()[1].outputs[0]);
   bool kept = false;
   for (const ir::Node& node : out.nodes()) {
     if (node.target != "aten.add.Tensor") continue;
     const ir::Value& after = out.value(node.outputs[0]);
+    const ir::Value& operand = out.value(ir::Graph::Operands(node)[0]);
     kept = after.name == before.name && after.meta.sizes == before.meta.sizes &&
-           after.meta.strides == before.meta.strides && after.meta.dtype == before.meta.dtype;
+           after.meta.strides == before.meta.strides && after.meta.dtype == before.meta.dtype &&
+           operand.meta.sizes == before.meta.sizes && operand.producer >= 0 &&
+           out.nodes()[operand.producer].target == "aten.view.default";
+  }
+  EXPECT_TRUE(kept);
+}
+
+TEST(UnfuseAddmmTest, AProductReadOtherwiseKeepsItsShape) {
+  // The addmm's result is read as it is as well as through the view: the
+  // sum is the addmm's value, its name and metadata.
+  ir::GraphBuilder b("linear");
+  const ir::TensorMeta x_meta = Meta({64, 32}, v1::FLOAT32, "cuda");
+  ir::ValueId x = b.AddInput(x_meta, v1::Placeholder::USER_INPUT, "x");
+  ir::ValueId w = b.AddInput(Meta({32, 16}, v1::FLOAT32, "cuda"), v1::Placeholder::PARAMETER, "w");
+  ir::ValueId bias =
+      b.AddInput(Meta({16}, v1::FLOAT32, "cuda"), v1::Placeholder::PARAMETER, "bias");
+  ir::ValueId y = Op(b, "aten.addmm.default", {Ref(bias), Ref(x), Ref(w)});
+  ir::ValueId v = Op(b, "aten.view.default", {Ref(y), ir::Ints({4, 16, 16})});
+  b.AddOutput(Op(b, "aten.gelu.default", {Ref(v)}));
+  b.AddOutput(Op(b, "aten.relu.default", {Ref(y)}));
+  const ir::Graph g = std::move(b).Build();
+  ir::Graph out;
+  ASSERT_EQ(*UnfuseAddmm(g, &out), 1);
+  EXPECT_TRUE(ir::Verify(out).ok());
+  const ir::Value& before = g.value(g.nodes()[0].outputs[0]);
+  bool kept = false;
+  for (const ir::Node& node : out.nodes()) {
+    if (node.target != "aten.add.Tensor") continue;
+    const ir::Value& after = out.value(node.outputs[0]);
+    kept = after.name == before.name && after.meta.sizes == before.meta.sizes;
   }
   EXPECT_TRUE(kept);
 }
