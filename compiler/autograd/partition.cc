@@ -17,6 +17,8 @@ using ir::kNoValue;
 using ir::ValueId;
 
 constexpr int64_t kInf = std::numeric_limits<int64_t>::max() / 4;
+// Views followed from an operand to the value they view, at most.
+constexpr int kMaxViewDepth = 32;
 
 int64_t SaturatingDouble(int64_t x) { return x > kInf / 4 ? kInf / 2 : 2 * x; }
 
@@ -279,6 +281,25 @@ absl::StatusOr<Partition> PartitionJointGraph(const JointGraph& joint,
     for (ValueId u : ir::Graph::Operands(node)) compared[u] = true;
   }
 
+  // The values a matmul or a convolution reads, directly or through views
+  // (the views' base), in the forward and in the backward: ATen's kernels
+  // read their operands from memory, so such a value is written there.
+  std::vector<bool> fwd_in_memory(nv, false), bwd_in_memory(nv, false);
+  for (const ir::Node& node : g.nodes()) {
+    const ops::OpDef* def = registry.Find(node.target);
+    if (def == nullptr || !def->traits.expensive || node.outputs.empty()) continue;
+    std::vector<bool>& in_memory = backward[node.outputs[0]] ? bwd_in_memory : fwd_in_memory;
+    for (ValueId u : ir::Graph::Operands(node)) {
+      for (int depth = 0; u != ir::kNoValue && depth < kMaxViewDepth; ++depth) {
+        const int p = g.value(u).producer;
+        const ops::OpDef* d = p >= 0 ? registry.Find(g.nodes()[p].target) : nullptr;
+        if (d == nullptr || !d->traits.view) break;
+        u = ir::Graph::Operands(g.nodes()[p])[0];
+      }
+      if (u != ir::kNoValue) in_memory[u] = true;
+    }
+  }
+
   std::vector<bool> saved(nv, false);
   if (!options.min_cut) {
     saved = bw_read;
@@ -292,6 +313,10 @@ absl::StatusOr<Partition> PartitionJointGraph(const JointGraph& joint,
     // (RMS norm's backward then reads x and the per-row rstd rather than a
     // saved x * rstd that the forward would have to write; a batch norm's
     // backward reads the convolution's output rather than a saved x - mean.)
+    // A forward matmul's operand is written anyway too. Recomputing a value
+    // that a backward matmul reads costs its bytes: the backward writes it
+    // (attention's heads copied into the batched matmuls' layout are saved
+    // rather than copied again from the projection they came from).
     std::vector<bool> exists(nv, false);
     for (int i = 0; i < joint.num_forward_outputs; ++i) exists[g.outputs()[i]] = true;
     for (ValueId v = 0; v < nv; ++v) {
@@ -299,8 +324,8 @@ absl::StatusOr<Partition> PartitionJointGraph(const JointGraph& joint,
       const ir::Value& val = g.value(v);
       const ops::OpDef* def =
           val.producer >= 0 ? registry.Find(g.nodes()[val.producer].target) : nullptr;
-      const bool materialized =
-          val.producer < 0 || exists[v] || (def != nullptr && def->traits.expensive);
+      const bool materialized = val.producer < 0 || exists[v] || fwd_in_memory[v] ||
+                                (def != nullptr && def->traits.expensive);
       const int64_t bytes = std::max<int64_t>(1, ValueBytes(val.meta, options.symbolic_size_hint));
       net.AddEdge(2 * v, 2 * v + 1, materialized ? bytes : SaturatingDouble(bytes));
       bool recomputable = false;
@@ -313,7 +338,11 @@ absl::StatusOr<Partition> PartitionJointGraph(const JointGraph& joint,
       // Primals exist before the forward runs; a value the forward computes
       // anyway and the backward may not recompute is on the forward's side.
       // Everything else may land on either side of the cut.
-      if (val.producer < 0 || (fwd_needed[v] && !recomputable)) net.AddEdge(S, 2 * v, kInf);
+      if (val.producer < 0 || (fwd_needed[v] && !recomputable)) {
+        net.AddEdge(S, 2 * v, kInf);
+      } else if (bwd_in_memory[v]) {
+        net.AddEdge(S, 2 * v, bytes);
+      }
       if (bw_read[v]) net.AddEdge(2 * v + 1, T, kInf);
     }
     net.MaxFlow(S, T);

@@ -144,6 +144,32 @@ TEST(PartitionTest, SavesAMatmulsResultRatherThanAPointwiseValueOfIt) {
       << absl::StrJoin(p.recomputed, ", ");
 }
 
+// A product copied into another layout for a second matmul (attention's
+// heads, transposed for the batched matmuls): the forward writes the copy
+// for its matmul, and the backward's weight gradient reads it again. Saving
+// the copy costs the backward one read; saving the product and copying it
+// again costs the backward a read and a write as well.
+TEST(PartitionTest, SavesACopyBothPassesMatmulsReadRatherThanCopyingItAgain) {
+  ir::GraphBuilder b("heads");
+  ir::ValueId x = b.AddInput(Meta({64, 32}, true), v1::Placeholder::USER_INPUT, "x");
+  ir::ValueId w = b.AddInput(Meta({32, 128}, true), v1::Placeholder::PARAMETER, "w");
+  ir::ValueId w2 = b.AddInput(Meta({64, 16}, true), v1::Placeholder::PARAMETER, "w2");
+  ir::ValueId product = Op(b, "aten.mm.default", {Ref(x), Ref(w)});
+  ir::ValueId moved = Op(b, "aten.clone.default",
+                         {Ref(Op(b, "aten.permute.default", {Ref(product), ir::Ints({1, 0})}))},
+                         {ir::Kwarg("memory_format", ir::NoneArg())});
+  const std::string copy = b.value(moved).name;
+  const std::string mm = b.value(product).name;
+  b.AddOutput(Op(b, "aten.sum.default", {Ref(Op(b, "aten.mm.default", {Ref(moved), Ref(w2)}))}));
+  Partition p = Split(std::move(b).Build());
+  EXPECT_NE(std::find(p.saved.begin(), p.saved.end(), copy), p.saved.end())
+      << absl::StrJoin(p.saved, ", ");
+  EXPECT_EQ(std::find(p.saved.begin(), p.saved.end(), mm), p.saved.end())
+      << absl::StrJoin(p.saved, ", ");
+  EXPECT_EQ(std::find(p.recomputed.begin(), p.recomputed.end(), copy), p.recomputed.end())
+      << absl::StrJoin(p.recomputed, ", ");
+}
+
 TEST(PartitionTest, NeverRecomputesMatmulsOrReductions) {
   ir::GraphBuilder b("mlp");
   ir::ValueId x = b.AddInput(Meta({8, 64}, true), v1::Placeholder::USER_INPUT, "x");
