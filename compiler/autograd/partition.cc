@@ -207,6 +207,87 @@ int64_t ValueBytes(const ir::TensorMeta& meta, int64_t hint) {
   return n;
 }
 
+// The forward values (`backward` false) that a forward node reads after a
+// matmul or a convolution that depends on them: a transformer's residual
+// stream, which a layer norm reads before the block's matmuls and the
+// residual add after them. No kernel holds both readers, so the forward
+// writes such a value (or computes it again after the matmul, from values
+// that are in memory). A value read through views marks the views' base.
+std::vector<bool> ReadAcrossMatmuls(const ir::Graph& g, const std::vector<bool>& backward,
+                                    const ops::Registry& registry) {
+  const int nv = static_cast<int>(g.values().size());
+  std::vector<bool> out(nv, false);
+  auto forward = [&](const ir::Node& n) { return !n.outputs.empty() && !backward[n.outputs[0]]; };
+  auto expensive = [&](const ir::Node& n) {
+    const ops::OpDef* d = registry.Find(n.target);
+    return d != nullptr && d->traits.expensive && forward(n);
+  };
+  // Bit k: the k-th forward matmul or convolution, at most kMaxBits.
+  constexpr int kMaxBits = 4096;
+  std::vector<int> bit(g.nodes().size(), -1);
+  int bits = 0;
+  for (size_t i = 0; i < g.nodes().size() && bits < kMaxBits; ++i) {
+    if (expensive(g.nodes()[i])) bit[i] = bits++;
+  }
+  if (bits == 0) return out;
+  const size_t words = (bits + 63) / 64;
+  // before[v]: the matmuls v depends on; after[v]: the matmuls that depend
+  // on v (nodes are in topological order).
+  std::vector<uint64_t> before(nv * words, 0), after(nv * words, 0);
+  auto row = [&](std::vector<uint64_t>& set, ValueId v) { return set.data() + v * words; };
+  for (size_t i = 0; i < g.nodes().size(); ++i) {
+    const ir::Node& n = g.nodes()[i];
+    if (!forward(n)) continue;
+    for (ValueId o : n.outputs) {
+      uint64_t* dst = row(before, o);
+      for (ValueId u : ir::Graph::Operands(n)) {
+        if (u == kNoValue) continue;
+        const uint64_t* src = row(before, u);
+        for (size_t w = 0; w < words; ++w) dst[w] |= src[w];
+      }
+      if (bit[i] >= 0) dst[bit[i] / 64] |= uint64_t{1} << (bit[i] % 64);
+    }
+  }
+  for (int i = static_cast<int>(g.nodes().size()) - 1; i >= 0; --i) {
+    const ir::Node& n = g.nodes()[i];
+    if (!forward(n)) continue;
+    for (ValueId u : ir::Graph::Operands(n)) {
+      if (u == kNoValue) continue;
+      uint64_t* dst = row(after, u);
+      for (ValueId o : n.outputs) {
+        const uint64_t* src = row(after, o);
+        for (size_t w = 0; w < words; ++w) dst[w] |= src[w];
+      }
+      if (bit[i] >= 0) dst[bit[i] / 64] |= uint64_t{1} << (bit[i] % 64);
+    }
+  }
+  for (const ir::Node& n : g.nodes()) {
+    if (!forward(n) || bit[&n - g.nodes().data()] >= 0) continue;
+    for (ValueId u : ir::Graph::Operands(n)) {
+      if (u == kNoValue) continue;
+      // A matmul that depends on u and that n depends on (through another
+      // operand, or through u's own descendants).
+      bool across = false;
+      for (ValueId w : ir::Graph::Operands(n)) {
+        if (w == kNoValue) continue;
+        const uint64_t* a = row(before, w);
+        const uint64_t* b = row(after, u);
+        for (size_t k = 0; k < words && !across; ++k) across = (a[k] & b[k]) != 0;
+        if (across) break;
+      }
+      if (!across) continue;
+      for (int depth = 0; depth < kMaxViewDepth; ++depth) {
+        const int p = g.value(u).producer;
+        const ops::OpDef* d = p >= 0 ? registry.Find(g.nodes()[p].target) : nullptr;
+        if (d == nullptr || !d->traits.view) break;
+        u = ir::Graph::Operands(g.nodes()[p])[0];
+      }
+      out[u] = true;
+    }
+  }
+  return out;
+}
+
 // The symbols the sizes, strides and offsets of `g`'s values use that no
 // dimension of its inputs binds (is the symbol alone).
 std::set<std::string> UnboundSymbols(const ir::Graph& g) {
@@ -300,6 +381,8 @@ absl::StatusOr<Partition> PartitionJointGraph(const JointGraph& joint,
     }
   }
 
+  const std::vector<bool> across = ReadAcrossMatmuls(g, backward, registry);
+
   std::vector<bool> saved(nv, false);
   if (!options.min_cut) {
     saved = bw_read;
@@ -313,7 +396,8 @@ absl::StatusOr<Partition> PartitionJointGraph(const JointGraph& joint,
     // (RMS norm's backward then reads x and the per-row rstd rather than a
     // saved x * rstd that the forward would have to write; a batch norm's
     // backward reads the convolution's output rather than a saved x - mean.)
-    // A forward matmul's operand is written anyway too. Recomputing a value
+    // A forward matmul's operand is written anyway too, and so is a value
+    // read on both sides of a matmul (ReadAcrossMatmuls). Recomputing a value
     // that a backward matmul reads costs its bytes: the backward writes it
     // (attention's heads copied into the batched matmuls' layout are saved
     // rather than copied again from the projection they came from).
@@ -324,7 +408,7 @@ absl::StatusOr<Partition> PartitionJointGraph(const JointGraph& joint,
       const ir::Value& val = g.value(v);
       const ops::OpDef* def =
           val.producer >= 0 ? registry.Find(g.nodes()[val.producer].target) : nullptr;
-      const bool materialized = val.producer < 0 || exists[v] || fwd_in_memory[v] ||
+      const bool materialized = val.producer < 0 || exists[v] || fwd_in_memory[v] || across[v] ||
                                 (def != nullptr && def->traits.expensive);
       const int64_t bytes = std::max<int64_t>(1, ValueBytes(val.meta, options.symbolic_size_hint));
       net.AddEdge(2 * v, 2 * v + 1, materialized ? bytes : SaturatingDouble(bytes));

@@ -170,6 +170,31 @@ TEST(PartitionTest, SavesACopyBothPassesMatmulsReadRatherThanCopyingItAgain) {
       << absl::StrJoin(p.recomputed, ", ");
 }
 
+// A residual stream: h = x @ w1 + x @ w2 is read before a matmul (sin(h)
+// feeds it) and after it (h + the product). The forward writes h for the
+// reader after the matmul, so saving h costs its bytes once, less than
+// saving both products to add them again in the backward.
+TEST(PartitionTest, SavesAValueReadOnBothSidesOfAMatmul) {
+  ir::GraphBuilder b("residual");
+  ir::ValueId x = b.AddInput(Meta({64, 32}, true), v1::Placeholder::USER_INPUT, "x");
+  ir::ValueId w1 = b.AddInput(Meta({32, 32}, true), v1::Placeholder::PARAMETER, "w1");
+  ir::ValueId w2 = b.AddInput(Meta({32, 32}, true), v1::Placeholder::PARAMETER, "w2");
+  ir::ValueId w3 = b.AddInput(Meta({32, 32}, true), v1::Placeholder::PARAMETER, "w3");
+  ir::ValueId p1 = Op(b, "aten.mm.default", {Ref(x), Ref(w1)});
+  ir::ValueId p2 = Op(b, "aten.mm.default", {Ref(x), Ref(w2)});
+  ir::ValueId h = Op(b, "aten.add.Tensor", {Ref(p1), Ref(p2)});
+  ir::ValueId branch =
+      Op(b, "aten.mm.default", {Ref(Op(b, "aten.sin.default", {Ref(h)})), Ref(w3)});
+  b.AddOutput(Op(b, "aten.sum.default", {Ref(Op(b, "aten.add.Tensor", {Ref(h), Ref(branch)}))}));
+  const std::string stream = b.value(h).name;
+  const std::string first = b.value(p1).name, second = b.value(p2).name;
+  Partition p = Split(std::move(b).Build());
+  const std::string saved = absl::StrJoin(p.saved, ", ");
+  EXPECT_NE(std::find(p.saved.begin(), p.saved.end(), stream), p.saved.end()) << saved;
+  EXPECT_EQ(std::find(p.saved.begin(), p.saved.end(), first), p.saved.end()) << saved;
+  EXPECT_EQ(std::find(p.saved.begin(), p.saved.end(), second), p.saved.end()) << saved;
+}
+
 TEST(PartitionTest, NeverRecomputesMatmulsOrReductions) {
   ir::GraphBuilder b("mlp");
   ir::ValueId x = b.AddInput(Meta({8, 64}, true), v1::Placeholder::USER_INPUT, "x");
