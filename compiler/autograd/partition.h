@@ -6,14 +6,17 @@
 // Construction. Every joint-graph value v that can be computed without
 // tangents becomes two vertices v_in -> v_out: cutting that edge means
 // saving v. Its capacity is what saving v costs in memory traffic: v's size
-// in bytes for a value that exists anyway (a primal, a forward output),
-// which the backward reads; twice that for any other, which the forward
-// must also write. Each use u -> w adds u_out -> w_in
+// in bytes for a value that exists anyway (a primal, a forward output, a
+// matmul's or a convolution's result or operand, a value read on both
+// sides of a matmul), which the backward reads; twice that for any other,
+// which the forward must also write. Each use u -> w adds u_out -> w_in
 // with infinite capacity. The source feeds, with infinite capacity, the
 // primals, every value the forward outputs need (it is computed in the
 // forward anyway), and every value that must not be recomputed (anything but
 // pointwise ops and views: matmuls, convolutions, reductions, random ops,
-// externs). Every value a tangent-dependent node reads drains into the sink.
+// externs); with v's bytes, a recomputable value that a backward matmul
+// reads (recomputing it costs the backward a write of it). Every value a
+// tangent-dependent node reads drains into the sink.
 // A minimum cut is then the cheapest set of values to save such that
 // everything else the backward needs can be recomputed from them by cheap
 // ops. The classification lives apart from the solver (Dinic's max-flow).
