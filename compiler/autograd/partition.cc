@@ -1,9 +1,11 @@
 #include "compiler/autograd/partition.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <deque>
 #include <limits>
 #include <set>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
@@ -207,6 +209,20 @@ int64_t ValueBytes(const ir::TensorMeta& meta, int64_t hint) {
   return n;
 }
 
+// The value that `u` is a view of, through views of views (at most
+// kMaxViewDepth); `u` itself when it is no view.
+ValueId ViewBase(const ir::Graph& g, const ops::Registry& registry, ValueId u) {
+  for (int depth = 0; depth < kMaxViewDepth; ++depth) {
+    const int p = g.value(u).producer;
+    const ops::OpDef* d = p >= 0 ? registry.Find(g.nodes()[p].target) : nullptr;
+    if (d == nullptr || !d->traits.view) break;
+    const ValueId base = ir::Graph::Operands(g.nodes()[p])[0];
+    if (base == kNoValue) break;
+    u = base;
+  }
+  return u;
+}
+
 // The forward values (`backward` false) that a forward node reads after a
 // matmul or a convolution that depends on them: a transformer's residual
 // stream, which a layer norm reads before the block's matmuls and the
@@ -222,11 +238,16 @@ std::vector<bool> ReadAcrossMatmuls(const ir::Graph& g, const std::vector<bool>&
     const ops::OpDef* d = registry.Find(n.target);
     return d != nullptr && d->traits.expensive && forward(n);
   };
-  // Bit k: the k-th forward matmul or convolution, at most kMaxBits.
-  constexpr int kMaxBits = 4096;
+  // Bit k: the k-th forward matmul or convolution. The two sets per value
+  // below take at most kMaxSetBytes, and at most 4096 bits each; later
+  // matmuls are not told apart (a value read across them only is not
+  // found: a cost left out, never a wrong graph).
+  constexpr size_t kMaxSetBytes = size_t{32} << 20;
+  const int max_bits = static_cast<int>(
+      std::clamp<size_t>(kMaxSetBytes / (2 * sizeof(uint64_t) * std::max(nv, 1)) * 64, 64, 4096));
   std::vector<int> bit(g.nodes().size(), -1);
   int bits = 0;
-  for (size_t i = 0; i < g.nodes().size() && bits < kMaxBits; ++i) {
+  for (size_t i = 0; i < g.nodes().size() && bits < max_bits; ++i) {
     if (expensive(g.nodes()[i])) bit[i] = bits++;
   }
   if (bits == 0) return out;
@@ -261,28 +282,25 @@ std::vector<bool> ReadAcrossMatmuls(const ir::Graph& g, const std::vector<bool>&
       if (bit[i] >= 0) dst[bit[i] / 64] |= uint64_t{1} << (bit[i] % 64);
     }
   }
+  std::vector<uint64_t> reached(words);
   for (const ir::Node& n : g.nodes()) {
     if (!forward(n) || bit[&n - g.nodes().data()] >= 0) continue;
+    // The matmuls n depends on; one of them that depends on an operand u
+    // (none can depend on u through u itself: before(u) and after(u) are
+    // disjoint).
+    std::fill(reached.begin(), reached.end(), 0);
+    for (ValueId w : ir::Graph::Operands(n)) {
+      if (w == kNoValue) continue;
+      const uint64_t* a = row(before, w);
+      for (size_t k = 0; k < words; ++k) reached[k] |= a[k];
+    }
     for (ValueId u : ir::Graph::Operands(n)) {
       if (u == kNoValue) continue;
-      // A matmul that depends on u and that n depends on (through another
-      // operand, or through u's own descendants).
+      const uint64_t* b = row(after, u);
       bool across = false;
-      for (ValueId w : ir::Graph::Operands(n)) {
-        if (w == kNoValue) continue;
-        const uint64_t* a = row(before, w);
-        const uint64_t* b = row(after, u);
-        for (size_t k = 0; k < words && !across; ++k) across = (a[k] & b[k]) != 0;
-        if (across) break;
-      }
+      for (size_t k = 0; k < words && !across; ++k) across = (reached[k] & b[k]) != 0;
       if (!across) continue;
-      for (int depth = 0; depth < kMaxViewDepth; ++depth) {
-        const int p = g.value(u).producer;
-        const ops::OpDef* d = p >= 0 ? registry.Find(g.nodes()[p].target) : nullptr;
-        if (d == nullptr || !d->traits.view) break;
-        u = ir::Graph::Operands(g.nodes()[p])[0];
-      }
-      out[u] = true;
+      out[ViewBase(g, registry, u)] = true;
     }
   }
   return out;
@@ -371,13 +389,7 @@ absl::StatusOr<Partition> PartitionJointGraph(const JointGraph& joint,
     if (def == nullptr || !def->traits.expensive || node.outputs.empty()) continue;
     std::vector<bool>& in_memory = backward[node.outputs[0]] ? bwd_in_memory : fwd_in_memory;
     for (ValueId u : ir::Graph::Operands(node)) {
-      for (int depth = 0; u != ir::kNoValue && depth < kMaxViewDepth; ++depth) {
-        const int p = g.value(u).producer;
-        const ops::OpDef* d = p >= 0 ? registry.Find(g.nodes()[p].target) : nullptr;
-        if (d == nullptr || !d->traits.view) break;
-        u = ir::Graph::Operands(g.nodes()[p])[0];
-      }
-      if (u != ir::kNoValue) in_memory[u] = true;
+      if (u != kNoValue) in_memory[ViewBase(g, registry, u)] = true;
     }
   }
 
