@@ -121,9 +121,11 @@ absl::Status CudaKernel::Launch(int device, int64_t grid, int block, const uint6
   void* extra[] = {CU_LAUNCH_PARAM_BUFFER_POINTER, const_cast<uint64_t*>(params),
                    CU_LAUNCH_PARAM_BUFFER_SIZE, &size, CU_LAUNCH_PARAM_END};
   CUstream stream = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device)).stream();
-  return d.Check(d.cuLaunchKernel(static_cast<CUfunction>(fn), static_cast<unsigned>(grid), 1, 1,
-                                  static_cast<unsigned>(block), 1, 1, 0, stream, nullptr, extra),
-                 absl::StrCat("cuLaunchKernel(", name_, ")"));
+  const CUresult rc =
+      d.cuLaunchKernel(static_cast<CUfunction>(fn), static_cast<unsigned>(grid), 1, 1,
+                       static_cast<unsigned>(block), 1, 1, 0, stream, nullptr, extra);
+  if (rc == CUDA_SUCCESS) return absl::OkStatus();  // no message to make
+  return d.Check(rc, absl::StrCat("cuLaunchKernel(", name_, ")"));
 }
 
 #else  // !KILN_RUNTIME_CUDA

@@ -159,6 +159,8 @@ absl::StatusOr<std::unique_ptr<PlanExecutor>> PlanExecutor::Create(const v1::Com
     if (!dtype.ok()) return Annotate(dtype.status(), where);
     in.dtype = *dtype;
     in.device_type = v.meta().device().type();
+    if (in.device_type == "cpu") in.device = c10::DeviceType::CPU;
+    if (in.device_type == "cuda") in.device = c10::DeviceType::CUDA;
     for (int k = 0; k < v.meta().sizes_size(); ++k) {
       absl::StatusOr<Dim> d = Dim::Parse(v.meta().sizes(k), impl->symbols);
       if (!d.ok()) return Annotate(d.status(), absl::StrCat(where, ": sizes[", k, "]"));
@@ -190,21 +192,23 @@ absl::Status PlanExecutor::Impl::CheckInputs(const std::vector<at::Tensor>& in) 
   for (size_t i = 0; i < in.size(); ++i) {
     const Input& want = inputs[i];
     const at::Tensor& t = in[i];
-    const std::string label = absl::StrCat("input ", i, " ('", want.name, "')");
+    // Every call checks every input: the message is made only for one that
+    // fails.
+    auto label = [&] { return absl::StrCat("input ", i, " ('", want.name, "')"); };
     if (!t.defined()) {
-      return absl::InvalidArgumentError(absl::StrCat(label, " is an undefined tensor"));
+      return absl::InvalidArgumentError(absl::StrCat(label(), " is an undefined tensor"));
     }
     if (t.scalar_type() != want.dtype) {
-      return absl::InvalidArgumentError(absl::StrCat(label, " is ", DtypeName(t.scalar_type()),
+      return absl::InvalidArgumentError(absl::StrCat(label(), " is ", DtypeName(t.scalar_type()),
                                                      "; the plan expects ", DtypeName(want.dtype)));
     }
     if (t.dim() != static_cast<int64_t>(want.sizes.size())) {
       return absl::InvalidArgumentError(
-          absl::StrCat(label, " has rank ", t.dim(), "; the plan expects ", want.sizes.size()));
+          absl::StrCat(label(), " has rank ", t.dim(), "; the plan expects ", want.sizes.size()));
     }
-    if (!want.device_type.empty() &&
+    if (!want.device_type.empty() && t.device().type() != want.device &&
         c10::DeviceTypeName(t.device().type(), /*lower_case=*/true) != want.device_type) {
-      return absl::InvalidArgumentError(absl::StrCat(label, " is on ", t.device().str(),
+      return absl::InvalidArgumentError(absl::StrCat(label(), " is on ", t.device().str(),
                                                      "; the plan expects ", want.device_type));
     }
   }
@@ -258,25 +262,28 @@ absl::Status PlanExecutor::Impl::CheckSizes(const std::vector<at::Tensor>& in,
   for (size_t i = 0; i < in.size(); ++i) {
     const Input& want = inputs[i];
     const at::Tensor& t = in[i];
-    const std::string label = absl::StrCat("input ", i, " ('", want.name, "')");
-    absl::StatusOr<Ints> sizes = Evaluate(want.sizes, values, /*sizes=*/true);
-    if (!sizes.ok()) return Annotate(sizes.status(), label);
-    for (size_t d = 0; d < sizes->size(); ++d) {
-      if (t.size(d) != (*sizes)[d]) {
-        return absl::InvalidArgumentError(absl::StrCat(label, " dim ", d, " is ", t.size(d),
-                                                       "; the plan expects ", (*sizes)[d],
-                                                       " (sizes ", IntsString(t.sizes()), ")"));
+    auto label = [&] { return absl::StrCat("input ", i, " ('", want.name, "')"); };
+    for (size_t d = 0; d < want.sizes.size(); ++d) {
+      absl::StatusOr<int64_t> size = want.sizes[d].Evaluate(values, symbols);
+      if (size.ok() && *size < 0) {
+        size = absl::InvalidArgumentError(absl::StrCat("size ", d, " evaluates to ", *size));
+      }
+      if (!size.ok()) return Annotate(size.status(), label());
+      if (t.size(d) != *size) {
+        return absl::InvalidArgumentError(absl::StrCat(label(), " dim ", d, " is ", t.size(d),
+                                                       "; the plan expects ", *size, " (sizes ",
+                                                       IntsString(t.sizes()), ")"));
       }
     }
-    if (want.strides.empty()) continue;
-    absl::StatusOr<Ints> strides = Evaluate(want.strides, values, /*sizes=*/false);
-    if (!strides.ok()) return Annotate(strides.status(), label);
-    for (size_t d = 0; d < strides->size(); ++d) {
+    for (size_t d = 0; d < want.strides.size(); ++d) {
       // The stride of a dim of size 0 or 1 never moves an address.
-      if (t.size(d) > 1 && t.stride(d) != (*strides)[d]) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(label, " dim ", d, " has stride ", t.stride(d), "; the plan expects ",
-                         (*strides)[d], " (strides ", IntsString(t.strides()), ")"));
+      if (t.size(d) <= 1) continue;
+      absl::StatusOr<int64_t> stride = want.strides[d].Evaluate(values, symbols);
+      if (!stride.ok()) return Annotate(stride.status(), label());
+      if (t.stride(d) != *stride) {
+        return absl::InvalidArgumentError(absl::StrCat(label(), " dim ", d, " has stride ",
+                                                       t.stride(d), "; the plan expects ", *stride,
+                                                       " (strides ", IntsString(t.strides()), ")"));
       }
     }
   }

@@ -8,6 +8,7 @@
 #include <ATen/TensorOperators.h>
 #include <ATen/ops/allclose.h>
 #include <ATen/ops/arange.h>
+#include <ATen/ops/empty.h>
 #include <ATen/ops/equal.h>
 #include <ATen/ops/mm.h>
 #include <ATen/ops/randn.h>
@@ -483,6 +484,10 @@ TEST(PlanExecutorErrorTest, WrongInputsAreInvalidArguments) {
   s = RunMain({x, at::Tensor(), w});
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(s.message(), HasSubstr("input 1 ('b') is an undefined tensor"));
+
+  s = RunMain({x, b, at::empty({4, 3}, at::TensorOptions().device(at::kMeta))});
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("input 2 ('w') is on meta; the plan expects cpu"));
 }
 
 TEST(PlanExecutorErrorTest, BindingsOfOneSymbolMustAgree) {

@@ -161,6 +161,9 @@ struct Input {
   std::string name;
   at::ScalarType dtype;
   std::string device_type;  // empty: any
+  // device_type's enum where it names one of these (a fast check);
+  // otherwise compared by name.
+  c10::DeviceType device = c10::DeviceType::COMPILE_TIME_MAX_DEVICE_TYPES;
   std::vector<Dim> sizes;
   std::vector<Dim> strides;  // empty: not checked
 };
