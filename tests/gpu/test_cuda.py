@@ -266,9 +266,50 @@ def test_inputs_that_start_unaligned(name, dtype):
     assert _kernels(backend) >= 1
 
 
+def test_a_kernel_writes_an_unaligned_buffer_through_a_copy():
+    # A plan made by hand from a compiled one: the kernel's output, which
+    # the plan allocated, becomes a second input, one element into its
+    # storage. The launcher runs the kernel on an aligned copy of it and
+    # copies the kernel's writes back; the element before it is kept.
+    from kiln.v1 import artifact_pb2
+
+    def fn(x):
+        return x * 2.0 + 1.0
+    torch._dynamo.reset()
+    backend = _backend()
+    x = rand(256, 1024)
+    torch.compile(fn, backend=backend)(x)
+    artifact = backend.loaded[-1].artifact
+    graph = artifact_pb2.CompiledGraph()
+    graph.CopyFrom(artifact.compiled)
+    plan = graph.plan
+    allocs = [k for k, step in enumerate(plan.steps) if step.WhichOneof("kind") == "alloc"]
+    launches = [step.launch for step in plan.steps if step.WhichOneof("kind") == "launch"]
+    assert len(allocs) == 1 and len(launches) == 1, plan
+    alloc, launch = plan.steps[allocs[0]].alloc, launches[0]
+    out = list(launch.buffers).index(alloc.value)
+    assert launch.alignment[out] == 16 and launch.written[out], launch
+    given = plan.inputs.add()
+    given.value.name = alloc.value
+    given.value.meta.dtype = alloc.dtype
+    given.value.meta.sizes.extend(alloc.sizes)
+    given.value.meta.strides.extend(alloc.strides)
+    given.value.meta.device.CopyFrom(alloc.device)
+    del plan.steps[allocs[0]]
+    runner = kiln.PlanRunner(graph, artifact.target.sm_arch)
+    base = torch.full((256 * 1024 + 1,), -7.0, device=DEVICE)
+    y = base[1:].view(256, 1024)
+    assert y.data_ptr() % 16 != 0
+    runner.run([x, y])
+    torch.cuda.synchronize()
+    torch.testing.assert_close(y, fn(x))
+    assert base[0].item() == -7.0
+
+
 def test_unaligned_input_mutated_in_place():
-    # The kernel that writes the input back writes an aligned copy; only
-    # the input's elements are copied back, the element before it is kept.
+    # An input one element into its storage, written in place: the graph's
+    # new value is copied back into it (by the backend's wrapper), and the
+    # element before it is kept.
     def fn(x):
         x.mul_(2.0).add_(1.0)
         return x.sum(-1)
