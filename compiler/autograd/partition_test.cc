@@ -42,6 +42,11 @@ Partition Split(const ir::Graph& g, bool min_cut = true) {
   return *std::move(p);
 }
 
+// Whether `names` (a partition's saved or recomputed values) holds `name`.
+bool Holds(const std::vector<std::string>& names, const std::string& name) {
+  return std::find(names.begin(), names.end(), name) != names.end();
+}
+
 bool HasTarget(const ir::Graph& g, const std::string& target) {
   for (const auto& n : g.nodes()) {
     if (n.target == target) return true;
@@ -93,8 +98,7 @@ TEST(PartitionTest, SavesAPrimalAndAPerRowValueRatherThanANewWholeTensor) {
   b.AddOutput(Op(b, "aten.mul.Tensor", {Ref(normed), Ref(w)}));
   Partition p = Split(std::move(b).Build());
   EXPECT_EQ(p.saved_bytes, (128 * 256 + 128) * 4) << absl::StrJoin(p.saved, ", ");
-  EXPECT_NE(std::find(p.saved.begin(), p.saved.end(), "x"), p.saved.end())
-      << absl::StrJoin(p.saved, ", ");
+  EXPECT_TRUE(Holds(p.saved, "x")) << absl::StrJoin(p.saved, ", ");
 }
 
 // x[:, 1:] of an x of symbolic sizes [s0, s1]: the slice's size is
@@ -136,12 +140,9 @@ TEST(PartitionTest, SavesAMatmulsResultRatherThanAPointwiseValueOfIt) {
   const std::string sum = b.value(biased).name;
   b.AddOutput(Op(b, "aten.gelu.default", {Ref(biased)}));
   Partition p = Split(std::move(b).Build());
-  EXPECT_NE(std::find(p.saved.begin(), p.saved.end(), product), p.saved.end())
-      << absl::StrJoin(p.saved, ", ");
-  EXPECT_EQ(std::find(p.saved.begin(), p.saved.end(), sum), p.saved.end())
-      << absl::StrJoin(p.saved, ", ");
-  EXPECT_NE(std::find(p.recomputed.begin(), p.recomputed.end(), sum), p.recomputed.end())
-      << absl::StrJoin(p.recomputed, ", ");
+  EXPECT_TRUE(Holds(p.saved, product)) << absl::StrJoin(p.saved, ", ");
+  EXPECT_FALSE(Holds(p.saved, sum)) << absl::StrJoin(p.saved, ", ");
+  EXPECT_TRUE(Holds(p.recomputed, sum)) << absl::StrJoin(p.recomputed, ", ");
 }
 
 // A product copied into another layout for a second matmul (attention's
@@ -162,12 +163,9 @@ TEST(PartitionTest, SavesACopyBothPassesMatmulsReadRatherThanCopyingItAgain) {
   const std::string mm = b.value(product).name;
   b.AddOutput(Op(b, "aten.sum.default", {Ref(Op(b, "aten.mm.default", {Ref(moved), Ref(w2)}))}));
   Partition p = Split(std::move(b).Build());
-  EXPECT_NE(std::find(p.saved.begin(), p.saved.end(), copy), p.saved.end())
-      << absl::StrJoin(p.saved, ", ");
-  EXPECT_EQ(std::find(p.saved.begin(), p.saved.end(), mm), p.saved.end())
-      << absl::StrJoin(p.saved, ", ");
-  EXPECT_EQ(std::find(p.recomputed.begin(), p.recomputed.end(), copy), p.recomputed.end())
-      << absl::StrJoin(p.recomputed, ", ");
+  EXPECT_TRUE(Holds(p.saved, copy)) << absl::StrJoin(p.saved, ", ");
+  EXPECT_FALSE(Holds(p.saved, mm)) << absl::StrJoin(p.saved, ", ");
+  EXPECT_FALSE(Holds(p.recomputed, copy)) << absl::StrJoin(p.recomputed, ", ");
 }
 
 // A residual stream: h = x @ w1 + x @ w2 is read before a matmul (sin(h)
@@ -190,9 +188,9 @@ TEST(PartitionTest, SavesAValueReadOnBothSidesOfAMatmul) {
   const std::string first = b.value(p1).name, second = b.value(p2).name;
   Partition p = Split(std::move(b).Build());
   const std::string saved = absl::StrJoin(p.saved, ", ");
-  EXPECT_NE(std::find(p.saved.begin(), p.saved.end(), stream), p.saved.end()) << saved;
-  EXPECT_EQ(std::find(p.saved.begin(), p.saved.end(), first), p.saved.end()) << saved;
-  EXPECT_EQ(std::find(p.saved.begin(), p.saved.end(), second), p.saved.end()) << saved;
+  EXPECT_TRUE(Holds(p.saved, stream)) << saved;
+  EXPECT_FALSE(Holds(p.saved, first)) << saved;
+  EXPECT_FALSE(Holds(p.saved, second)) << saved;
 }
 
 TEST(PartitionTest, NeverRecomputesMatmulsOrReductions) {
@@ -218,7 +216,7 @@ TEST(PartitionTest, NeverRecomputesMatmulsOrReductions) {
   // the only matmuls in the backward are the gradient's own (they read the
   // tangent), never the forward's mm again.
   EXPECT_FALSE(HasTarget(p.backward, "aten._softmax.default"));
-  EXPECT_NE(std::find(p.saved.begin(), p.saved.end(), softmax), p.saved.end());
+  EXPECT_TRUE(Holds(p.saved, softmax));
 }
 
 // amax's gradient goes where tanh(x) equals the max: the backward compares
@@ -230,7 +228,7 @@ TEST(PartitionTest, SavesWhatTheBackwardComparesForEquality) {
   const std::string tanh = b.value(t).name;
   b.AddOutput(Op(b, "aten.amax.default", {Ref(t), ir::Ints({-1}), ir::Bool(false)}));
   Partition p = Split(std::move(b).Build());
-  EXPECT_NE(std::find(p.saved.begin(), p.saved.end(), tanh), p.saved.end())
+  EXPECT_TRUE(Holds(p.saved, tanh))
       << absl::StrJoin(p.saved, ",") << " / " << absl::StrJoin(p.recomputed, ",");
   EXPECT_FALSE(HasTarget(p.backward, "aten.tanh.default"));
 }
