@@ -20,6 +20,7 @@
 #include "compiler/ops/registry.h"
 #include "compiler/pipeline/attention.h"
 #include "compiler/pipeline/conv_layouts.h"
+#include "compiler/pipeline/elide_copies.h"
 #include "compiler/pipeline/matmul_layouts.h"
 #include "compiler/pipeline/merge_sums.h"
 #include "compiler/pipeline/unfuse_addmm.h"
@@ -293,6 +294,9 @@ absl::Status RunKiln(const ir::Graph& graph, const v1::Target& wanted, const Kil
     rewrites.Run("attention", "attention", [&](const ir::Graph& g, ir::Graph* out) {
       return RewriteAttention(g, out, attention);
     });
+    // Copies the graph could read around: attention's output copied into
+    // the matmul's layout and then back into the kernel's.
+    rewrites.Run("elide-copies", "elide_copies", ElideCopies);
     // float32 addmm as a GEMM and a bias add fused into its reader.
     rewrites.Run("unfuse-addmm", "unfuse_addmm", UnfuseAddmm);
     // Copies that transpose a matmul's operand made along memory instead.

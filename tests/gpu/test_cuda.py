@@ -515,6 +515,23 @@ def test_wide_heads_stay_matmuls_over_a_transposed_view(training):
     assert any(part.endswith("matmul_layouts_graph.txt") for part in traces), traces
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=_dtype_id)
+def test_attention_output_is_read_where_the_kernel_wrote_it(dtype):
+    """Inference: the fused attention kernel's output is copied neither into
+    the [B, H, L, D] layout of the matmul it replaced nor back into
+    [B, L, H, D] for the output projection; the projection reads it as the
+    kernel wrote it. Output against eager's."""
+    torch.manual_seed(0)
+    model = Attention(256).to(DEVICE, dtype).eval()
+    x = rand(4, 64, 256, dtype=dtype)
+    backend = check(model, x, min_kernels=0)
+    graphs = [text for fn in backend.loaded for part, text in fn.artifact.trace.items()
+              if part.endswith("elide_copies_graph.txt")]
+    assert len(graphs) == 1, [part for fn in backend.loaded for part in fn.artifact.trace]
+    assert "aten.clone.default" not in graphs[0], graphs[0]
+    assert any("attention" in t for t in _extern_targets(backend))
+
+
 class MLP(torch.nn.Module):
     def __init__(self, d=256):
         super().__init__()
