@@ -6,6 +6,7 @@
 #include "client/runtime/plan_executor.h"
 
 #include <ATen/EmptyTensor.h>
+#include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/ops/as_strided.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_strided.h>
@@ -417,6 +418,11 @@ absl::StatusOr<std::vector<at::Tensor>> PlanExecutor::Run(
   RETURN_IF_ERROR(impl.CheckSizes(inputs, values));
 
   c10::AutoGradMode no_grad(false);
+  // Every ATen call of the plan goes straight to its kernel, past autograd's
+  // and view tracking's layers (0.2-0.3 us a call): the plan's tensors
+  // carry no gradient, and the caller records what autograd must know
+  // (compiled.py's autograd function) around the whole run.
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
   std::vector<at::Tensor> env(impl.num_slots);
   std::vector<at::Tensor> dead(impl.reuses ? impl.num_slots : 0);
   for (size_t i = 0; i < inputs.size(); ++i) env[i] = inputs[i];
