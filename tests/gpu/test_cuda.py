@@ -522,7 +522,7 @@ def test_attention_output_is_read_where_the_kernel_wrote_it(dtype):
     [B, L, H, D] for the output projection; the projection reads it as the
     kernel wrote it. Output against eager's."""
     torch.manual_seed(0)
-    model = Attention(256).to(DEVICE, dtype).eval()
+    model = Attention(256).to(DEVICE, dtype).eval().requires_grad_(False)
     x = rand(4, 64, 256, dtype=dtype)
     backend = check(model, x, min_kernels=0)
     graphs = [text for fn in backend.loaded for part, text in fn.artifact.trace.items()
@@ -644,7 +644,9 @@ def _check_model(name, cls, shape, training):
             _close(b.float(), c.float(), torch.float32, f"{name} buffer {bname}")
     torch.cuda.synchronize()
     assert backend.stats["eager"] == 0, backend.stats
-    assert _kernels(backend) >= 1
+    # Attention's inference graph is matmuls and the fused attention kernel
+    # through ATen alone: nothing is left to generate.
+    assert _kernels(backend) >= (0 if name == "attention" and not training else 1)
     return backend
 
 
