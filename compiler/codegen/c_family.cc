@@ -574,8 +574,15 @@ absl::StatusOr<std::string> ScalarOpExpr(const Kernel& k_, const std::vector<CTy
       return bin("-");
     case ScalarOp::kMul:
       return boolean ? bin("&&") : bin("*");
-    case ScalarOp::kDiv:
+    case ScalarOp::kDiv: {
+      const Stmt& divisor = k_.stmts[s.args[1]];
+      if (d.invariant_reciprocal && rt == CType::kF32 && s.inner &&
+          (!divisor.inner || divisor.kind == StmtKind::kConstant ||
+           divisor.kind == StmtKind::kReduce)) {
+        return absl::StrCat("(", x(0), " * (", T, "(1) / ", x(1), "))");
+      }
       return flt && d.div != nullptr ? call2(d.div) : bin("/");
+    }
     case ScalarOp::kDivFloor:
       if (boolean) return refuse();
       return call2(flt ? "kiln_floordiv_float" : "kiln_floordiv");

@@ -29,9 +29,16 @@ struct Dialect {
   const char* ns;  // the namespace of numeric_limits, sqrt, abs, max, ...
   // Floating-point division as a call of this function; nullptr: `/`.
   const char* div = nullptr;
+  // A float32 division in the sweep by a value that the sweep does not
+  // change (a constant, a row's reduction or a value computed from
+  // reductions after their sweep) as a product with its
+  // reciprocal, which the compiler computes once (1 ulp from the quotient at
+  // most, for a division's 0.5; a float32 division is about ten
+  // instructions, and a softmax does one per element).
+  bool invariant_reciprocal = false;
 };
 inline constexpr Dialect kCppDialect{"std::"};
-inline constexpr Dialect kCudaDialect{"kiln_dev::"};
+inline constexpr Dialect kCudaDialect{"kiln_dev::", nullptr, true};
 // CUDA kernels generated inside namespace kiln_fast (the CUDA prelude).
 inline constexpr Dialect kCudaFastDialect{"kiln_dev::", "kiln_div"};
 

@@ -464,6 +464,28 @@ TEST(CudaCodegen, LaterPassesReadCostlyValuesFromRegisters) {
   EXPECT_TRUE(absl::StrContains(*source, "[e] = t")) << *source;
 }
 
+// A float32 softmax divides by the row's sum as a product with its
+// reciprocal, computed once per row; a division by a value of the element
+// stays a division.
+TEST(CudaCodegen, Float32DivisionsByARowsValueAreProductsWithItsReciprocal) {
+  auto backend = Backend();
+  auto source = backend->Generate({Softmax(512, 4096, C(4096), C(1))}, {});
+  ASSERT_TRUE(source.ok()) << source.status();
+  EXPECT_TRUE(absl::StrContains(*source, " * (float(1) / t")) << *source;
+
+  KernelBuilder kb("ratio", {C(64)}, {C(1024)});
+  const int x = kb.Buffer("x", v1::FLOAT32);
+  const int y = kb.Buffer("y", v1::FLOAT32);
+  const int out = kb.Buffer("out", v1::FLOAT32, true);
+  kb.Store(out, Idx({C(1024)}, {C(1)}),
+           kb.Op(ScalarOp::kDiv,
+                 {kb.Load(x, Idx({C(1024)}, {C(1)})), kb.Load(y, Idx({C(1024)}, {C(1)}))}));
+  auto ratio = backend->Generate({kb.kernel()}, {});
+  ASSERT_TRUE(ratio.ok()) << ratio.status();
+  EXPECT_FALSE(absl::StrContains(*ratio, "(float(1) / ")) << *ratio;
+  EXPECT_TRUE(absl::StrContains(*ratio, " / t")) << *ratio;
+}
+
 // Kernels whose every result is stored in 16 bits take the approximations
 // of namespace kiln_fast; float32 results keep the exact functions.
 TEST(CudaCodegen, SixteenBitResultsTakeTheFastApproximations) {
