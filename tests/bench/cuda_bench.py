@@ -199,6 +199,25 @@ def time_stream(fn, input_sets, calls=20, runs=7):
     return statistics.median(times)
 
 
+def kernel_ms(fn, input_sets, calls=20):
+    """Milliseconds per inference call of the GPU work fn launches, summed
+    over its kernels under the profiler: the host's time between launches is
+    left out, which time_stream counts wherever the kernels are shorter
+    than the host's time per call."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with torch.no_grad():
+        fn(*input_sets[0])
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for i in range(calls):
+                fn(*input_sets[i % len(input_sets)])
+            torch.cuda.synchronize()
+    us = sum(e.device_time for e in prof.events()
+             if e.device_type == torch.autograd.DeviceType.CUDA)
+    return us / calls / 1000
+
+
 def first_call(fn, inputs, training):
     torch.cuda.synchronize()
     start = time.perf_counter()
@@ -267,6 +286,7 @@ def bench_row(name, dtype, training, server):
     streamed = name in MEMORY_BOUND and not training
     if streamed:
         row["inductor_stream_ms"] = time_stream(inductor, input_sets)
+        row["inductor_kernel_ms"] = kernel_ms(inductor, input_sets)
 
     torch._dynamo.reset()
     dynamo = torch.compile(model, backend="eager", dynamic=False)
@@ -282,6 +302,7 @@ def bench_row(name, dtype, training, server):
     row["kiln_compile_ms"] = cold - row["kiln_steady_ms"]
     if streamed:
         row["kiln_stream_ms"] = time_stream(compiled, input_sets)
+        row["kiln_kernel_ms"] = kernel_ms(compiled, input_sets)
     row["graphs"] = backend.stats["graphs"]
     row["dynamo_ms"] = dynamo_first - dynamo_ms
     row["kiln_split_ms"] = cold_split(backend)
@@ -353,6 +374,8 @@ def bench_row(name, dtype, training, server):
             out.numel() * out.element_size()
         row["kiln_gbps"] = row["bytes"] / (row["kiln_stream_ms"] / 1000) / 1e9
         row["inductor_gbps"] = row["bytes"] / (row["inductor_stream_ms"] / 1000) / 1e9
+        for who in ("kiln", "inductor"):
+            row[f"{who}_kernel_gbps"] = row["bytes"] / (row[f"{who}_kernel_ms"] / 1000) / 1e9
     return row
 
 
@@ -361,21 +384,25 @@ def table(rows, dtype, copy_gbps):
              "| model | mode | eager ms | Inductor ms | kiln ms | kiln vs Inductor | "
              "Inductor compile s | kiln cold compile s | kiln warm ms/graph beyond Dynamo "
              "(the backend's own) | "
-             "graphs | kernels | kiln GB/s (of copy) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "graphs | kernels | kiln GB/s (of copy), calls back to back | kernels' own "
+             "GB/s (of copy) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if "error" in r:
             lines.append(f"| {r['model']} | {r['mode']} | error: {r['error'][:120]} |"
-                         + " |" * 9)
+                         + " |" * 10)
             continue
         bw = (f"{r['kiln_gbps']:.0f} ({100 * r['kiln_gbps'] / copy_gbps:.0f}%; Inductor "
               f"{100 * r['inductor_gbps'] / copy_gbps:.0f}%)" if "kiln_gbps" in r else "")
+        own = (f"{r['kiln_kernel_gbps']:.0f} ({100 * r['kiln_kernel_gbps'] / copy_gbps:.0f}%; "
+               f"Inductor {100 * r['inductor_kernel_gbps'] / copy_gbps:.0f}%)"
+               if "kiln_kernel_gbps" in r else "")
         lines.append(
             f"| {r['model']} | {r['mode']} | {r['eager_ms']:.3f} | {r['inductor_ms']:.3f} | "
             f"{r['kiln_ms']:.3f} | {r['inductor_ms'] / r['kiln_ms']:.2f}x | "
             f"{r['inductor_compile_ms'] / 1000:.2f} | {r['kiln_compile_ms'] / 1000:.2f} | "
             f"{r['kiln_warm_ms_per_graph']:.1f} (own {r['kiln_warm_own_ms']:.1f}) | "
-            f"{r['graphs']} | {r['kernels']} | {bw} |"
+            f"{r['graphs']} | {r['kernels']} | {bw} | {own} |"
             + (f" {r['note']}" if "note" in r else ""))
     ratios = [r["inductor_ms"] / r["kiln_ms"] for r in rows if "error" not in r]
     if ratios:
