@@ -34,13 +34,15 @@ struct Dialect {
   // reductions after their sweep) as a product with its
   // reciprocal, which the compiler computes once (1 ulp from the quotient at
   // most, for a division's 0.5; a float32 division is about ten
-  // instructions, and a softmax does one per element).
+  // instructions, and a softmax does one per element). The reciprocal is a
+  // division (`/`) even where `div` is set: the compiler computes it once
+  // only as such.
   bool invariant_reciprocal = false;
 };
 inline constexpr Dialect kCppDialect{"std::"};
 inline constexpr Dialect kCudaDialect{"kiln_dev::", nullptr, true};
 // CUDA kernels generated inside namespace kiln_fast (the CUDA prelude).
-inline constexpr Dialect kCudaFastDialect{"kiln_dev::", "kiln_div"};
+inline constexpr Dialect kCudaFastDialect{"kiln_dev::", "kiln_div", true};
 
 // The type a value is computed in. float16 and bfloat16 compute (and
 // accumulate) in float32; bool is stored as one byte.
