@@ -31,12 +31,14 @@ struct Dialect {
   const char* div = nullptr;
   // A float32 division in the sweep by a value that the sweep does not
   // change (a constant, a row's reduction or a value computed from
-  // reductions after their sweep) as a product with its
-  // reciprocal, which the compiler computes once (1 ulp from the quotient at
-  // most, for a division's 0.5; a float32 division is about ten
-  // instructions, and a softmax does one per element). The reciprocal is a
-  // division (`/`) even where `div` is set: the compiler computes it once
-  // only as such.
+  // reductions after their sweep) as a product with its reciprocal, which
+  // the compiler computes once: a float32 division is about ten
+  // instructions, and a softmax does one per element. The product is
+  // within 1.5 ulp of the quotient (a division's 0.5) for divisors of
+  // magnitude 2^-126 to 2^126; below that the reciprocal overflows (a row
+  // sum that is subnormal gives inf where the quotient is finite), above it
+  // loses bits. The reciprocal is a division (`/`) even where `div` is set:
+  // the compiler computes it once only as such.
   bool invariant_reciprocal = false;
 };
 inline constexpr Dialect kCppDialect{"std::"};
