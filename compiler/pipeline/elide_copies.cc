@@ -61,8 +61,7 @@ class Facts {
     if (operands.size() != 1 || operands[0] == ir::kNoValue || from_input_[operands[0]]) {
       return std::nullopt;
     }
-    std::vector<bool> seen(g_.values().size(), false);
-    if (Escapes(n.outputs[0], seen)) return std::nullopt;
+    if (Escapes(n.outputs[0])) return std::nullopt;
     return operands[0];
   }
 
@@ -92,16 +91,20 @@ class Facts {
   }
 
  private:
-  // Whether `v`, or a view of it, is a graph output.
-  bool Escapes(ir::ValueId v, std::vector<bool>& seen) const {
-    if (seen[v]) return false;
-    seen[v] = true;
-    if (outputs_.contains(v)) return true;
-    for (int r : readers_[v]) {
-      const ir::Node& reader = g_.nodes()[r];
-      if (!IsView(reader)) continue;
-      for (ir::ValueId o : reader.outputs) {
-        if (Escapes(o, seen)) return true;
+  // Whether `v`, or a view of it (at any depth), is a graph output.
+  bool Escapes(ir::ValueId v) const {
+    absl::flat_hash_set<ir::ValueId> seen = {v};
+    std::vector<ir::ValueId> work = {v};
+    while (!work.empty()) {
+      const ir::ValueId u = work.back();
+      work.pop_back();
+      if (outputs_.contains(u)) return true;
+      for (int r : readers_[u]) {
+        const ir::Node& reader = g_.nodes()[r];
+        if (!IsView(reader)) continue;
+        for (ir::ValueId o : reader.outputs) {
+          if (seen.insert(o).second) work.push_back(o);
+        }
       }
     }
     return false;
