@@ -137,9 +137,12 @@ absl::StatusOr<int> ElideCopies(const ir::Graph& g, ir::Graph* out) {
   // Copies only copied again, and the views between, taken again of the
   // first copy's input.
   std::vector<bool> recopied(count, false), rederive(count, false);
+  // What each copy node that may go copies (Facts::Copied, asked once).
+  std::vector<std::optional<ir::ValueId>> copies(count);
   for (size_t i = 0; i < count; ++i) {
     const ir::Node& n = g.nodes()[i];
-    if (!facts.Copied(n)) continue;
+    copies[i] = facts.Copied(n);
+    if (!copies[i]) continue;
     std::optional<std::vector<int>> views = facts.OnlyRecopied(n);
     if (!views) continue;
     recopied[i] = true;
@@ -151,7 +154,7 @@ absl::StatusOr<int> ElideCopies(const ir::Graph& g, ir::Graph* out) {
   int found = 0;
   for (size_t i = 0; i < count; ++i) {
     const ir::Node& n = g.nodes()[i];
-    const std::optional<ir::ValueId> copied = facts.Copied(n);
+    const std::optional<ir::ValueId>& copied = copies[i];
     if (recopied[i]) {
       map[n.outputs[0]] = map[*copied];
       ++found;
