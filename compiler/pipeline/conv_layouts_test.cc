@@ -30,12 +30,6 @@ ir::ValueId Conv(ir::GraphBuilder& b, ir::ValueId x, ir::ValueId w, int64_t grou
              ir::Bool(false), ir::Ints({0, 0}), ir::Int(groups)});
 }
 
-std::vector<int64_t> Strides(const ir::TensorMeta& m) {
-  std::vector<int64_t> s;
-  for (const ir::SymInt& x : m.strides) s.push_back(x.is_constant() ? x.constant() : -1);
-  return s;
-}
-
 const ir::Value* Named(const ir::Graph& g, const std::string& name) {
   for (const ir::Value& v : g.values()) {
     if (v.name == name) return &v;

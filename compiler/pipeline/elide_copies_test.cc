@@ -17,18 +17,8 @@ using ir::Ref;
 
 constexpr char kClone[] = "aten.clone.default";
 
-ir::ValueId Contiguous(ir::GraphBuilder& b, ir::ValueId x) {
-  return Op(b, kClone, {Ref(x)}, {ir::Argument{"memory_format", v1::CONTIGUOUS_FORMAT}});
-}
-
 ir::ValueId SwapHeads(ir::GraphBuilder& b, ir::ValueId x) {
   return Op(b, "aten.permute.default", {Ref(x), ir::Ints({0, 2, 1, 3})});
-}
-
-std::vector<int64_t> Strides(const ir::TensorMeta& m) {
-  std::vector<int64_t> s;
-  for (const ir::SymInt& x : m.strides) s.push_back(x.is_constant() ? x.constant() : -1);
-  return s;
 }
 
 // What attention through ATen leaves, for [B, L, H, D] = [2, 4, 3, 8]: a

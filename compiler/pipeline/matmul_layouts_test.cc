@@ -15,22 +15,11 @@ namespace {
 
 using ir::Ref;
 
-ir::ValueId Contiguous(ir::GraphBuilder& b, ir::ValueId x) {
-  return Op(b, "aten.clone.default", {Ref(x)},
-            {ir::Argument{"memory_format", v1::CONTIGUOUS_FORMAT}});
-}
-
 const ir::Node* Find(const ir::Graph& g, const std::string& target, int nth = 0) {
   for (const ir::Node& n : g.nodes()) {
     if (n.target == target && nth-- == 0) return &n;
   }
   return nullptr;
-}
-
-std::vector<int64_t> Strides(const ir::TensorMeta& m) {
-  std::vector<int64_t> s;
-  for (const ir::SymInt& x : m.strides) s.push_back(x.is_constant() ? x.constant() : -1);
-  return s;
 }
 
 // Dynamo's q @ k.transpose(-1, -2) for q and k of [B, H, L, D] taken from

@@ -1,11 +1,13 @@
 // What the graph-rewrite tests (matmul-layouts, unfuse-addmm, conv-layouts,
-// merge-sums) share: building a graph node by node through the op
-// registry, and counting a graph's nodes of a target.
+// merge-sums, elide-copies) share: building a graph node by node through the
+// op registry, contiguous copies, strides as integers, and counting a
+// graph's nodes of a target.
 #ifndef KILN_COMPILER_PIPELINE_REWRITE_TEST_UTIL_H_
 #define KILN_COMPILER_PIPELINE_REWRITE_TEST_UTIL_H_
 
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <string>
 #include <utility>
 #include <vector>
@@ -22,6 +24,19 @@ inline ir::ValueId Op(ir::GraphBuilder& b, const std::string& target,
   auto out = ops::Emit(b, ops::DefaultRegistry(), target, std::move(args), std::move(kwargs));
   EXPECT_TRUE(out.ok()) << target << ": " << out.status();
   return out.ok() ? (*out)[0] : ir::kNoValue;
+}
+
+// A contiguous copy of `x` (aten.clone, memory_format contiguous).
+inline ir::ValueId Contiguous(ir::GraphBuilder& b, ir::ValueId x) {
+  return Op(b, "aten.clone.default", {ir::Ref(x)},
+            {ir::Argument{"memory_format", v1::CONTIGUOUS_FORMAT}});
+}
+
+// The strides of `m`, -1 for a symbolic one.
+inline std::vector<int64_t> Strides(const ir::TensorMeta& m) {
+  std::vector<int64_t> s;
+  for (const ir::SymInt& x : m.strides) s.push_back(x.is_constant() ? x.constant() : -1);
+  return s;
 }
 
 // The nodes of `g` whose target is `target`.
