@@ -152,6 +152,34 @@ int64_t DTypeBytes(v1::DType t) {
   }
 }
 
+// Whether `v` is a boolean computed from floating-point values (relu's
+// mask, a comparison of its result with 0). Saved, it costs a byte an
+// element once; recomputed, every backward kernel that needs it reads
+// what it is computed from again, two to eight bytes an element of each
+// (a conv net's residual relu: the block's input and the convolution's
+// result, both saved anyway, read by each of four batch norm kernels).
+// The cut does not see those reads, so such a mask the backward reads is
+// always saved.
+bool NarrowMask(const ir::Graph& g, ValueId v) {
+  const ir::Value& val = g.value(v);
+  if (val.meta.dtype != v1::BOOL || val.producer < 0) return false;
+  bool any = false;
+  for (ValueId u : ir::Graph::Operands(g.nodes()[val.producer])) {
+    if (u == kNoValue) continue;
+    switch (g.value(u).meta.dtype) {
+      case v1::FLOAT16:
+      case v1::BFLOAT16:
+      case v1::FLOAT32:
+      case v1::FLOAT64:
+        any = true;
+        break;
+      default:
+        return false;
+    }
+  }
+  return any;
+}
+
 // A subgraph of `g` computing `outputs` from `inputs` (which become its
 // placeholders), with every node they need and no other.
 absl::StatusOr<ir::Graph> Extract(const ir::Graph& g, const std::string& name,
@@ -432,9 +460,11 @@ absl::StatusOr<Partition> PartitionJointGraph(const JointGraph& joint,
         for (ValueId u : ir::Graph::Operands(node)) net.AddEdge(2 * u + 1, 2 * v, kInf);
       }
       // Primals exist before the forward runs; a value the forward computes
-      // anyway and the backward may not recompute is on the forward's side.
-      // Everything else may land on either side of the cut.
-      if (val.producer < 0 || (fwd_needed[v] && !recomputable)) {
+      // anyway and the backward may not recompute is on the forward's side,
+      // and so is a mask the backward reads (NarrowMask). Everything else
+      // may land on either side of the cut.
+      if (val.producer < 0 || (fwd_needed[v] && !recomputable) ||
+          (recomputable && bw_read[v] && NarrowMask(g, v))) {
         net.AddEdge(S, 2 * v, kInf);
       } else if (bwd_in_memory[v]) {
         net.AddEdge(S, 2 * v, bytes);

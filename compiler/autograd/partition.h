@@ -15,21 +15,26 @@
 // forward anyway), and every value that must not be recomputed (anything but
 // pointwise ops and views: matmuls, convolutions, reductions, random ops,
 // externs); with v's bytes, a recomputable value that a backward matmul
-// reads (recomputing it costs the backward a write of it). Every value a
-// tangent-dependent node reads drains into the sink.
+// reads (recomputing it costs the backward a write of it); and a boolean
+// computed from floating-point values that the backward reads (relu's
+// mask), which the backward would otherwise recompute from wider values
+// in every kernel that needs it. Every value a tangent-dependent node
+// reads drains into the sink.
 // A minimum cut is then the cheapest set of values to save such that
 // everything else the backward needs can be recomputed from them by cheap
 // ops. The classification lives apart from the solver (Dinic's max-flow).
 //
 // Worked example, y = sum(relu(x) * w), x and w needing gradients:
 //   forward-able: a = relu(x), b = a * w, y = sum(b)
-//   backward:     gb = expand(ty); ga = gb * w; gw = gb * a; gx = threshold_backward(ga, a, 0)
-//   backward reads: w, a   (x is not read)
-//   Saving a and w costs 2|a| + |w| (the forward would write a only to
-//   save it); recomputing a = relu(x) instead needs x, a primal: |x| + |w|.
-//   The cut saves x and w, and the backward recomputes relu(x). With
-//   several pointwise ops after relu whose results the backward reads,
-//   saving x alone wins over saving each of them all the more.
+//                 m = a <= 0 (relu's mask)
+//   backward:     gb = expand(ty); ga = gb * w; gw = gb * a; gx = masked_fill(ga, m, 0)
+//   backward reads: w, a, m   (x is not read)
+//   m, a boolean, is saved (2|m|, a quarter of |x| for float32). Saving a
+//   and w costs 2|a| + |w| (the forward would write a only to save it);
+//   recomputing a = relu(x) instead needs x, a primal: |x| + |w|. The cut
+//   saves x, w and m, and the backward recomputes relu(x). With several
+//   pointwise ops after relu whose results the backward reads, saving x
+//   alone wins over saving each of them all the more.
 //
 // Pure functions; thread-safe.
 #ifndef KILN_COMPILER_AUTOGRAD_PARTITION_H_

@@ -76,9 +76,13 @@ void RegisterPointwise(Registry* r) {
   Def(r, "aten.sigmoid.default", SelfRule([](Ctx& c, ValueId g) {
         return c.Op("aten.sigmoid_backward.default", {Ref(g), Ref(c.output(0))});
       }));
-  // relu: threshold_backward on the result (grad is 0 where result <= 0).
-  Def(r, "aten.relu.default", SelfRule([](Ctx& c, ValueId g) {
-        return c.Op("aten.threshold_backward.default", {Ref(g), Ref(c.output(0)), ir::Int(0)});
+  // relu: grad is 0 where the result is <= 0. The mask is its own value,
+  // computed from the result alone, so that the partition may save it (a
+  // byte an element) rather than the result or what the result is
+  // recomputed from (compiler/autograd/partition.h).
+  Def(r, "aten.relu.default", SelfRule([](Ctx& c, ValueId g) -> Val {
+        ASSIGN_OR_RETURN(ValueId off, c.Op("aten.le.Scalar", {Ref(c.output(0)), ir::Int(0)}));
+        return ZeroWhere(c, g, off);
       }));
   Def(r, "aten.gelu.default", SelfRule([](Ctx& c, ValueId g) -> Val {
         ASSIGN_OR_RETURN(ValueId self, Tensor(c, "self"));

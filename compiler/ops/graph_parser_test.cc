@@ -386,22 +386,23 @@ def forward(self, x: "f32[8, 16]", w: "f32[16, 4]"):
   ASSERT_TRUE(joint.ok()) << joint.status();
   auto split = autograd::PartitionJointGraph(*joint);
   ASSERT_TRUE(split.ok()) << split.status();
-  // relu is cheap: the backward recomputes it from mm rather than saving it.
+  // relu's mask is saved, a byte an element, rather than mm (four bytes an
+  // element) for the backward to recompute relu and compare it.
   EXPECT_EQ(ir::PrintReadable(split->forward), R"(# graph 'mlp_joint_forward'
 def forward(self, x: "f32[8, 16]", w: "f32[16, 4]"):
     mm: "f32[8, 4]" = aten.mm.default(x, w)
     relu: "f32[8, 4]" = aten.relu.default(mm)
     sum_1: "f32[]" = aten.sum.default(relu)
-    return (sum_1, x, mm)
+    n1_v: "b8[8, 4]" = aten.le.Scalar(relu, 0)
+    return (sum_1, x, n1_v)
 )");
   EXPECT_EQ(ir::PrintReadable(split->backward), R"(# graph 'mlp_joint_backward'
-def forward(self, x: "f32[8, 16]", mm: "f32[8, 4]", tangent_0: "f32[]"):
-    relu: "f32[8, 4]" = aten.relu.default(mm)
+def forward(self, x: "f32[8, 16]", n1_v: "b8[8, 4]", tangent_0: "f32[]"):
     n0_v: "f32[8, 4]" = aten.expand.default(tangent_0, [8, 4])
-    n1_v: "f32[8, 4]" = aten.threshold_backward.default(n0_v, relu, 0)
-    n2_v: "f32[16, 8]" = aten.t.default(x)
-    n3_v: "f32[16, 4]" = aten.mm.default(n2_v, n1_v)
-    return (n3_v,)
+    n2_v: "f32[8, 4]" = aten.masked_fill.Scalar(n0_v, n1_v, 0)
+    n3_v: "f32[16, 8]" = aten.t.default(x)
+    n4_v: "f32[16, 4]" = aten.mm.default(n3_v, n2_v)
+    return (n4_v,)
 )");
 }
 
