@@ -242,11 +242,30 @@ TEST(PartitionTest, SavesTheDropoutMaskAndNeverRedrawsIt) {
   Partition p = Split(std::move(b).Build());
   EXPECT_TRUE(HasTarget(p.forward, "aten.native_dropout.default"));
   EXPECT_FALSE(HasTarget(p.backward, "aten.native_dropout.default"));
-  bool mask_saved = false;
+  // Dropout's mask, and relu's (NarrowMask).
+  int masks_saved = 0;
   for (int i = p.num_forward_outputs; i < static_cast<int>(p.forward.outputs().size()); ++i) {
-    mask_saved |= p.forward.value(p.forward.outputs()[i]).meta.dtype == v1::BOOL;
+    masks_saved += p.forward.value(p.forward.outputs()[i]).meta.dtype == v1::BOOL;
   }
-  EXPECT_TRUE(mask_saved);
+  EXPECT_EQ(masks_saved, 2);
+}
+
+// relu's mask (result <= 0) is saved, a byte an element, even though x,
+// which the backward reads anyway, would give it back for free in the
+// cut's terms: every backward kernel that needs the mask would read x
+// again to compare it.
+TEST(PartitionTest, SavesReluMaskRatherThanComparingWhatItIsComputedFrom) {
+  ir::GraphBuilder b("relu_times_x");
+  ir::ValueId x = b.AddInput(Meta({64, 64}, true), v1::Placeholder::USER_INPUT, "x");
+  ir::ValueId r = Op(b, "aten.relu.default", {Ref(x)});
+  b.AddOutput(Op(b, "aten.sum.default", {Ref(Op(b, "aten.mul.Tensor", {Ref(r), Ref(x)}))}));
+  Partition p = Split(std::move(b).Build());
+  EXPECT_TRUE(Holds(p.saved, "x")) << absl::StrJoin(p.saved, ", ");
+  ASSERT_EQ(p.saved.size(), 2u) << absl::StrJoin(p.saved, ", ");
+  EXPECT_EQ(p.saved_bytes, 64 * 64 * 4 + 64 * 64);
+  EXPECT_TRUE(HasTarget(p.forward, "aten.le.Scalar"));
+  EXPECT_FALSE(HasTarget(p.backward, "aten.le.Scalar"));
+  EXPECT_TRUE(HasTarget(p.backward, "aten.masked_fill.Scalar"));
 }
 
 TEST(PartitionTest, ForwardHoldsNoTangentWorkAndBackwardReadsOnlyItsInputs) {
