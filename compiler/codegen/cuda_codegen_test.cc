@@ -281,12 +281,17 @@ TEST(CudaCodegen, LongRowsAreSweptByALoopOfChunks) {
   auto source = backend->Generate({Softmax(8, 100000, C(100000), C(1))}, {});
   ASSERT_TRUE(source.ok());
   EXPECT_FALSE(absl::StrContains(*source, "c0[")) << *source;
-  EXPECT_TRUE(absl::StrContains(*source, "ch < inner_n / 4; ch += 1024")) << *source;
-  EXPECT_TRUE(absl::StrContains(*source, "kiln_vload<4>(v")) << *source;
+  // 256 threads, each loading four chunks before it uses any.
+  EXPECT_EQ(ScheduleOf(Softmax(8, 100000, C(100000), C(1))).block, 256);
+  EXPECT_TRUE(absl::StrContains(*source, "ch0 < inner_n / 4; ch0 += 1024")) << *source;
+  EXPECT_TRUE(absl::StrContains(*source, "const int32_t ch = ch0 + u * 256;")) << *source;
+  EXPECT_TRUE(absl::StrContains(*source, "kiln_vload<4>(g0[u], ")) << *source;
+  EXPECT_TRUE(absl::StrContains(*source, "const auto& v0 = g0[u];")) << *source;
+  EXPECT_TRUE(backend->Compile(*source).ok());
   // A row that does not divide into chunks: element by element.
   auto odd = backend->Generate({Softmax(8, 100001, C(100001), C(1))}, {});
   ASSERT_TRUE(odd.ok());
-  EXPECT_TRUE(absl::StrContains(*odd, "i < inner_n; i += 1024")) << *odd;
+  EXPECT_TRUE(absl::StrContains(*odd, "i < inner_n; i += 256")) << *odd;
 }
 
 TEST(CudaCodegen, StridedRowsTakeTheColumnLayout) {
@@ -515,9 +520,9 @@ TEST(CudaCodegen, WelfordMergesEachVectorChunk) {
   auto backend = Backend();
   auto source = backend->Generate({kb.kernel()}, {});
   ASSERT_TRUE(source.ok()) << source.status();
-  EXPECT_TRUE(absl::StrContains(*source, "kiln_vload<4>(v")) << *source;
+  EXPECT_TRUE(absl::StrContains(*source, "kiln_vload<4>(g0[u], ")) << *source;
   EXPECT_TRUE(absl::StrContains(*source, "wx1[v] = t0;")) << *source;
-  EXPECT_TRUE(absl::StrContains(*source, "kiln_welford_merge(wm1, wq1, wn1, m, q, float(4));"))
+  EXPECT_TRUE(absl::StrContains(*source, "kiln_welford_chunk(wm1, wq1, wn1, m, q, float(4));"))
       << *source;
   EXPECT_FALSE(absl::StrContains(*source, "+= d / wn1")) << *source;
   auto module = backend->Compile(*source);
