@@ -112,6 +112,28 @@ class TorchCompileTest(SharedKilnd, unittest.TestCase):
                         torch._dynamo.reset()
                         self.check_model(name, make, inputs, train)
 
+    def test_batch_norm_statistics_are_copied_for_the_graph_only_where_autograd_keeps_them(self):
+        # A graph that updates running statistics reads a copy of each only
+        # where its backward may keep the original: ATen's autograd (the
+        # eager backend) keeps batch norm's; kilnd's backward graph saves
+        # none of them.
+        model = capture_graphs.ConvBlock(3, 8).train()
+        x = torch.randn(2, 3, 8, 8, requires_grad=True)
+        for name, kept in (("kiln_eager", True), ("kiln", False)):
+            torch._dynamo.reset()
+            seen = []
+            be = self.backend(name)
+
+            def keep(gm, example_inputs, be=be):
+                seen.append(be(gm, example_inputs))
+                return seen[-1]
+
+            compiled = torch.compile(copy.deepcopy(model), backend=keep, dynamic=False)
+            compiled(x).sum().backward()
+            # running_mean, running_var, num_batches_tracked
+            self.assertEqual(len(seen[0]._mutations), 3, name)
+            self.assertEqual(len(seen[0]._kept), 3 if kept else 0, name)
+
     def test_batch_norms_backward_sums_each_product_once(self):
         """A batch norm reaches kilnd decomposed, and the derivatives of its
         parts sum the output gradient, and its product with the centered

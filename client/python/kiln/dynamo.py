@@ -251,7 +251,7 @@ class KilnBackend:
         if cuda_graphs and static and artifact.target.device_type == "cuda":
             function = CudaGraphed(function)
             self.cuda_graphed.append(function)
-        compiled = _Compiled(lowered, function)
+        compiled = _Compiled(lowered, function, artifact)
         self.times["load"] += time.perf_counter() - start
         record = {phase: self.times[phase] - before[phase] for phase in self.times}
         record["graph"] = name
@@ -319,31 +319,59 @@ class _Compiled:
     """What the backend returns to Dynamo: takes Dynamo's flat arguments,
     returns its outputs, and writes back the inputs the graph updates."""
 
-    def __init__(self, lowered, fn):
+    def __init__(self, lowered, fn, artifact=None):
         self.lowered = lowered
         self.fn = fn
         self._tensor_args = lowered.tensor_args
         self._num_outputs = lowered.num_outputs
         self._mutations = lowered.mutations
+        self._position = {arg: k for k, arg in enumerate(self._tensor_args)}
+        # The primals (by position) that autograd may keep for the
+        # backward, of those the graph writes: all of them unless the
+        # artifact's backward graph says which it saves (ATen's own
+        # autograd, as the eager backend's, keeps what each op saves: batch
+        # norm's backward the running statistics).
+        written = {self._position[arg] for arg, _ in self._mutations}
+        self._kept = written
+        if artifact is not None and artifact.HasField("autograd"):
+            saved = set(artifact.autograd.saved)
+            self._kept = {k for k in written
+                          if artifact.autograd.forward.inputs[k].value.name in saved}
 
     def __call__(self, *args):
         primals = [args[i] for i in self._tensor_args]
-        if self._mutations:
-            # The graph reads a copy of each input it writes: autograd may
-            # save what the graph reads (batch norm's backward saves the
-            # running statistics), and the copy-back below must not change
-            # a saved tensor.
-            position = {arg: k for k, arg in enumerate(self._tensor_args)}
+        if self._mutations and self._kept and torch.is_grad_enabled():
+            # The graph reads a copy of each input it writes that autograd
+            # may keep: the copy-back below must not change a saved tensor.
             for arg, _ in self._mutations:
                 t = args[arg]
-                if not t.requires_grad:
-                    primals[position[arg]] = t.detach().clone()
+                if not t.requires_grad and self._position[arg] in self._kept:
+                    primals[self._position[arg]] = t.detach().clone()
         outputs = self.fn(primals)
         if self._mutations:
             with torch.no_grad():
-                for arg, out in self._mutations:
-                    args[arg].copy_(outputs[out])
+                _copy_back([args[arg] for arg, _ in self._mutations],
+                           [outputs[out] for _, out in self._mutations])
         return list(outputs[:self._num_outputs])
+
+
+def _copy_back(inputs, values):
+    """inputs[k].copy_(values[k]) for every k: one multi-tensor copy for
+    each group of the same device, dtype and shapes (a model's batch norm
+    running statistics, two launches where there were six), tensor by
+    tensor for the rest."""
+    groups = {}
+    for dst, src in zip(inputs, values):
+        if (src.device == dst.device and src.dtype == dst.dtype and src.shape == dst.shape
+                and dst.is_cuda):
+            groups.setdefault((dst.device, dst.dtype), []).append((dst, src))
+        else:
+            dst.copy_(src)
+    for pairs in groups.values():
+        if len(pairs) == 1:
+            pairs[0][0].copy_(pairs[0][1])
+        else:
+            torch._foreach_copy_([d for d, _ in pairs], [v for _, v in pairs])
 
 
 _BACKENDS = weakref.WeakSet()  # every KilnBackend alive, for compile_times()
