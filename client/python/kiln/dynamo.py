@@ -361,9 +361,10 @@ def _copy_back(inputs, values):
     running statistics, two launches where there were six), tensor by
     tensor for the rest."""
     groups = {}
+    multi = getattr(torch, "_foreach_copy_", None)
     for dst, src in zip(inputs, values):
-        if (src.device == dst.device and src.dtype == dst.dtype and src.shape == dst.shape
-                and dst.is_cuda):
+        if (multi is not None and src.device == dst.device and src.dtype == dst.dtype
+                and src.shape == dst.shape and dst.is_cuda):
             groups.setdefault((dst.device, dst.dtype), []).append((dst, src))
         else:
             dst.copy_(src)
@@ -371,7 +372,7 @@ def _copy_back(inputs, values):
         if len(pairs) == 1:
             pairs[0][0].copy_(pairs[0][1])
         else:
-            torch._foreach_copy_([d for d, _ in pairs], [v for _, v in pairs])
+            multi([d for d, _ in pairs], [v for _, v in pairs])
 
 
 _BACKENDS = weakref.WeakSet()  # every KilnBackend alive, for compile_times()
