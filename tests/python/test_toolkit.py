@@ -98,8 +98,9 @@ class ToolkitTest(SharedKilnd, unittest.TestCase):
         x = torch.randn(4, 8, requires_grad=True)
         graph = kiln.capture(lambda x: torch.relu(torch.tanh(x) * 2).sum(dim=1), x,
                              name="relu_train")
-        # threshold_backward is in relu's backward alone.
-        fault = "compile_error:aten.threshold_backward.default"
+        # masked_fill (the gradient zeroed where relu's result is <= 0) is in
+        # relu's backward alone.
+        fault = "compile_error:aten.masked_fill.Scalar"
         path = self.graph_file(graph, options("kiln", fault))
         failed = self.kilnctl("compile", path, check=False)
         self.assertNotEqual(failed.returncode, 0)
@@ -109,7 +110,7 @@ class ToolkitTest(SharedKilnd, unittest.TestCase):
         self.assertRegex(shown.stdout, r"minified the backward graph from \d+ to [123] nodes")
         with open(os.path.join(out, "minified.json")) as f:
             minified = json_format.Parse(f.read(), service_pb2.GraphFile())
-        self.assertIn("aten.threshold_backward.default", [n.target for n in minified.graph.nodes])
+        self.assertIn("aten.masked_fill.Scalar", [n.target for n in minified.graph.nodes])
 
     def test_minify_an_injected_accuracy_bug(self):
         graph = kiln.capture(long_chain, torch.randn(4, 8), name="long_chain")
@@ -136,12 +137,12 @@ class ToolkitTest(SharedKilnd, unittest.TestCase):
         self.assertIn("aten.relu.default", [n.target for n in minified.graph.nodes])
 
     def test_minify_a_wrong_gradient(self):
-        # The fault is in relu's derivative (threshold_backward): the outputs
-        # are right, the input's gradient is not.
+        # The fault is in relu's derivative (its masked_fill): the outputs are
+        # right, the input's gradient is not.
         x = torch.randn(4, 8, requires_grad=True)
         graph = kiln.capture(lambda x: torch.relu(torch.tanh(x) * 2 - 0.5).sum(dim=1) * 3, x,
                              name="relu_train")
-        fault = options("kiln", "accuracy:aten.threshold_backward.default")
+        fault = options("kiln", "accuracy:aten.masked_fill.Scalar")
         with kiln.Client(self.server.address) as client:
             small = kiln.minify_accuracy(graph, None, client, fault)
             with self.assertRaisesRegex(ValueError, "is accurate"):
