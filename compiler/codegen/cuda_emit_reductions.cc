@@ -237,6 +237,18 @@ absl::Status CudaKernelEmitter::EmitReduction(const Schedule& sched, std::string
     for (int j : inner) {
       if (cache_of[j] < 0) fresh.push_back(j);
     }
+    // The sweep's distinct vectorized loads: one of each set of loads of
+    // the same element.
+    auto distinct_vector_loads = [&]() {
+      std::vector<int> loads;
+      for (int j : fresh) {
+        if (k_.stmts[j].kind != StmtKind::kLoad || vectorized_.count(j) == 0) continue;
+        if (std::none_of(loads.begin(), loads.end(), [&](int q) { return SameLoad(q, j); })) {
+          loads.push_back(j);
+        }
+      }
+      return loads;
+    };
     int depth = 4;
     int grouped = 1;  // chunks per group of loads (the sweep by vectors)
     // In a sweep by vectors, Welford's inputs of a chunk are gathered
@@ -268,15 +280,7 @@ absl::Status CudaKernelEmitter::EmitReduction(const Schedule& sched, std::string
                       "      if (i < inner_n) {\n");
       RETURN_IF_ERROR(Decompose(k_.inner, "i", "i", 4, out));
     } else if (vector > 1) {
-      // The sweep's distinct vector loads (one of each set of loads of the
-      // same element).
-      std::vector<int> streams;
-      for (int j : fresh) {
-        if (k_.stmts[j].kind != StmtKind::kLoad || vectorized_.count(j) == 0) continue;
-        if (std::none_of(streams.begin(), streams.end(), [&](int q) { return SameLoad(q, j); })) {
-          streams.push_back(j);
-        }
-      }
+      const std::vector<int> streams = distinct_vector_loads();
       // About four vectors in flight per thread: the chunks of a group
       // are all loaded before any is used. Unrolled with each chunk's use
       // after its load, ptxas kept one or two loads in flight, waiting on
@@ -331,15 +335,9 @@ absl::Status CudaKernelEmitter::EmitReduction(const Schedule& sched, std::string
       // one reading three or more (an RMS norm's weight gradient beside
       // its dx) none: its body, copied for 8 groups and 2 steps, took
       // NVRTC 0.3 s more per module than for 8 groups and 1.
-      // The sweep's distinct loads moving along the rows (one of each
-      // set of loads of the same element), read as vectors when packed.
-      std::vector<int> chunked;
-      for (int j : fresh) {
-        if (!packed || k_.stmts[j].kind != StmtKind::kLoad || vectorized_.count(j) == 0) continue;
-        if (std::none_of(chunked.begin(), chunked.end(), [&](int q) { return SameLoad(q, j); })) {
-          chunked.push_back(j);
-        }
-      }
+      // The sweep's distinct loads moving along the rows, read as vectors
+      // when packed.
+      const std::vector<int> chunked = packed ? distinct_vector_loads() : std::vector<int>();
       const int unroll = packed ? std::clamp(4 / std::max<int>(1, chunked.size()), 1, 4) : 4;
       absl::StrAppend(out, "#pragma unroll ", unroll, "\n    for (", idx_,
                       " i = lane; i < inner_n; i += ", lanes, ") {\n      {\n");
