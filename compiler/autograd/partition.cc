@@ -22,7 +22,8 @@ constexpr int64_t kInf = std::numeric_limits<int64_t>::max() / 4;
 // Views followed from an operand to the value they view, at most.
 constexpr int kMaxViewDepth = 32;
 
-int64_t SaturatingDouble(int64_t x) { return x > kInf / 4 ? kInf / 2 : 2 * x; }
+// k * x for a small k, saturating far below kInf.
+int64_t SaturatingTimes(int64_t x, int k) { return x > kInf / 8 ? kInf / 2 : k * x; }
 
 // Dinic's max-flow over a small adjacency-list network.
 class FlowNetwork {
@@ -438,9 +439,14 @@ absl::StatusOr<Partition> PartitionJointGraph(const JointGraph& joint,
     // backward reads the convolution's output rather than a saved x - mean.)
     // A forward matmul's operand is written anyway too, and so is a value
     // read on both sides of a matmul (ReadAcrossMatmuls). Recomputing a value
-    // that a backward matmul reads costs its bytes: the backward writes it
-    // (attention's heads copied into the batched matmuls' layout are saved
-    // rather than copied again from the projection they came from).
+    // that a backward matmul reads costs three times its bytes: the backward
+    // reads what it is computed from (about its size, for a pointwise op),
+    // writes it, and the matmul reads it back, where saving it costs that
+    // last read (and the forward's write, if it was not written anyway). So
+    // attention's heads copied into the batched matmuls' layout are saved
+    // rather than copied again from the projection they came from, and so is
+    // an MLP's activation, which the forward writes for its second matmul,
+    // rather than computed again for the weight's gradient.
     std::vector<bool> exists(nv, false);
     for (int i = 0; i < joint.num_forward_outputs; ++i) exists[g.outputs()[i]] = true;
     for (ValueId v = 0; v < nv; ++v) {
@@ -451,7 +457,7 @@ absl::StatusOr<Partition> PartitionJointGraph(const JointGraph& joint,
       const bool materialized = val.producer < 0 || exists[v] || fwd_in_memory[v] || across[v] ||
                                 (def != nullptr && def->traits.expensive);
       const int64_t bytes = std::max<int64_t>(1, ValueBytes(val.meta, options.symbolic_size_hint));
-      net.AddEdge(2 * v, 2 * v + 1, materialized ? bytes : SaturatingDouble(bytes));
+      net.AddEdge(2 * v, 2 * v + 1, materialized ? bytes : SaturatingTimes(bytes, 2));
       bool recomputable = false;
       if (val.producer >= 0) {
         const ir::Node& node = g.nodes()[val.producer];
@@ -467,7 +473,7 @@ absl::StatusOr<Partition> PartitionJointGraph(const JointGraph& joint,
           (recomputable && bw_read[v] && NarrowMask(g, v))) {
         net.AddEdge(S, 2 * v, kInf);
       } else if (bwd_in_memory[v]) {
-        net.AddEdge(S, 2 * v, bytes);
+        net.AddEdge(S, 2 * v, SaturatingTimes(bytes, 3));
       }
       if (bw_read[v]) net.AddEdge(2 * v + 1, T, kInf);
     }

@@ -14,8 +14,11 @@
 // primals, every value the forward outputs need (it is computed in the
 // forward anyway), and every value that must not be recomputed (anything but
 // pointwise ops and views: matmuls, convolutions, reductions, random ops,
-// externs); with v's bytes, a recomputable value that a backward matmul
-// reads (recomputing it costs the backward a write of it); and a boolean
+// externs); with three times v's bytes, a recomputable value that a
+// backward matmul reads (recomputing it costs the backward a read of what it
+// is computed from, a write of it and the matmul's read of it, where saving
+// it costs the read, and the write where the forward does not write it
+// anyway); and a boolean
 // computed from floating-point values that the backward reads (relu's
 // mask), which the backward would otherwise recompute from wider values
 // in every kernel that needs it. Every value a tangent-dependent node

@@ -168,6 +168,29 @@ TEST(PartitionTest, SavesACopyBothPassesMatmulsReadRatherThanCopyingItAgain) {
   EXPECT_FALSE(Holds(p.recomputed, copy)) << absl::StrJoin(p.recomputed, ", ");
 }
 
+// An MLP: gelu(x @ w1 + b) @ w2. The forward writes the activation for its
+// second matmul, and the backward's gradient of w2 reads it again. Saving
+// it costs that read; computing it again from the saved product costs the
+// backward a kernel that reads the product and writes the activation, and
+// the matmul's read of it.
+TEST(PartitionTest, SavesAnActivationABackwardMatmulReadsRatherThanComputingItAgain) {
+  ir::GraphBuilder b("mlp_gelu");
+  ir::ValueId x = b.AddInput(Meta({256, 64}, true), v1::Placeholder::USER_INPUT, "x");
+  ir::ValueId w1 = b.AddInput(Meta({64, 256}, true), v1::Placeholder::PARAMETER, "w1");
+  ir::ValueId bias = b.AddInput(Meta({256}, true), v1::Placeholder::PARAMETER, "bias");
+  ir::ValueId w2 = b.AddInput(Meta({256, 64}, true), v1::Placeholder::PARAMETER, "w2");
+  ir::ValueId m = Op(b, "aten.mm.default", {Ref(x), Ref(w1)});
+  ir::ValueId a = Op(b, "aten.gelu.default", {Ref(Op(b, "aten.add.Tensor", {Ref(m), Ref(bias)}))});
+  const std::string product = b.value(m).name, activation = b.value(a).name;
+  b.AddOutput(Op(b, "aten.sum.default", {Ref(Op(b, "aten.mm.default", {Ref(a), Ref(w2)}))}));
+  Partition p = Split(std::move(b).Build());
+  EXPECT_TRUE(Holds(p.saved, activation)) << absl::StrJoin(p.saved, ", ");
+  EXPECT_FALSE(Holds(p.recomputed, activation)) << absl::StrJoin(p.recomputed, ", ");
+  EXPECT_FALSE(HasTarget(p.backward, "aten.gelu.default"));
+  // GELU's backward reads the biased product: the product is saved for it.
+  EXPECT_TRUE(Holds(p.saved, product)) << absl::StrJoin(p.saved, ", ");
+}
+
 // A residual stream: h = x @ w1 + x @ w2 is read before a matmul (sin(h)
 // feeds it) and after it (h + the product). The forward writes h for the
 // reader after the matmul, so saving h costs its bytes once, less than
