@@ -15,6 +15,7 @@ absl::StatusOr<LoweredGraph> LowerGraph(const ir::Graph& graph, const ops::Regis
   ASSIGN_OR_RETURN(std::vector<NodeLowering> nodes, LowerNodes(graph, registry));
   ASSIGN_OR_RETURN(FusedGraph fused, Fuse(graph, nodes, policy));
   LoweredGraph lowered = BuildPlan(graph, std::move(fused));
+  WriteCatsInPlace(&lowered);
   ShareIdenticalKernels(&lowered);
   PlanMemory(&lowered.plan);
   return lowered;

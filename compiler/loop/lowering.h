@@ -8,6 +8,7 @@
 //   fuse          fuse.h          Fuse         PrintFused
 //   plan          plan_build.h    BuildPlan    PrintLowered
 //   (cuda: split-reductions, split_reductions.h)
+//   cat-in-place  cat_in_place.h  WriteCatsInPlace
 //   share-kernels share_kernels.h ShareIdenticalKernels
 //   memory-plan   memory_plan.h   PlanMemory   PrintSteps
 //
@@ -23,6 +24,7 @@
 
 #include "absl/status/statusor.h"
 #include "compiler/ir/graph.h"
+#include "compiler/loop/cat_in_place.h"
 #include "compiler/loop/fuse.h"
 #include "compiler/loop/lower.h"
 #include "compiler/loop/memory_plan.h"
@@ -32,7 +34,7 @@
 
 namespace kiln::loop {
 
-// lower, fuse, plan, share-kernels and memory-plan.
+// lower, fuse, plan, cat-in-place, share-kernels and memory-plan.
 absl::StatusOr<LoweredGraph> LowerGraph(const ir::Graph& graph,
                                         const ops::Registry& registry = ops::DefaultRegistry(),
                                         const FusionPolicy& policy = FusionPolicy());

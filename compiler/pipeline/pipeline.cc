@@ -14,6 +14,7 @@
 #include "compiler/codegen/modules.h"
 #include "compiler/ir/canonical.h"
 #include "compiler/ir/printer.h"
+#include "compiler/loop/cat_in_place.h"
 #include "compiler/loop/fold_column_sums.h"
 #include "compiler/loop/lowering.h"
 #include "compiler/loop/split_reductions.h"
@@ -188,6 +189,7 @@ absl::StatusOr<v1::CompiledGraph> CompileGraph(const ir::Graph& graph, const std
     };
     times->Time(prefix + "split-reductions", [&] { loop::SplitReductions(policy, &lowered); });
   }
+  times->Time(prefix + "cat-in-place", [&] { loop::WriteCatsInPlace(&lowered); });
   if (options.share_kernels) {
     times->Time(prefix + "share-kernels", [&] { loop::ShareIdenticalKernels(&lowered); });
   }

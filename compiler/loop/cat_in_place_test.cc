@@ -1,0 +1,123 @@
+// Pass "cat-in-place": attention's heads moved out of their layout and a
+// scaled tensor, concatenated. The kernels that make the parts write them
+// into the concatenation, and the plan runs without ATen's cat: its kernels
+// compiled by the C++ backend and run over the plan's buffers, against the
+// concatenation computed here. A part that anything else reads keeps the
+// cat.
+#include "compiler/loop/cat_in_place.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_join.h"
+#include "compiler/codegen/cpp_codegen_test_util.h"
+#include "compiler/ir/builder.h"
+#include "compiler/loop/lowering.h"
+
+namespace kiln::loop {
+namespace {
+
+using ir::Ref;
+
+ir::ValueId Op(ir::GraphBuilder& b, const std::string& target, std::vector<ir::Argument> args,
+               std::vector<ir::Argument> kwargs = {}) {
+  auto out = ops::Emit(b, ops::DefaultRegistry(), target, std::move(args), std::move(kwargs));
+  EXPECT_TRUE(out.ok()) << target << ": " << out.status();
+  return out.ok() ? (*out)[0] : ir::kNoValue;
+}
+
+constexpr int64_t kB = 2, kH = 4, kL = 3, kD = 5, kC = 7;
+
+enum class Extra { kNone, kHeadsAreAnOutput, kScaledIsAnInput };
+
+// x [B, H, L, D] -> permute to [B, L, H, D] -> clone -> view [B, L, H*D];
+// y [B, L, C] * 3; out = cat([y * 3, heads], dim=-1) of [B, L, C + H*D].
+ir::Graph HeadsBesideScaled(Extra extra = Extra::kNone) {
+  ir::GraphBuilder b("heads_cat");
+  const ir::ValueId x =
+      b.AddInput(ir::ContiguousMeta({kB, kH, kL, kD}), v1::Placeholder::USER_INPUT, "x");
+  const ir::ValueId y =
+      b.AddInput(ir::ContiguousMeta({kB, kL, kC}), v1::Placeholder::USER_INPUT, "y");
+  const ir::ValueId moved =
+      Op(b, "aten.clone.default",
+         {Ref(Op(b, "aten.permute.default", {Ref(x), ir::Ints({0, 2, 1, 3})}))},
+         {ir::Kwarg("memory_format", ir::Positional(v1::CONTIGUOUS_FORMAT))});
+  const ir::ValueId heads = Op(b, "aten.view.default", {Ref(moved), ir::Ints({kB, kL, kH * kD})});
+  const ir::ValueId scaled =
+      extra == Extra::kScaledIsAnInput ? y : Op(b, "aten.mul.Scalar", {Ref(y), ir::Float(3)});
+  b.AddOutput(Op(b, "aten.cat.default",
+                 {ir::Positional(std::vector<ir::ValueId>{scaled, heads}), ir::Int(-1)}));
+  if (extra == Extra::kHeadsAreAnOutput) b.AddOutput(moved);
+  return std::move(b).Build();
+}
+
+bool HasCat(const LoweredGraph& lowered) {
+  for (const v1::PlanStep& s : lowered.plan.steps()) {
+    if (s.has_extern_call() && s.extern_call().node().target() == "aten.cat.default") return true;
+  }
+  return false;
+}
+
+TEST(CatInPlace, TheKernelsWriteTheirSlicesAndTheCatGoes) {
+  absl::StatusOr<LoweredGraph> lowered = LowerGraph(HeadsBesideScaled());
+  ASSERT_TRUE(lowered.ok()) << lowered.status();
+  const std::string decisions = absl::StrJoin(lowered->decisions, "\n");
+  EXPECT_TRUE(absl::StrContains(decisions, "cat in place: ")) << decisions;
+  EXPECT_FALSE(HasCat(*lowered)) << PrintSteps(lowered->plan);
+
+  // The plan, run: inputs, allocations and launches; nothing else is left.
+  std::vector<float> x = codegen::cpp_test::Random(kB * kH * kL * kD, 1);
+  std::vector<float> y = codegen::cpp_test::Random(kB * kL * kC, 2);
+  std::map<std::string, std::vector<float>> memory = {{"x", x}, {"y", y}};
+  std::unique_ptr<codegen::cpp_test::LoadedModule> module =
+      codegen::cpp_test::Build(lowered->kernels, lowered->symbols);
+  ASSERT_NE(module, nullptr);
+  for (const v1::PlanStep& s : lowered->plan.steps()) {
+    if (s.has_alloc()) {
+      int64_t n = 1;
+      for (const v1::SymInt& d : s.alloc().sizes()) n *= d.int_value();
+      // NaN where nothing is written shows up in the comparison.
+      memory[s.alloc().value()].assign(n, std::nanf(""));
+    } else if (s.has_launch()) {
+      std::vector<void*> buffers;
+      for (const std::string& b : s.launch().buffers()) {
+        ASSERT_TRUE(memory.count(b)) << b;
+        buffers.push_back(memory[b].data());
+      }
+      codegen::cpp_test::Call(module->Fn(s.launch().symbol()), buffers);
+    } else {
+      ASSERT_TRUE(s.has_free()) << "a step the test does not run: " << s.DebugString();
+    }
+  }
+  ASSERT_EQ(lowered->plan.outputs_size(), 1);
+  std::vector<float> want;
+  for (int64_t b = 0; b < kB; ++b) {
+    for (int64_t l = 0; l < kL; ++l) {
+      for (int64_t c = 0; c < kC; ++c) want.push_back(y[(b * kL + l) * kC + c] * 3);
+      for (int64_t h = 0; h < kH; ++h) {
+        for (int64_t d = 0; d < kD; ++d) want.push_back(x[((b * kH + h) * kL + l) * kD + d]);
+      }
+    }
+  }
+  codegen::cpp_test::ExpectClose(memory[lowered->plan.outputs(0)], want);
+}
+
+TEST(CatInPlace, APartTheGraphAlsoReturnsKeepsTheCat) {
+  absl::StatusOr<LoweredGraph> lowered = LowerGraph(HeadsBesideScaled(Extra::kHeadsAreAnOutput));
+  ASSERT_TRUE(lowered.ok()) << lowered.status();
+  EXPECT_TRUE(HasCat(*lowered)) << PrintSteps(lowered->plan);
+}
+
+TEST(CatInPlace, APartNoKernelWritesKeepsTheCat) {
+  absl::StatusOr<LoweredGraph> lowered = LowerGraph(HeadsBesideScaled(Extra::kScaledIsAnInput));
+  ASSERT_TRUE(lowered.ok()) << lowered.status();
+  EXPECT_TRUE(HasCat(*lowered)) << PrintSteps(lowered->plan);
+}
+
+}  // namespace
+}  // namespace kiln::loop
