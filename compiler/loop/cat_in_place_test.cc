@@ -8,6 +8,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <string>
@@ -63,6 +64,30 @@ bool HasCat(const LoweredGraph& lowered) {
   return false;
 }
 
+// Runs `lowered`'s plan (allocations and launches only) on `inputs` with
+// its kernels compiled by the C++ backend; returns the memory of every value.
+std::map<std::string, std::vector<float>> RunPlan(
+    const LoweredGraph& lowered, std::map<std::string, std::vector<float>> memory) {
+  std::unique_ptr<codegen::cpp_test::LoadedModule> module =
+      codegen::cpp_test::Build(lowered.kernels, lowered.symbols);
+  EXPECT_NE(module, nullptr);
+  if (module == nullptr) return memory;
+  for (const v1::PlanStep& s : lowered.plan.steps()) {
+    if (s.has_alloc()) {
+      int64_t n = 1;
+      for (const v1::SymInt& d : s.alloc().sizes()) n *= d.int_value();
+      memory[s.alloc().value()].assign(n, std::nanf(""));
+    } else if (s.has_launch()) {
+      std::vector<void*> buffers;
+      for (const std::string& b : s.launch().buffers()) buffers.push_back(memory[b].data());
+      codegen::cpp_test::Call(module->Fn(s.launch().symbol()), buffers);
+    } else {
+      EXPECT_TRUE(s.has_free()) << "a step the test does not run: " << s.DebugString();
+    }
+  }
+  return memory;
+}
+
 TEST(CatInPlace, TheKernelsWriteTheirSlicesAndTheCatGoes) {
   absl::StatusOr<LoweredGraph> lowered = LowerGraph(HeadsBesideScaled());
   ASSERT_TRUE(lowered.ok()) << lowered.status();
@@ -71,29 +96,9 @@ TEST(CatInPlace, TheKernelsWriteTheirSlicesAndTheCatGoes) {
   EXPECT_FALSE(HasCat(*lowered)) << PrintSteps(lowered->plan);
 
   // The plan, run: inputs, allocations and launches; nothing else is left.
-  std::vector<float> x = codegen::cpp_test::Random(kB * kH * kL * kD, 1);
-  std::vector<float> y = codegen::cpp_test::Random(kB * kL * kC, 2);
-  std::map<std::string, std::vector<float>> memory = {{"x", x}, {"y", y}};
-  std::unique_ptr<codegen::cpp_test::LoadedModule> module =
-      codegen::cpp_test::Build(lowered->kernels, lowered->symbols);
-  ASSERT_NE(module, nullptr);
-  for (const v1::PlanStep& s : lowered->plan.steps()) {
-    if (s.has_alloc()) {
-      int64_t n = 1;
-      for (const v1::SymInt& d : s.alloc().sizes()) n *= d.int_value();
-      // NaN where nothing is written shows up in the comparison.
-      memory[s.alloc().value()].assign(n, std::nanf(""));
-    } else if (s.has_launch()) {
-      std::vector<void*> buffers;
-      for (const std::string& b : s.launch().buffers()) {
-        ASSERT_TRUE(memory.count(b)) << b;
-        buffers.push_back(memory[b].data());
-      }
-      codegen::cpp_test::Call(module->Fn(s.launch().symbol()), buffers);
-    } else {
-      ASSERT_TRUE(s.has_free()) << "a step the test does not run: " << s.DebugString();
-    }
-  }
+  const std::vector<float> x = codegen::cpp_test::Random(kB * kH * kL * kD, 1);
+  const std::vector<float> y = codegen::cpp_test::Random(kB * kL * kC, 2);
+  std::map<std::string, std::vector<float>> memory = RunPlan(*lowered, {{"x", x}, {"y", y}});
   ASSERT_EQ(lowered->plan.outputs_size(), 1);
   std::vector<float> want;
   for (int64_t b = 0; b < kB; ++b) {
@@ -105,6 +110,52 @@ TEST(CatInPlace, TheKernelsWriteTheirSlicesAndTheCatGoes) {
     }
   }
   codegen::cpp_test::ExpectClose(memory[lowered->plan.outputs(0)], want);
+}
+
+// A row's sum and its max side by side: one row kernel stores both at the
+// outer level, each now at its column of the [R, 2] result.
+TEST(CatInPlace, ARowKernelsPerRowValuesLandSideBySide) {
+  constexpr int64_t kR = 6, kN = 10;
+  ir::GraphBuilder b("sum_and_max");
+  const ir::ValueId x = b.AddInput(ir::ContiguousMeta({kR, kN}), v1::Placeholder::USER_INPUT, "x");
+  const ir::ValueId sum = Op(b, "aten.sum.dim_IntList", {Ref(x), ir::Ints({1}), ir::Bool(true)});
+  const ir::ValueId max = Op(b, "aten.amax.default", {Ref(x), ir::Ints({1}), ir::Bool(true)});
+  b.AddOutput(
+      Op(b, "aten.cat.default", {ir::Positional(std::vector<ir::ValueId>{sum, max}), ir::Int(1)}));
+  absl::StatusOr<LoweredGraph> lowered = LowerGraph(std::move(b).Build());
+  ASSERT_TRUE(lowered.ok()) << lowered.status();
+  EXPECT_FALSE(HasCat(*lowered)) << absl::StrJoin(lowered->decisions, "\n");
+  const std::vector<float> in = codegen::cpp_test::Random(kR * kN, 3);
+  std::map<std::string, std::vector<float>> memory = RunPlan(*lowered, {{"x", in}});
+  std::vector<float> want;
+  for (int64_t r = 0; r < kR; ++r) {
+    float s = 0, m = -INFINITY;
+    for (int64_t c = 0; c < kN; ++c) {
+      s += in[r * kN + c];
+      m = std::max(m, in[r * kN + c]);
+    }
+    want.push_back(s);
+    want.push_back(m);
+  }
+  codegen::cpp_test::ExpectClose(memory[lowered->plan.outputs(0)], want);
+}
+
+// A part whose rows, viewed for the cat, cut across the kernel's rows: [3,
+// 4] viewed as [2, 6] and concatenated along the 6. A store's index cannot
+// be split at the cat's dimension, so ATen's cat stays.
+TEST(CatInPlace, AViewAcrossTheKernelsRowsKeepsTheCat) {
+  ir::GraphBuilder b("reshaped");
+  const ir::ValueId x = b.AddInput(ir::ContiguousMeta({3, 4}), v1::Placeholder::USER_INPUT, "x");
+  const ir::ValueId y = b.AddInput(ir::ContiguousMeta({2, 6}), v1::Placeholder::USER_INPUT, "y");
+  const ir::ValueId part =
+      Op(b, "aten.view.default",
+         {Ref(Op(b, "aten.mul.Scalar", {Ref(x), ir::Float(2)})), ir::Ints({2, 6})});
+  const ir::ValueId other = Op(b, "aten.mul.Scalar", {Ref(y), ir::Float(3)});
+  b.AddOutput(Op(b, "aten.cat.default",
+                 {ir::Positional(std::vector<ir::ValueId>{part, other}), ir::Int(1)}));
+  absl::StatusOr<LoweredGraph> lowered = LowerGraph(std::move(b).Build());
+  ASSERT_TRUE(lowered.ok()) << lowered.status();
+  EXPECT_TRUE(HasCat(*lowered)) << absl::StrJoin(lowered->decisions, "\n");
 }
 
 TEST(CatInPlace, APartTheGraphAlsoReturnsKeepsTheCat) {
