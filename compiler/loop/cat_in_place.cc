@@ -122,6 +122,27 @@ void MergeBuffers(Kernel* k, const std::string& value) {
   k->buffers = std::move(kept);
 }
 
+// A row-major allocation of `name`, of `meta`'s dtype and device.
+v1::PlanStep::Alloc ContiguousAlloc(const std::string& name, const v1::TensorMeta& meta,
+                                    const std::vector<int64_t>& sizes) {
+  v1::PlanStep::Alloc alloc;
+  alloc.set_value(name);
+  alloc.set_dtype(meta.dtype());
+  std::vector<int64_t> strides(sizes.size());
+  int64_t stride = 1;
+  for (size_t d = sizes.size(); d-- > 0;) {
+    strides[d] = stride;
+    stride *= sizes[d];
+  }
+  for (size_t d = 0; d < sizes.size(); ++d) {
+    alloc.add_sizes()->set_int_value(sizes[d]);
+    alloc.add_strides()->set_int_value(strides[d]);
+  }
+  *alloc.mutable_device() = meta.device();
+  if (alloc.device().type().empty()) alloc.mutable_device()->set_type("cpu");
+  return alloc;
+}
+
 struct Part {
   std::string operand;  // what the cat reads: the value, or a view of it
   std::string value;    // the allocation a kernel stores
@@ -306,7 +327,7 @@ class CatRewriter {
       at += part.sizes[dim];
     }
 
-    const std::string& out = result.name();
+    const std::string out = result.name();  // a copy: the cat's step goes below
     std::set<std::string> values;
     for (const Part& part : parts) values.insert(part.value);
     std::set<std::string> writers;
@@ -316,8 +337,9 @@ class CatRewriter {
       writers.insert(k.name);
     }
     std::set<int> touched;
-    for (int i : first_steps)
+    for (int i : first_steps) {
       touched.insert(kernel_of_.at(lowered_->plan.steps(i).launch().symbol()));
+    }
     for (int kernel : touched) {
       Kernel& k = lowered_->kernels[kernel];
       for (KernelBuffer& b : k.buffers) {
@@ -331,28 +353,25 @@ class CatRewriter {
       dropped.insert(alloc_.at(part.value));
       if (part.operand != part.value) dropped.insert(view_.at(part.operand));
     }
-    const int first = *first_steps.begin();
+    RebuildSteps(*first_steps.begin(), ContiguousAlloc(out, meta, *out_sizes), dropped, touched);
+    std::vector<std::string> operands;
+    for (const Part& part : parts) operands.push_back(part.operand);
+    lowered_->decisions.push_back(absl::StrCat("cat in place: ", out, " (",
+                                               absl::StrJoin(operands, ", "), ") by ",
+                                               absl::StrJoin(writers, ", ")));
+    return true;
+  }
+
+  // The plan's steps without those in `dropped`, with `alloc` before step
+  // `first`, and the buffers of the launches of the kernels in `touched`
+  // as those kernels now bind them.
+  void RebuildSteps(int first, const v1::PlanStep::Alloc& alloc, const std::set<int>& dropped,
+                    const std::set<int>& touched) {
     v1::ExecutionPlan& plan = lowered_->plan;
     google::protobuf::RepeatedPtrField<v1::PlanStep> steps;
     steps.Swap(plan.mutable_steps());
     for (int i = 0; i < steps.size(); ++i) {
-      if (i == first) {
-        v1::PlanStep::Alloc* alloc = plan.add_steps()->mutable_alloc();
-        alloc->set_value(out);
-        alloc->set_dtype(meta.dtype());
-        int64_t stride = 1;
-        std::vector<int64_t> strides(rank);
-        for (int d = rank; d-- > 0;) {
-          strides[d] = stride;
-          stride *= (*out_sizes)[d];
-        }
-        for (int d = 0; d < rank; ++d) {
-          alloc->add_sizes()->set_int_value((*out_sizes)[d]);
-          alloc->add_strides()->set_int_value(strides[d]);
-        }
-        *alloc->mutable_device() = meta.device();
-        if (alloc->device().type().empty()) alloc->mutable_device()->set_type("cpu");
-      }
+      if (i == first) *plan.add_steps()->mutable_alloc() = alloc;
       if (dropped.count(i)) continue;
       v1::PlanStep* step = plan.add_steps();
       *step = std::move(steps[i]);
@@ -364,12 +383,6 @@ class CatRewriter {
         step->mutable_launch()->add_buffers(b.value);
       }
     }
-    std::vector<std::string> operands;
-    for (const Part& part : parts) operands.push_back(part.operand);
-    lowered_->decisions.push_back(absl::StrCat("cat in place: ", out, " (",
-                                               absl::StrJoin(operands, ", "), ") by ",
-                                               absl::StrJoin(writers, ", ")));
-    return true;
   }
 
   LoweredGraph* const lowered_;
