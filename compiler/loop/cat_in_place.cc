@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "compiler/loop/kernel_edit.h"
 
 namespace kiln::loop {
 namespace {
@@ -128,15 +129,11 @@ v1::PlanStep::Alloc ContiguousAlloc(const std::string& name, const v1::TensorMet
   v1::PlanStep::Alloc alloc;
   alloc.set_value(name);
   alloc.set_dtype(meta.dtype());
-  std::vector<int64_t> strides(sizes.size());
-  int64_t stride = 1;
-  for (size_t d = sizes.size(); d-- > 0;) {
-    strides[d] = stride;
-    stride *= sizes[d];
-  }
-  for (size_t d = 0; d < sizes.size(); ++d) {
-    alloc.add_sizes()->set_int_value(sizes[d]);
-    alloc.add_strides()->set_int_value(strides[d]);
+  std::vector<ir::SymInt> dims;
+  for (int64_t n : sizes) dims.push_back(ir::SymInt{n});
+  for (const ir::SymInt& s : dims) *alloc.add_sizes() = ir::SymIntToProto(s);
+  for (const ir::SymInt& s : kernel_edit::ContiguousStrides(dims)) {
+    *alloc.add_strides() = ir::SymIntToProto(s);
   }
   *alloc.mutable_device() = meta.device();
   if (alloc.device().type().empty()) alloc.mutable_device()->set_type("cpu");

@@ -19,18 +19,14 @@
 #include "compiler/codegen/cpp_codegen_test_util.h"
 #include "compiler/ir/builder.h"
 #include "compiler/loop/lowering.h"
+#include "compiler/pipeline/rewrite_test_util.h"
 
 namespace kiln::loop {
 namespace {
 
 using ir::Ref;
-
-ir::ValueId Op(ir::GraphBuilder& b, const std::string& target, std::vector<ir::Argument> args,
-               std::vector<ir::Argument> kwargs = {}) {
-  auto out = ops::Emit(b, ops::DefaultRegistry(), target, std::move(args), std::move(kwargs));
-  EXPECT_TRUE(out.ok()) << target << ": " << out.status();
-  return out.ok() ? (*out)[0] : ir::kNoValue;
-}
+using pipeline::Contiguous;
+using pipeline::Op;
 
 constexpr int64_t kB = 2, kH = 4, kL = 3, kD = 5, kC = 7;
 
@@ -45,9 +41,7 @@ ir::Graph HeadsBesideScaled(Extra extra = Extra::kNone) {
   const ir::ValueId y =
       b.AddInput(ir::ContiguousMeta({kB, kL, kC}), v1::Placeholder::USER_INPUT, "y");
   const ir::ValueId moved =
-      Op(b, "aten.clone.default",
-         {Ref(Op(b, "aten.permute.default", {Ref(x), ir::Ints({0, 2, 1, 3})}))},
-         {ir::Kwarg("memory_format", ir::Positional(v1::CONTIGUOUS_FORMAT))});
+      Contiguous(b, Op(b, "aten.permute.default", {Ref(x), ir::Ints({0, 2, 1, 3})}));
   const ir::ValueId heads = Op(b, "aten.view.default", {Ref(moved), ir::Ints({kB, kL, kH * kD})});
   const ir::ValueId scaled =
       extra == Extra::kScaledIsAnInput ? y : Op(b, "aten.mul.Scalar", {Ref(y), ir::Float(3)});

@@ -17,18 +17,13 @@
 #include "compiler/loop/kernel_parser.h"
 #include "compiler/loop/lowering.h"
 #include "compiler/loop/split_reductions.h"
+#include "compiler/pipeline/rewrite_test_util.h"
 
 namespace kiln::loop {
 namespace {
 
 using ir::Ref;
-
-ir::ValueId Op(ir::GraphBuilder& b, const std::string& target, std::vector<ir::Argument> args,
-               std::vector<ir::Argument> kwargs = {}) {
-  auto out = ops::Emit(b, ops::DefaultRegistry(), target, std::move(args), std::move(kwargs));
-  EXPECT_TRUE(out.ok()) << target << ": " << out.status();
-  return out.ok() ? (*out)[0] : ir::kNoValue;
-}
+using pipeline::Op;
 
 // An RMS norm's backward over [rows, cols] in `dtype`: dx row by row (a
 // row sum, then a pass over the row), dw = sum over the rows of dy * x * r.

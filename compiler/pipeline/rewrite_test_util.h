@@ -1,5 +1,6 @@
 // What the graph-rewrite tests (matmul-layouts, unfuse-addmm, conv-layouts,
-// merge-sums, elide-copies) share: building a graph node by node through the
+// merge-sums, elide-copies) and the loop passes' tests that build graphs
+// (fold-column-sums, cat-in-place) share: building a graph node by node through the
 // op registry, contiguous copies, strides as integers, and counting a
 // graph's nodes of a target.
 #ifndef KILN_COMPILER_PIPELINE_REWRITE_TEST_UTIL_H_
