@@ -104,6 +104,10 @@ class TorchCompileTest(SharedKilnd, unittest.TestCase):
             ("conv_bn", capture_graphs.ConvBlock, [torch.randn(2, 3, 8, 8)]),
             ("transformer", lambda: capture_graphs.TransformerBlock(dropout=0.0),
              [torch.randn(2, 8, 32)]),
+            # Lowered call by call (RepeatedCallsTest).
+            ("stacked_transformers", lambda: torch.nn.Sequential(
+                *[capture_graphs.TransformerBlock(dropout=0.0) for _ in range(3)]),
+             [torch.randn(2, 8, 32)]),
         ]
         for name in BACKENDS:
             for case, make, inputs in cases:
@@ -527,6 +531,90 @@ class LoweringCacheTest(unittest.TestCase):
         second = lower.lower(gm, inputs)
         self.assertTrue(first.mutations)
         self.assertEqual(second.mutations, first.mutations)
+
+
+class RepeatedCallsTest(unittest.TestCase):
+    """kiln.lower traces each distinct call of a graph of repeated blocks
+    once, and gives the graph that tracing it whole gives."""
+
+    def setUp(self):
+        torch._dynamo.reset()
+        self.env = unittest.mock.patch.dict(os.environ, {"KILN_LOWER_CACHE": "0"})
+        self.env.start()
+        self.addCleanup(self.env.stop)
+
+    def lowerings(self, model, x):
+        """(lowered call by call where it may be, lowered whole, calls
+        traced alone, Dynamo's calls)."""
+        from kiln import lower
+
+        seen = []
+
+        def keep(gm, example_inputs):
+            seen.append((gm, example_inputs))
+            return gm.forward
+
+        torch.compile(model, backend=keep, dynamic=False)(x)
+        gm, inputs = seen[0]
+        with unittest.mock.patch.object(lower, "_trace_call", wraps=lower._trace_call) as alone:
+            by_call = lower.lower(gm, inputs, name="g")
+        with unittest.mock.patch.object(lower, "_trace_repeated_calls", return_value=None):
+            whole = lower.lower(gm, inputs, name="g")
+        self.assertEqual(by_call.graph, whole.graph)
+        self.assertEqual(by_call.guards, whole.guards)
+        self.assertEqual((by_call.tensor_args, by_call.num_outputs, by_call.mutations),
+                         (whole.tensor_args, whole.num_outputs, whole.mutations))
+        calls = sum(n.op in ("call_function", "call_method") for n in gm.graph.nodes)
+        return by_call, whole, alone.call_count, calls
+
+    def test_repeated_blocks_trace_each_distinct_call_once(self):
+        model = torch.nn.Sequential(
+            *[capture_graphs.TransformerBlock(dropout=0.0) for _ in range(4)])
+        for grad in (True, False):
+            with self.subTest(grad=grad), torch.set_grad_enabled(grad):
+                torch._dynamo.reset()
+                _, whole, alone, calls = self.lowerings(model, torch.randn(2, 8, 32))
+                self.assertGreater(alone, 0)
+                self.assertLessEqual(4 * alone, calls + 4)  # one block's calls, about
+                self.assertGreater(len(whole.graph.nodes), 100)
+
+    def test_a_graph_of_distinct_calls_is_traced_whole(self):
+        _, _, alone, _ = self.lowerings(capture_graphs.TransformerBlock(dropout=0.0),
+                                        torch.randn(2, 8, 32))
+        self.assertEqual(alone, 0)
+
+    def test_blocks_that_write_in_place_are_traced_whole(self):
+        # Zeroing a view's columns writes to its base: only the whole
+        # graph's functionalization sees the base change.
+        class Zeroes(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.linear = torch.nn.Linear(8, 8)
+
+            def forward(self, x):
+                y = torch.relu(self.linear(x))
+                y[:, :2].mul_(0)
+                return y + 1
+
+        model = torch.nn.Sequential(*[Zeroes() for _ in range(4)])
+        by_call, _, alone, _ = self.lowerings(model, torch.randn(4, 8))
+        self.assertGreater(alone, 0)  # tried, and found the write
+        self.assertIn("aten.slice_scatter.default", [n.target for n in by_call.graph.nodes])
+
+    def test_blocks_that_switch_the_grad_mode_are_traced_whole(self):
+        class Detached(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.linear = torch.nn.Linear(8, 8)
+
+            def forward(self, x):
+                with torch.no_grad():
+                    scale = x.abs().mean()
+                return torch.tanh(self.linear(x)) * scale
+
+        model = torch.nn.Sequential(*[Detached() for _ in range(4)])
+        _, _, alone, _ = self.lowerings(model, torch.randn(4, 8, requires_grad=True))
+        self.assertEqual(alone, 0)
 
 
 @unittest.skipUnless(KILND, "KILND is not set")
