@@ -107,10 +107,14 @@ class CudaKernelEmitter {
   bool SameLoad(int a, int b) const;
 
   // For a row kept in registers: each statement of a later pass -> the
-  // earlier pass's statement whose registers it reads, or -1. Loads a later
-  // pass repeats, and the ops it repeats whose values it uses for something
-  // new (softmax's exp, computed in the pass that sums it, is read back in
-  // the pass that divides it).
+  // earlier pass's statement whose registers it reads, kNotCached (computed
+  // in its pass) or kSkipped (a repeat of an earlier value that its pass
+  // does not need). The fewest values that cover what later passes use of
+  // earlier ones are kept, never computing a load or a costly op twice:
+  // softmax keeps its input and its exp, a layer norm of a sum of four
+  // tensors the sum.
+  static constexpr int kNotCached = -1;
+  static constexpr int kSkipped = -2;
   std::vector<int> CacheOf() const;
   absl::Status EmitReduction(const Schedule& sched, std::string* out);
   // A kernel with row groups (loop::Kernel::row_groups): the registers of

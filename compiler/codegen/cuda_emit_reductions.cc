@@ -49,7 +49,6 @@ bool CudaKernelEmitter::SameLoad(int a, int b) const {
 
 std::vector<int> CudaKernelEmitter::CacheOf() const {
   const int n = static_cast<int>(k_.stmts.size());
-  std::vector<int> cache_of(n, -1);
   // The first statement of the sweeps that computes the value j does.
   std::vector<int> same(n);
   for (int j = 0; j < n; ++j) {
@@ -59,9 +58,8 @@ std::vector<int> CudaKernelEmitter::CacheOf() const {
         s.kind == StmtKind::kAccumulate) {
       continue;
     }
-    if (s.kind == StmtKind::kOp && s.op == loop::ScalarOp::kCast && type_[s.args[0]] == type_[j] &&
-        same[s.args[0]] != s.args[0]) {
-      same[j] = same[s.args[0]];  // a copy of a repeated value is that value
+    if (s.kind == StmtKind::kOp && s.op == loop::ScalarOp::kCast && type_[s.args[0]] == type_[j]) {
+      same[j] = same[s.args[0]];  // a copy of a value is that value
       continue;
     }
     for (int q = 0; q < j; ++q) {
@@ -84,26 +82,106 @@ std::vector<int> CudaKernelEmitter::CacheOf() const {
       }
     }
   }
-  // Whether an op's value takes a transcendental function or a division
-  // to compute: worth registers across passes (an add is not).
-  std::vector<bool> costly(n, false);
-  for (int j = 0; j < n; ++j) {
-    const Stmt& s = k_.stmts[j];
-    if (s.kind != StmtKind::kOp || !s.inner) continue;
-    costly[j] = Costly(s.op);
-    for (int a : s.args) costly[j] = costly[j] || costly[a];
-  }
-  for (int j = 0; j < n; ++j) {
-    const Stmt& s = k_.stmts[j];
-    const int q = same[j];
-    if (q == j || k_.stmts[q].pass >= s.pass) continue;
-    if (s.kind != StmtKind::kLoad && !(s.kind == StmtKind::kOp && costly[q])) continue;
-    bool needed = s.kind == StmtKind::kLoad;
-    for (int u = j + 1; u < n && !needed; ++u) {
-      const std::vector<int>& args = k_.stmts[u].args;
-      needed = same[u] == u && std::find(args.begin(), args.end(), j) != args.end();
+  // A statement of a later pass that an earlier pass computed.
+  auto repeated = [&](int j) { return same[j] != j && k_.stmts[same[j]].pass < k_.stmts[j].pass; };
+
+  // Which values to keep is a minimum vertex cut: between what the later
+  // passes use of the earlier passes' values (the first repeated value
+  // along each argument of a new statement) and what cannot be computed
+  // again, loads (the row is in registers so as not to be read twice) and
+  // costly ops. A value kept costs its registers; one not kept is computed
+  // again from kept ones. A sum of four tensors that a layer norm
+  // normalizes is one value kept rather than four loads; softmax keeps its
+  // input and its exp. Vertex v is nodes 2v (in) and 2v + 1 (out), of
+  // capacity 1; the source and sink follow.
+  const int source = 2 * n, sink = 2 * n + 1;
+  constexpr int kAll = 1 << 20;
+  std::vector<std::vector<int>> next(2 * n + 2);  // arcs, as indices into `to`
+  std::vector<int> to, capacity;
+  auto arc = [&](int from, int at, int cap) {
+    next[from].push_back(static_cast<int>(to.size()));
+    to.push_back(at);
+    capacity.push_back(cap);
+    next[at].push_back(static_cast<int>(to.size()));
+    to.push_back(from);
+    capacity.push_back(0);
+  };
+  std::vector<bool> in_network(n, false);
+  std::vector<int> pending;
+  auto add = [&](int q) {
+    if (in_network[q]) return;
+    in_network[q] = true;
+    pending.push_back(q);
+  };
+  for (int u = 0; u < n; ++u) {
+    const Stmt& s = k_.stmts[u];
+    if (!s.inner || repeated(u)) continue;
+    for (int a : s.args) {
+      if (!repeated(a)) continue;
+      add(same[a]);
+      arc(source, 2 * same[a], kAll);
     }
-    if (needed) cache_of[j] = q;
+  }
+  while (!pending.empty()) {
+    const int q = pending.back();
+    pending.pop_back();
+    const Stmt& s = k_.stmts[q];
+    arc(2 * q, 2 * q + 1, 1);
+    if (s.kind == StmtKind::kLoad || (s.kind == StmtKind::kOp && Costly(s.op))) {
+      arc(2 * q + 1, sink, kAll);
+      continue;
+    }
+    for (int a : s.args) {
+      if (!k_.stmts[a].inner) continue;  // the pass's own values, there anyway
+      add(same[a]);
+      arc(2 * q + 1, 2 * same[a], kAll);
+    }
+  }
+  // Augmenting paths (as many as values kept, a handful), then the nodes
+  // the source still reaches: a vertex whose in-node it reaches and whose
+  // out-node it does not is kept (the cut nearest the uses).
+  std::vector<int> via(2 * n + 2);
+  auto reach = [&]() {
+    std::fill(via.begin(), via.end(), -1);
+    via[source] = -2;
+    std::vector<int> queue = {source};
+    for (size_t head = 0; head < queue.size(); ++head) {
+      for (int e : next[queue[head]]) {
+        if (capacity[e] > 0 && via[to[e]] == -1) {
+          via[to[e]] = e;
+          queue.push_back(to[e]);
+        }
+      }
+    }
+    return via[sink] != -1;
+  };
+  while (reach()) {
+    for (int v = sink; v != source; v = to[via[v] ^ 1]) {
+      --capacity[via[v]];
+      ++capacity[via[v] ^ 1];
+    }
+  }
+  std::vector<bool> kept(n, false);
+  for (int q = 0; q < n; ++q) kept[q] = in_network[q] && via[2 * q] != -1 && via[2 * q + 1] == -1;
+
+  // Each later pass reads its kept values from registers and computes the
+  // others it needs again; what it repeats and does not need, it skips.
+  std::vector<int> cache_of(n, kNotCached);
+  std::vector<bool> needed(n, false);
+  for (int j = n - 1; j >= 0; --j) {
+    const Stmt& s = k_.stmts[j];
+    if (!s.inner) continue;
+    if (repeated(j)) {
+      if (!needed[j]) {
+        cache_of[j] = kSkipped;
+        continue;
+      }
+      if (kept[same[j]]) {
+        cache_of[j] = same[j];
+        continue;
+      }
+    }
+    for (int a : s.args) needed[a] = true;
   }
   return cache_of;
 }
@@ -174,7 +252,7 @@ absl::Status CudaKernelEmitter::EmitReduction(const Schedule& sched, std::string
   const int n = static_cast<int>(k_.stmts.size());
   // A statement of a later pass -> the earlier pass's statement whose
   // registers it reads (CacheOf).
-  const std::vector<int> cache_of = cached ? CacheOf() : std::vector<int>(n, -1);
+  const std::vector<int> cache_of = cached ? CacheOf() : std::vector<int>(n, kNotCached);
   for (int p = 0; p < k_.passes; ++p) {
     std::vector<int> before, inner, after;
     for (int j = 0; j < n; ++j) {
@@ -198,7 +276,7 @@ absl::Status CudaKernelEmitter::EmitReduction(const Schedule& sched, std::string
     std::vector<int> keep;
     if (cached) {
       for (int j : inner) {
-        if (cache_of[j] >= 0) continue;
+        if (cache_of[j] != kNotCached) continue;
         if (std::find(cache_of.begin(), cache_of.end(), j) != cache_of.end()) keep.push_back(j);
       }
       for (int j : keep) {
@@ -235,7 +313,7 @@ absl::Status CudaKernelEmitter::EmitReduction(const Schedule& sched, std::string
     const int vector = sched.vector;
     std::vector<int> fresh;  // the sweep's statements that are not read from registers
     for (int j : inner) {
-      if (cache_of[j] < 0) fresh.push_back(j);
+      if (cache_of[j] == kNotCached) fresh.push_back(j);
     }
     // The sweep's distinct vectorized loads: one of each set of loads of
     // the same element.
@@ -391,6 +469,7 @@ absl::Status CudaKernelEmitter::EmitReduction(const Schedule& sched, std::string
                           ";\n");
           continue;
         }
+        if (cache_of[j] == kSkipped) continue;
         if (s.kind != StmtKind::kReduce) {
           if (cache_of[j] >= 0) {
             absl::StrAppend(out, pad, "const ", CName(type_[j]), " t", j, " = c", cache_of[j],
