@@ -54,6 +54,7 @@ class KilnBackend final : public Backend {
     kiln.toolchain.nvrtc_fast_compile = options_.nvrtc_fast_compile;
     kiln.toolchain.cancel = input.cancel;
     kiln.compile_jobs = options_.compile_jobs;
+    kiln.compile_slots = options_.compile_slots.get();
     kiln.channels_last = options_.channels_last;
     bool tune = options_.tune_every_compile;
     for (const auto& o : input.options.options()) {

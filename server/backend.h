@@ -18,6 +18,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "compiler/codegen/cuda_tuner.h"
+#include "compiler/codegen/modules.h"
 #include "compiler/ir/graph.h"
 #include "compiler/pipeline/pipeline.h"
 #include "kiln/v1/service.pb.h"
@@ -61,8 +62,11 @@ struct BackendOptions {
   std::string native_compiler = "g++";                         // searched in PATH
   std::string nvrtc_helper;        // empty: kiln_nvrtc beside kilnd (codegen.h, CudaOptions)
   std::string nvrtc_fast_compile;  // NVRTC's --Ofast-compile level; empty: none
-  // Native compiler processes per graph (compiler/codegen/modules.h).
+  // Native compiler processes per graph (compiler/codegen/modules.h), and
+  // the slots every graph's compiles share; null: no bound beyond a
+  // graph's own.
   int compile_jobs = 1;
+  std::shared_ptr<codegen::CompileSlots> compile_slots;
   // The graphs whose convolutions run channels-last on cuda
   // (compiler/pipeline/conv_layouts.h).
   pipeline::KilnOptions::ChannelsLast channels_last =

@@ -30,6 +30,7 @@
 #include "common/signing.h"
 #include "common/status_macros.h"
 #include "compiler/codegen/codegen.h"
+#include "compiler/codegen/modules.h"
 #include "compiler/pipeline/fault.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
@@ -112,17 +113,18 @@ ABSL_FLAG(std::string, native_compiler, "g++",
 ABSL_FLAG(int32_t, compile_timeout_s, 120,
           "seconds one run of the native compiler (g++, or NVRTC for cuda) may take before it is "
           "killed");
-ABSL_FLAG(int32_t, compile_jobs, 0,
-          "native compiler processes one graph's kernels are compiled in at once, as that many "
-          "modules (0: the cores, at most 8)");
+ABSL_FLAG(
+    int32_t, compile_jobs, 0,
+    "native compiler processes (g++, NVRTC) kilnd runs at once, over every graph it compiles; "
+    "a graph's kernels (each half's, for a training graph) are dealt into that many modules "
+    "(0: the cores, at most 16)");
 ABSL_FLAG(std::string, channels_last, "inference",
           "the graphs whose 16-bit 2-D convolutions run channels-last on cuda, the layout "
           "cuDNN's tensor-core kernels run in: inference (not training graphs), always or never. "
           "Artifacts compiled either way are interchangeable (the choice is not in the key)");
-ABSL_FLAG(
-    bool, warm_compilers, true,
-    "as kilnd starts, start 2 * compile_jobs NVRTC helpers, each compiling a small kernel, and "
-    "the autotuner's GPU context, so that the first cuda compiles do not pay their start-up");
+ABSL_FLAG(bool, warm_compilers, true,
+          "as kilnd starts, start compile_jobs NVRTC helpers, each compiling a small kernel, and "
+          "the autotuner's GPU context, so that the first cuda compiles do not pay their start-up");
 ABSL_FLAG(bool, reflection, false, "serve gRPC server reflection (grpc_cli, grpcurl)");
 ABSL_FLAG(bool, salvage_wal, false,
           "start on a corrupted or truncated write-ahead log, dropping the writes after the "
@@ -250,7 +252,9 @@ absl::Status Serve() {
   const int32_t jobs = absl::GetFlag(FLAGS_compile_jobs);
   if (jobs < 0 || jobs > 64) return absl::InvalidArgumentError("compile_jobs: not in 0..64");
   backend_options.compile_jobs =
-      jobs > 0 ? jobs : static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 8u));
+      jobs > 0 ? jobs : static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 16u));
+  backend_options.compile_slots =
+      std::make_shared<codegen::CompileSlots>(backend_options.compile_jobs);
   if (const std::string autotune = absl::GetFlag(FLAGS_autotune); autotune != "off") {
     if (autotune != "auto" && autotune != "on" && autotune != "always") {
       return absl::InvalidArgumentError(
@@ -275,8 +279,8 @@ absl::Status Serve() {
     cuda.fast_compile = backend_options.nvrtc_fast_compile;
     cuda.scratch_dir = backend_options.scratch_dir;
     cuda.timeout = backend_options.native_compile_timeout;
-    // Twice compile_jobs: the two halves of a training graph compile at once.
-    std::thread([cuda, helpers = 2 * backend_options.compile_jobs, tuner = backend_options.tuner] {
+    // As many as compile at once (CompileSlots).
+    std::thread([cuda, helpers = backend_options.compile_jobs, tuner = backend_options.tuner] {
       if (tuner != nullptr) tuner->Warm().IgnoreError();
       codegen::WarmCudaCompiles(cuda, helpers);
     }).detach();

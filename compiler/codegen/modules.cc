@@ -28,9 +28,22 @@ std::vector<int> DealByCost(const std::vector<int64_t>& costs, int parts) {
   return part;
 }
 
+void CompileSlots::Acquire() {
+  absl::MutexLock lock(&mu_);
+  mu_.Await(absl::Condition(
+      +[](int* free) { return *free > 0; }, &free_));
+  --free_;
+}
+
+void CompileSlots::Release() {
+  absl::MutexLock lock(&mu_);
+  ++free_;
+}
+
 absl::StatusOr<CompiledModules> CompileModules(const CodegenBackend& backend,
                                                const std::vector<loop::Kernel>& kernels,
-                                               const std::vector<std::string>& symbols, int jobs) {
+                                               const std::vector<std::string>& symbols, int jobs,
+                                               CompileSlots* slots) {
   std::vector<int> part(kernels.size(), 0);
   if (jobs > 1 && kernels.size() > 1) {
     // What each kernel adds to a translation unit's text (the prelude is
@@ -57,12 +70,15 @@ absl::StatusOr<CompiledModules> CompileModules(const CodegenBackend& backend,
     ASSIGN_OR_RETURN(sources[p], backend.Generate(dealt[p], symbols));
   }
   std::vector<std::optional<absl::StatusOr<v1::CompiledModule>>> compiled(parts);
+  auto compile = [&](int p) {
+    if (slots != nullptr) slots->Acquire();
+    compiled[p] = backend.Compile(sources[p]);
+    if (slots != nullptr) slots->Release();
+  };
   {
     std::vector<std::thread> threads;
-    for (int p = 1; p < parts; ++p) {
-      threads.emplace_back([&, p] { compiled[p] = backend.Compile(sources[p]); });
-    }
-    compiled[0] = backend.Compile(sources[0]);
+    for (int p = 1; p < parts; ++p) threads.emplace_back(compile, p);
+    compile(0);
     for (std::thread& t : threads) t.join();
   }
   for (int p = 0; p < parts; ++p) {

@@ -11,12 +11,15 @@
 #ifndef KILN_COMPILER_CODEGEN_MODULES_H_
 #define KILN_COMPILER_CODEGEN_MODULES_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "compiler/codegen/codegen.h"
 #include "compiler/loop/kernel.h"
 #include "kiln/v1/artifact.pb.h"
@@ -33,12 +36,34 @@ struct CompiledModules {
   std::map<std::string, int> module_of;  // kernel name -> index in `modules`
 };
 
+// A bound on the native compiles that run at once across everything that
+// shares it: kilnd's one instance (--compile_jobs slots) covers every graph
+// it compiles, the two halves of a training graph and concurrent requests
+// alike. A module waits for a free slot, so that a training graph's halves
+// may each be dealt as many modules as there are slots: the half done first
+// leaves its slots to the other's modules, where a fixed share each left
+// one half's cores idle while the other still had three kernels a module.
+class CompileSlots {
+ public:
+  explicit CompileSlots(int slots) : free_(std::max(1, slots)) {}
+  CompileSlots(const CompileSlots&) = delete;
+  CompileSlots& operator=(const CompileSlots&) = delete;
+
+  void Acquire();
+  void Release();
+
+ private:
+  absl::Mutex mu_;
+  int free_ ABSL_GUARDED_BY(mu_);
+};
+
 // Generates and compiles `kernels` as at most `jobs` modules (at least one),
-// in parallel. A compile error is the first failed part's, in part order,
-// with its compiler log.
+// in parallel, each compile in a slot of `slots` where given. A compile
+// error is the first failed part's, in part order, with its compiler log.
 absl::StatusOr<CompiledModules> CompileModules(const CodegenBackend& backend,
                                                const std::vector<loop::Kernel>& kernels,
-                                               const std::vector<std::string>& symbols, int jobs);
+                                               const std::vector<std::string>& symbols, int jobs,
+                                               CompileSlots* slots = nullptr);
 
 }  // namespace kiln::codegen
 

@@ -2,12 +2,19 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <set>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 
 #include "compiler/ir/canonical.h"
 #include "compiler/ir/graph.h"
@@ -33,6 +40,62 @@ TEST(DealByCost, BalancesTheLargestFirstAndLeavesNoPartEmpty) {
   EXPECT_EQ(DealByCost({7, 3}, 1), (std::vector<int>{0, 0}));
   EXPECT_EQ(DealByCost({7, 3}, 0), (std::vector<int>{0, 0}));
   EXPECT_TRUE(DealByCost({}, 4).empty());
+}
+
+// A backend whose compiles take 50 ms each and count how many
+// run at once.
+class CountingBackend : public CodegenBackend {
+ public:
+  std::string language() const override { return "counted"; }
+  absl::StatusOr<std::string> Generate(const std::vector<loop::Kernel>& kernels,
+                                       const std::vector<std::string>&) const override {
+    std::vector<std::string> names;
+    for (const loop::Kernel& k : kernels) names.push_back(k.name);
+    return absl::StrJoin(names, " ");
+  }
+  absl::StatusOr<v1::CompiledModule> Compile(const std::string& source) const override {
+    const int now = ++running_;
+    int seen = most_.load();
+    while (now > seen && !most_.compare_exchange_weak(seen, now)) {
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    --running_;
+    ++compiles_;
+    v1::CompiledModule module;
+    module.set_source(source);
+    module.set_binary("binary");
+    return module;
+  }
+  int most() const { return most_.load(); }
+  int compiles() const { return compiles_.load(); }
+
+ private:
+  mutable std::atomic<int> running_{0}, most_{0}, compiles_{0};
+};
+
+// Two graphs compiled at once (a training graph's halves), four modules
+// each, in two slots: never more than two compiles at a time, and every
+// module compiled.
+TEST(CompileSlots, BoundTheCompilesOfEveryGraphThatSharesThem) {
+  CountingBackend backend;
+  std::vector<loop::Kernel> kernels(8);
+  for (size_t i = 0; i < kernels.size(); ++i) kernels[i].name = absl::StrCat("kernel_", i);
+  CompileSlots slots(2);
+  absl::StatusOr<CompiledModules> first, second;
+  std::thread other([&] { second = CompileModules(backend, kernels, {}, 4, &slots); });
+  first = CompileModules(backend, kernels, {}, 4, &slots);
+  other.join();
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ(first->modules.size(), 4u);
+  EXPECT_EQ(second->modules.size(), 4u);
+  EXPECT_EQ(backend.compiles(), 8);
+  EXPECT_LE(backend.most(), 2);
+
+  // Without slots, a graph's modules all compile at once.
+  CountingBackend unbounded;
+  ASSERT_TRUE(CompileModules(unbounded, kernels, {}, 4).ok());
+  EXPECT_GT(unbounded.most(), 2);
 }
 
 // The graph of tests/data/graphs/`name` on `device`.

@@ -220,7 +220,8 @@ absl::StatusOr<v1::CompiledGraph> CompileGraph(const ir::Graph& graph, const std
     return out;
   }
   auto modules = times->Time(prefix + "native-compile", [&] {
-    return codegen::CompileModules(backend, lowered.kernels, lowered.symbols, options.compile_jobs);
+    return codegen::CompileModules(backend, lowered.kernels, lowered.symbols, options.compile_jobs,
+                                   options.compile_slots);
   });
   if (!modules.ok()) {
     // The whole compiler log, when the code generator attached it.

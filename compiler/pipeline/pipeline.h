@@ -37,6 +37,7 @@
 #include "compiler/autograd/joint_graph.h"
 #include "compiler/autograd/partition.h"
 #include "compiler/codegen/cuda_tuner.h"
+#include "compiler/codegen/modules.h"
 #include "compiler/ir/graph.h"
 #include "compiler/pipeline/fault.h"
 #include "compiler/target/target.h"
@@ -85,8 +86,10 @@ struct KilnOptions {
   // (compiler/codegen/cuda_tuner.h); null: the schedule's heuristics.
   codegen::CudaTuner* tuner = nullptr;
   // Native compiler processes per graph: its kernels are compiled as up to
-  // this many modules at once (compiler/codegen/modules.h).
+  // this many modules at once (compiler/codegen/modules.h), each in a slot
+  // of `compile_slots` where given.
   int compile_jobs = 1;
+  codegen::CompileSlots* compile_slots = nullptr;
   // Kernels of the same code compiled once (compiler/loop/share_kernels.h);
   // false only to measure what that saves (kiln_dump_code
   // --share_kernels=false).
