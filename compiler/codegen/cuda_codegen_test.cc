@@ -364,16 +364,18 @@ TEST(CudaCodegen, ColumnsAreReadInGroupsOf512Bytes) {
 }
 
 // Sum over dim 0 of a [rows, cols] tensor of `dtype`, each column scaled by
-// a float32 parameter of its own (a load that stays put along the sweep).
-Kernel ScaledColumnSum(int64_t rows, int64_t cols, v1::DType dtype) {
+// `parameters` float32 parameters of its own (loads that stay put along the
+// sweep).
+Kernel ScaledColumnSum(int64_t rows, int64_t cols, v1::DType dtype, int parameters = 1) {
   KernelBuilder kb("scaled_column_sum", {C(cols)}, {C(rows)});
   const int x = kb.Buffer("x", dtype);
-  const int w = kb.Buffer("w", v1::FLOAT32);
+  std::vector<int> w;
+  for (int p = 0; p < parameters; ++p) w.push_back(kb.Buffer(absl::StrCat("w", p), v1::FLOAT32));
   const int out = kb.Buffer("out", v1::FLOAT32, true);
   kb.At(0, true);
-  const int load = kb.Load(x, Idx({C(1)}, {C(cols)}));
-  const int scale = kb.Load(w, Idx({C(1)}, {C(0)}));
-  const int total = kb.Reduce(ReduceOp::kSum, kb.Op(ScalarOp::kMul, {load, scale}));
+  int value = kb.Load(x, Idx({C(1)}, {C(cols)}));
+  for (int b : w) value = kb.Op(ScalarOp::kMul, {value, kb.Load(b, Idx({C(1)}, {C(0)}))});
+  const int total = kb.Reduce(ReduceOp::kSum, value);
   kb.At(0, false);
   kb.Store(out, Idx({C(1)}, {}), total);
   return kb.kernel();
@@ -414,6 +416,19 @@ TEST(CudaCodegen, NarrowRowsShareEachWarpWithTheNextStepsOfTheSweep) {
     ASSERT_TRUE(module.ok()) << module.status();
   }
   EXPECT_EQ(ScheduleOf(ScaledColumnSum(4096, 48, v1::BFLOAT16)).column_lanes, kColumnRows);
+  // Eight parameters a row: a lane takes 4 rows (8 bytes of bfloat16), not
+  // 8, so that their 32 registers leave room for more blocks an SM; float32
+  // keeps 16-byte chunks, its 4 rows' 32 registers within the bound. The
+  // sweep, one stream however many parameters, is unrolled 4 steps.
+  const Kernel many = ScaledColumnSum(4096, 32, v1::BFLOAT16, 8);
+  EXPECT_EQ(ScheduleOf(many).column_groups, 4);
+  EXPECT_EQ(ScheduleOf(many).column_lanes, 8);
+  EXPECT_EQ(ScheduleOf(ScaledColumnSum(4096, 32, v1::FLOAT32, 8)).column_groups, 4);
+  auto source = backend->Generate({many}, {});
+  ASSERT_TRUE(source.ok()) << source.status();
+  EXPECT_TRUE(absl::StrContains(*source, "#pragma unroll 4\n    for (int32_t i = lane;"))
+      << *source;
+  ASSERT_TRUE(backend->Compile(*source).ok());
   EXPECT_EQ(ScheduleOf(ScaledColumnSum(4096, 1024, v1::FLOAT32)).column_lanes, kColumnRows);
   EXPECT_EQ(ScheduleOf(ColumnStats(4096, 64, v1::FLOAT32)).column_lanes, kColumnRows);
 }
