@@ -317,6 +317,8 @@ def _call_key(node, values):
             return ("dict", tuple((k, key(x)) for k, x in a.items()))
         if isinstance(a, slice):
             return ("slice", key(a.start), key(a.stop), key(a.step))
+        if isinstance(a, float):
+            return ("float", repr(a))  # -0.0 == 0.0, and nan != nan
         if isinstance(a, _MEMO_SCALARS):
             return (type(a).__name__, a)
         raise _NotRepeatable(repr(a))
@@ -376,6 +378,15 @@ def _trace_repeated_calls(gm, fakes, fake_mode):
     if 2 * len({key for key, _ in keys.values()}) > len(keys):
         return None
 
+    try:
+        return _copy_traced_calls(nodes, values, keys, fake_mode)
+    except Exception:  # noqa: BLE001 - the whole trace raises what is wrong
+        return None
+
+
+def _copy_traced_calls(nodes, values, keys, fake_mode):
+    """The graph of `nodes`, each call's ops copied from the trace of the
+    first call of its key; None if a call writes to a tensor."""
     graph = torch.fx.Graph()
     env = {}
     traced = {}
