@@ -132,7 +132,9 @@ std::vector<int> CudaKernelEmitter::CacheOf() const {
       continue;
     }
     for (int a : s.args) {
-      if (!k_.stmts[a].inner) continue;  // the pass's own values, there anyway
+      // The pass's own values, and earlier sweeps' reductions, are there
+      // anyway.
+      if (!k_.stmts[a].inner || k_.stmts[a].kind == StmtKind::kReduce) continue;
       add(same[a]);
       arc(2 * q + 1, 2 * same[a], kAll);
     }
