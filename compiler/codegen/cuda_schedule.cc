@@ -249,7 +249,7 @@ int ColumnLanes(const Kernel& k, int groups) {
 // chunks halve, down to 8 bytes: a bfloat16 conv net's two batch norms
 // fused with their residual add, relu and the mean over pixels hold eight
 // parameters, 64 registers at 8 rows a lane (96 in all, five blocks an SM:
-// 34.6 us on an H100) and 32 at 4 (56 in all: 28.7 us, the sweep
+// 34.7 us on an H100) and 32 at 4 (64 in all: 28.6 us, the sweep
 // unrolled twice).
 int NarrowColumnGroups(const Kernel& k) {
   if (!GroupsAllowed(k) || k.outer.empty()) return 1;
