@@ -453,6 +453,18 @@ class TorchCompileTest(SharedKilnd, unittest.TestCase):
         self.assertEqual(batch_sizes(False, "static"), [4, 5])
 
 
+def dynamo_graph(model, x):
+    """(Dynamo's static graph of model(x), its example inputs)."""
+    seen = []
+
+    def keep(gm, example_inputs):
+        seen.append((gm, example_inputs))
+        return gm.forward
+
+    torch.compile(model, backend=keep, dynamic=False)(x)
+    return seen[0]
+
+
 class LoweringCacheTest(unittest.TestCase):
     """kiln.lower's disk cache of static graphs (the warm start)."""
 
@@ -464,20 +476,10 @@ class LoweringCacheTest(unittest.TestCase):
         self.env.start()
         self.addCleanup(self.env.stop)
 
-    def dynamo_graph(self, model, x):
-        seen = []
-
-        def keep(gm, example_inputs):
-            seen.append((gm, example_inputs))
-            return gm.forward
-
-        torch.compile(model, backend=keep, dynamic=False)(x)
-        return seen[0]
-
     def test_a_static_graph_is_lowered_once(self):
         from kiln import lower
 
-        gm, inputs = self.dynamo_graph(capture_graphs.MLP(), torch.randn(4, 32))
+        gm, inputs = dynamo_graph(capture_graphs.MLP(), torch.randn(4, 32))
         hits, misses = lower.cache_stats["hits"], lower.cache_stats["misses"]
         first = lower.lower(gm, inputs, name="first")
         second = lower.lower(gm, inputs, name="second")
@@ -510,15 +512,15 @@ class LoweringCacheTest(unittest.TestCase):
             return lambda x: torch.relu(x * k + 1.0)
 
         x = torch.randn(4, 8)
-        first = lower.lower(*self.dynamo_graph(scaled(2.0), x), name="g")
+        first = lower.lower(*dynamo_graph(scaled(2.0), x), name="g")
         hits, misses = lower.cache_stats["hits"], lower.cache_stats["misses"]
         torch._dynamo.reset()
         # A new GraphModule of the same graph.
-        again = lower.lower(*self.dynamo_graph(scaled(2.0), x), name="g")
+        again = lower.lower(*dynamo_graph(scaled(2.0), x), name="g")
         self.assertEqual(lower.cache_stats["hits"], hits + 1)
         self.assertEqual(again.graph, first.graph)
         torch._dynamo.reset()
-        other = lower.lower(*self.dynamo_graph(scaled(3.0), x), name="g")
+        other = lower.lower(*dynamo_graph(scaled(3.0), x), name="g")
         self.assertEqual(lower.cache_stats["misses"], misses + 1)
         self.assertNotEqual(other.graph, first.graph)
 
@@ -526,7 +528,7 @@ class LoweringCacheTest(unittest.TestCase):
         from kiln import lower
 
         model = capture_graphs.ConvBlock(3, 8).train()
-        gm, inputs = self.dynamo_graph(model, torch.randn(2, 3, 8, 8))
+        gm, inputs = dynamo_graph(model, torch.randn(2, 3, 8, 8))
         first = lower.lower(gm, inputs)
         second = lower.lower(gm, inputs)
         self.assertTrue(first.mutations)
@@ -548,14 +550,7 @@ class RepeatedCallsTest(unittest.TestCase):
         traced alone, Dynamo's calls)."""
         from kiln import lower
 
-        seen = []
-
-        def keep(gm, example_inputs):
-            seen.append((gm, example_inputs))
-            return gm.forward
-
-        torch.compile(model, backend=keep, dynamic=False)(x)
-        gm, inputs = seen[0]
+        gm, inputs = dynamo_graph(model, x)
         with unittest.mock.patch.object(lower, "_trace_call", wraps=lower._trace_call) as alone:
             by_call = lower.lower(gm, inputs, name="g")
         with unittest.mock.patch.object(lower, "_trace_repeated_calls", return_value=None):
