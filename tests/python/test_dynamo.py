@@ -135,8 +135,8 @@ class TorchCompileTest(SharedKilnd, unittest.TestCase):
             compiled = torch.compile(copy.deepcopy(model), backend=keep, dynamic=False)
             compiled(x).sum().backward()
             # running_mean, running_var, num_batches_tracked
-            self.assertEqual(len(seen[0]._mutations), 3, name)
-            self.assertEqual(len(seen[0]._kept), 3 if kept else 0, name)
+            self.assertEqual(len(seen[0].compiled._mutations), 3, name)
+            self.assertEqual(len(seen[0].compiled._kept), 3 if kept else 0, name)
 
     def test_batch_norms_backward_sums_each_product_once(self):
         """A batch norm reaches kilnd decomposed, and the derivatives of its
@@ -229,11 +229,13 @@ class TorchCompileTest(SharedKilnd, unittest.TestCase):
         records = [r for r in kiln.compile_times(repr="dict") if r in be.graph_times]
         self.assertEqual(len(records), 2)  # the graph break: two graphs
         for r in records:
-            for phase in ("dynamo", "lower", "key", "lookup", "compile", "load"):
+            for phase in ("dynamo", "lower", "key", "lookup", "compile", "wait", "load"):
                 self.assertGreaterEqual(r[phase], 0.0, phase)
             self.assertGreater(r["lower"], 0.0)
             self.assertGreater(r["dynamo"], 0.0)  # Dynamo traced the frame first
-            self.assertGreater(r["key"], 0.0)     # kilnd verified the graph and keyed it
+            self.assertGreater(r["compile"], 0.0)  # a graph the client has not met: Compile
+            # The first call waited for no more than the round trips took.
+            self.assertLessEqual(r["wait"], r["key"] + r["lookup"] + r["compile"] + 0.25)
             phases = [p for p, _ in r["server"]]
             self.assertIn("verify", phases)
             self.assertIn("native-compile", phases)
@@ -244,13 +246,20 @@ class TorchCompileTest(SharedKilnd, unittest.TestCase):
             kiln.compile_times(repr="csv")
 
     def test_step_logs_leave_the_failing_step_begun_and_not_ended(self):
-        torch._dynamo.reset()
-        with self.assertLogs("kiln", level="INFO") as logs:
-            torch.compile(graph_break, backend=self.backend("kiln"))(torch.randn(4, 8))
-        steps = [r.getMessage() for r in logs.records]
-        for step in ("lower", "lookup", "load"):
-            self.assertEqual(sum(s.startswith(f"begin {step}") for s in steps), 2, steps)
-            self.assertEqual(sum(s.startswith(f"end {step}") for s in steps), 2, steps)
+        # A graph the backend's client has not met goes to Compile (a hit or
+        # a compile in one round trip); one it has met is looked up by key.
+        be = self.backend("kiln")
+        for first_step in ("compile", "lookup"):
+            torch._dynamo.reset()
+            with self.assertLogs("kiln", level="INFO") as logs:
+                torch.compile(graph_break, backend=be)(torch.randn(4, 8))
+            steps = [r.getMessage() for r in logs.records]
+            for step in ("lower", first_step, "load"):
+                self.assertEqual(sum(s.startswith(f"begin {step}") for s in steps), 2, steps)
+                self.assertEqual(sum(s.startswith(f"end {step}") for s in steps), 2, steps)
+            self.assertFalse(any(s.startswith("begin lookup") for s in steps)
+                             if first_step == "compile" else
+                             any(s.startswith("begin compile") for s in steps), steps)
 
         def refused(x):  # cumsum has no derivative rule: kilnd refuses the gradient
             return torch.cumsum(x, 0).sinh()
@@ -714,6 +723,48 @@ class TorchCompileServerTest(unittest.TestCase):
         self.assertEqual(lenient.stats["eager"], 2)
         self.assertEqual(counters(self.client).compiles, 0)
         self.assertGreaterEqual(counters(self.client).frozen_misses, 1)
+
+    def test_a_graph_whose_first_call_raised_asks_kilnd_again(self):
+        # The backend returns before kilnd answers, and the first call waits
+        # for the answer: a refusal raises there, and leaves nothing behind,
+        # so that the next call asks again (as Dynamo calls a backend that
+        # raised again on the frame's next run).
+        def f(x):
+            return torch.tanh(x) * 3 + 1
+
+        x = torch.randn(4, 8)
+        be = kiln.backend(self.server.address, on_frozen="raise", namespace="asks-again")
+        compiled = torch.compile(f, backend=be, dynamic=False)
+        self.client.freeze()
+        try:
+            for _ in range(2):
+                with self.assertRaises(kiln.KilnError) as caught:
+                    compiled(x)
+                self.assertEqual(caught.exception.code, "FAILED_PRECONDITION")
+                self.assertIn("frozen", caught.exception.message)
+        finally:
+            self.client.thaw()
+        close(self, compiled(x), f(x), "after the thaw")
+        self.assertEqual(be.stats["graphs"], 1, "Dynamo compiled the frame again")
+        self.assertEqual(be.stats["compiles"], 1, be.stats)
+        self.assertEqual(len(be.loaded), 1)
+
+    def test_suppress_errors_runs_a_refused_graph_eagerly(self):
+        def f(x):  # cumsum has no derivative rule: kilnd refuses the gradient
+            return torch.cumsum(x, 0).sinh()
+
+        x = torch.randn(4, 3, requires_grad=True)
+        be = kiln.backend(self.server.address)
+        torch._dynamo.reset()
+        with torch._dynamo.config.patch(suppress_errors=True), \
+                warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            out = torch.compile(f, backend=be)(x)
+        close(self, out, f(x), "eager")
+        said = [str(w.message) for w in seen if "suppress_errors" in str(w.message)]
+        self.assertEqual(len(said), 1, [str(w.message) for w in seen])
+        self.assertIn("a gradient must flow through it", said[0])
+        self.assertEqual(be.stats["eager"], 1)
 
     def test_server_down_warns_and_runs_eagerly_or_raises(self):
         address = self.server.address

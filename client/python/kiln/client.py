@@ -8,7 +8,8 @@ retried a few times with exponential backoff first.
 Lookup by graph: the server returns the graph's cache key, and the client
 remembers it for that graph (by content, together with the backend and
 namespace), so the next lookup of the same graph sends only the key and the
-input signature. A Client is not meant to be shared between threads.
+input signature. A Client may be shared between threads: its gRPC channel is,
+and each call updates the keys it remembers in one step.
 """
 
 import hashlib

@@ -11,9 +11,11 @@ package's `torch_dynamo_backends` entry point): `kiln` (generated code),
 the server backend of the same name.
 
 For every graph Dynamo hands over, the backend lowers it to a functional
-core-ATen graph (kiln.lower), looks its key up on kilnd with the signature of
-the inputs, compiles it on a miss, and returns a callable that runs the
-artifact (an autograd function when it has a backward). Dynamo keeps its own
+core-ATen graph (kiln.lower) and returns at once a callable whose first call
+waits for kilnd's artifact and then runs it (an autograd function when it
+has a backward): kilnd serves the graph from its cache or compiles it while
+Dynamo finishes the frame (its guards and bytecode), on a thread of the
+backend's. Dynamo keeps its own
 guards and calls the backend again when they fail (a new shape, a new dtype);
 after the second size, its automatic dynamic marks the dimension symbolic,
 and kilnd compiles one symbolic variant that serves every later size.
@@ -29,7 +31,11 @@ Failure policies (kiln.backend(..., on_frozen=, on_unavailable=)):
     warning) or "raise";
   - a graph with no kiln.v1.Graph form (kiln.lower.Unsupported) runs eagerly,
     with one warning.
-A compile error (INVALID_ARGUMENT, INTERNAL...) always raises.
+A compile error (INVALID_ARGUMENT, INTERNAL...) raises, unless
+torch._dynamo.config.suppress_errors is set (the graph then runs eagerly, with
+one warning). kilnd's answer reaches the graph's first call, so its errors
+raise there (a KilnError, not Dynamo's BackendCompilerFailed), and a call
+that raised leaves nothing behind: the next call asks kilnd again.
 """
 
 import contextlib
@@ -45,9 +51,9 @@ import torch
 
 from kiln import lower as lowering
 from kiln.client import Client, KilnError
-from kiln.compiled import ArtifactFunction, verify_artifact
+from kiln.compiled import ArtifactFunction, SignatureError, verify_artifact
 from kiln.cuda import CudaGraphed
-from kiln.v1 import artifact_pb2
+from kiln.v1 import artifact_pb2, service_pb2
 
 __all__ = ["backend", "KilnBackend", "register_backends", "compile_times", "DEFAULT_SERVER"]
 
@@ -158,9 +164,11 @@ class KilnBackend:
         # tracing of the frame before it called the backend), lower (Dynamo's
         # graph to kiln.v1.Graph), key (kilnd's verification and key of it,
         # inside the lookup), lookup (the rest of the round trip), compile
-        # (on kilnd, with the round trip), load (the artifact into runners).
+        # (on kilnd, with the round trip), wait (of those three, what the
+        # graph's first call waited for: the rest ran while Dynamo finished
+        # the frame), load (the artifact into runners).
         self.times = {"dynamo": 0.0, "lower": 0.0, "key": 0.0, "lookup": 0.0, "compile": 0.0,
-                      "load": 0.0}
+                      "wait": 0.0, "load": 0.0}
         self.last_lowered = None  # the kiln.lower.Lowered of the latest graph
         self.loaded = []  # every kiln.compiled.ArtifactFunction built, in order
         # Per graph served: its name, the client's phases (seconds) and
@@ -204,8 +212,8 @@ class KilnBackend:
         function = _graph_function(gm)
         name = _graph_name(function)
         reason = _new_guard_failures()
-        before = dict(self.times)
-        self.times["dynamo"] += _dynamo_elapsed()
+        times = dict.fromkeys(self.times, 0.0)
+        times["dynamo"] = _dynamo_elapsed()
         start = time.perf_counter()
         try:
             with _step("lower", name):
@@ -214,15 +222,41 @@ class KilnBackend:
             self.stats["eager"] += 1
             self.unsupported.append((name, str(e)))
             self._warn_once(("unsupported", str(e)), f"kiln: graph '{name}' runs eagerly: {e}")
+            self._add_times(times)
             return gm.forward
         self.last_lowered = lowered
-        self.times["lower"] += time.perf_counter() - start
+        times["lower"] = time.perf_counter() - start
         if time.monotonic() < self._down_until:
             self.stats["eager"] += 1
+            self._add_times(times)
             return gm.forward
+        # What the request needs from Dynamo's state is read here, in its
+        # context; the round trips to kilnd run in the background while
+        # Dynamo finishes the frame (its guards and bytecode), and the
+        # graph's first call waits for them.
+        request = {"lowered": lowered, "name": name, "reason": reason,
+                   "signature": _signature(lowered, example_inputs),
+                   "options": self._compile_options(example_inputs, autotune),
+                   "static_shapes": _static_shapes(),
+                   "report": _graph_report(gm, function, name, self.job)}
+        self._add_times(times)
+
+        def finish(pending):
+            return self._finish(pending, gm, request, cuda_graphs, times)
+
+        return _Deferred(lambda: _Pending(self._artifact, request), finish)
+
+    def _add_times(self, times):
+        for phase, seconds in times.items():
+            self.times[phase] += seconds
+
+    def _finish(self, pending, gm, request, cuda_graphs, times):
+        """The graph's callable once kilnd answered `pending`: the artifact
+        loaded, or gm.forward where a policy runs the graph eagerly."""
+        lowered, name = request["lowered"], request["name"]
+        start = time.perf_counter()
         try:
-            artifact = self._artifact(lowered, example_inputs, name, autotune, reason,
-                                      _graph_report(gm, function, name, self.job))
+            artifact, served, rpc_times = pending.result()
         except KilnError as e:
             if e.code == "FAILED_PRECONDITION" and "frozen" in e.message:
                 if self.on_frozen == "raise":
@@ -238,13 +272,18 @@ class KilnBackend:
                                                f"the server is asked again in "
                                                f"{self.RETRY_AFTER_S:.0f} s")
             else:
-                raise
+                return self._unless_suppressed(e, gm, name)
             self.stats["eager"] += 1
             return gm.forward
+        except SignatureError as e:
+            return self._unless_suppressed(e, gm, name)
+        self.stats[served] += 1
+        times = dict(times, **rpc_times)
+        times["wait"] = time.perf_counter() - start
         start = time.perf_counter()
         with _step("load", name):
             function = ArtifactFunction(artifact, lowered.graph)
-        function.key = self._key(lowered, example_inputs, autotune) or artifact.key
+        function.key = self._key(lowered, request["options"]) or artifact.key
         self.loaded.append(function)
         static = all(s.WhichOneof("value") == "int_value"
                      for ph in lowered.graph.inputs for s in ph.value.meta.sizes)
@@ -252,48 +291,74 @@ class KilnBackend:
             function = CudaGraphed(function)
             self.cuda_graphed.append(function)
         compiled = _Compiled(lowered, function, artifact)
-        self.times["load"] += time.perf_counter() - start
-        record = {phase: self.times[phase] - before[phase] for phase in self.times}
+        times["load"] = time.perf_counter() - start
+        for phase in ("key", "lookup", "compile", "wait", "load"):
+            self.times[phase] += times[phase]
+        record = dict(times)
         record["graph"] = name
         record["server"] = [(t.phase, t.micros / 1e6) for t in artifact.compile_times]
         self.graph_times.append(record)
         return compiled
 
-    def _artifact(self, lowered, example_inputs, name, autotune=False, reason="", report=None):
+    def _unless_suppressed(self, error, gm, name):
+        """Raises `error`, unless Dynamo's suppress_errors is set: Dynamo runs
+        a frame whose backend raised eagerly then, and a failure of kilnd's
+        now surfaces at the graph's first call, where the same setting
+        decides."""
+        import torch._dynamo.config as dynamo_config
+
+        if not dynamo_config.suppress_errors:
+            raise error
+        self._warn_once(("suppressed", name), f"kiln: graph '{name}' runs eagerly "
+                                              f"(torch._dynamo.config.suppress_errors): {error}")
+        self.stats["eager"] += 1
+        return gm.forward
+
+    def _artifact(self, request):
+        """kilnd's artifact for `request` (see _compile). Returns (artifact,
+        "hits" or "compiles", the seconds of the key, lookup and compile
+        phases). Runs on a thread of its own: it reads nothing of Dynamo's.
+
+        A graph this client met before (its key remembered) is looked up by
+        key first, which sends no graph. Any other goes to Compile, which
+        serves a cached variant as a lookup would (outcome HIT) and
+        compiles on a miss, in one round trip: the request leaves while
+        Dynamo finishes the frame, whose Python this thread shares the
+        interpreter with."""
         client = self._get_client()
-        start = time.perf_counter()
-        signature = _signature(lowered, example_inputs)
-        options = self._compile_options(example_inputs, autotune)
-        with _step("lookup", name):
-            # The report goes with the lookup, which every process makes
-            # once per graph: kilnd counts the processes that met it.
-            found = client.lookup(graph=lowered.graph, signature=signature,
-                                  namespace=self.namespace, include_artifact=True,
-                                  options=options, report=report)
-        key = found.key_micros / 1e6
-        self.times["key"] += key
-        self.times["lookup"] += time.perf_counter() - start - key
-        if found.HasField("artifact") and found.artifact.backend:
-            self.stats["hits"] += 1
-            self._verify(found)
-            return found.artifact
+        lowered, name = request["lowered"], request["name"]
+        times = {"key": 0.0, "lookup": 0.0, "compile": 0.0}
+        if self._key(lowered, request["options"]):
+            start = time.perf_counter()
+            with _step("lookup", name):
+                found = client.lookup(graph=lowered.graph, signature=request["signature"],
+                                      namespace=self.namespace, include_artifact=True,
+                                      options=request["options"], report=request["report"])
+            times["key"] = found.key_micros / 1e6
+            times["lookup"] = time.perf_counter() - start - times["key"]
+            if found.HasField("artifact") and found.artifact.backend:
+                self._verify(found)
+                return found.artifact, "hits", times
         start = time.perf_counter()
         with _step("compile", name):
+            # The report goes with the first request for the graph, which
+            # every process makes: kilnd counts the processes that met it.
             response = client.compile(lowered.graph, guards=lowered.guards,
                                       namespace=self.namespace, frozen=self.frozen,
-                                      options=options, signature=signature,
-                                      recompile_reason=reason,
-                                      static_shapes=_static_shapes())
-        self.times["compile"] += time.perf_counter() - start
-        self.stats["compiles"] += 1
+                                      options=request["options"],
+                                      signature=request["signature"],
+                                      recompile_reason=request["reason"],
+                                      static_shapes=request["static_shapes"],
+                                      report=request["report"])
+        times["compile"] = time.perf_counter() - start
         self._verify(response)
-        return response.artifact
+        served = "hits" if response.outcome == service_pb2.HIT else "compiles"
+        return response.artifact, served, times
 
-    def _key(self, lowered, example_inputs, autotune=False):
-        """The cache key of the graph's lookup or compile reply, which the
-        client remembers for the graph, or ""."""
+    def _key(self, lowered, options):
+        """The cache key of the graph's lookup or compile reply under
+        `options`, which the client remembers for the graph, or ""."""
         client = self._get_client()
-        options = self._compile_options(example_inputs, autotune)
         return client._keys.get(client._graph_id(lowered.graph, options, self.namespace), "")
 
     def _compile_options(self, example_inputs, autotune=False):
@@ -313,6 +378,68 @@ class KilnBackend:
         if self.public_key is not None:
             verify_artifact(response.artifact, response.digest, response.signature,
                             self.public_key)
+
+
+class _Pending:
+    """`work(request)` on a thread of its own; result() waits for it and
+    returns what it returned or raises what it raised."""
+
+    def __init__(self, work, request):
+        self._done = threading.Event()
+        self._value = self._error = None
+
+        def run():
+            try:
+                self._value = work(request)
+            except BaseException as e:  # noqa: BLE001 (raised again by result())
+                self._error = e
+            finally:
+                self._done.set()
+
+        # A daemon: a process that never calls the graph does not wait for
+        # kilnd's answer to exit.
+        threading.Thread(target=run, name="kiln-compile", daemon=True).start()
+
+    def result(self):
+        self._done.wait()
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+
+class _Deferred:
+    """What the backend returns to Dynamo while kilnd answers: `start()`
+    begins the round trips (a _Pending), and the first call (or the first
+    look at `compiled`) waits for them and calls `finish(pending)` for the
+    graph's callable. Nothing else waits: Dynamo looks at the attributes of
+    what a backend returns (_torchdynamo_orig_callable, __name__) as it
+    finishes the frame. A first call that raises leaves
+    nothing behind: the next call asks kilnd again, as Dynamo would call a
+    backend that raised again on the frame's next run."""
+
+    def __init__(self, start, finish):
+        self._start = start
+        self._finish = finish
+        self._pending = start()
+        self._fn = None
+        self._lock = threading.Lock()
+
+    def _ready(self):
+        if self._fn is None:
+            with self._lock:
+                if self._fn is None:
+                    pending, self._pending = self._pending or self._start(), None
+                    self._fn = self._finish(pending)
+        return self._fn
+
+    def __call__(self, *args):
+        return self._ready()(*args)
+
+    @property
+    def compiled(self):
+        """The graph's callable (a _Compiled, or the graph's own forward
+        where it runs eagerly), once kilnd answered."""
+        return self._ready()
 
 
 class _Compiled:
@@ -383,7 +510,9 @@ def compile_times(repr="str"):  # noqa: A002 (the name torch._dynamo.utils uses)
     torch._dynamo.utils.compile_times() gives Dynamo's: the client's phases
     (dynamo: Dynamo's tracing of the frame up to the backend; lower:
     Dynamo's graph to a kiln graph; key: kilnd's verification and key of
-    it; lookup; compile: kilnd's, with the round trip; load) and kilnd's own
+    it, in a lookup; lookup; compile: kilnd's, with the round trip; wait:
+    what the first call waited for those, which run while Dynamo finishes
+    the frame; load) and kilnd's own
     phases of the graph's compile (verify, key, lower, fuse, plan, codegen,
     native-compile, ...), in seconds. repr="str" gives a table, "dict" a
     list of records."""
@@ -392,7 +521,7 @@ def compile_times(repr="str"):  # noqa: A002 (the name torch._dynamo.utils uses)
         return records
     if repr != "str":
         raise ValueError(f"repr takes 'str' or 'dict', not {repr!r}")
-    phases = ("dynamo", "lower", "key", "lookup", "compile", "load")
+    phases = ("dynamo", "lower", "key", "lookup", "compile", "wait", "load")
     lines = ["graph  " + "  ".join(phases) + "  (seconds)  kilnd's phases"]
     for r in records:
         server = ", ".join(f"{phase} {sec:.4f}" for phase, sec in r["server"])
@@ -442,8 +571,6 @@ def _graph_report(gm, function, name, job):
     """The kiln.v1.GraphReport of Dynamo's graph `gm`, from `function`, named
     `name`: why Dynamo ended the graph there (a graph break's reason and the
     user frames, innermost last), cut to what kilnd keeps."""
-    from kiln.v1 import service_pb2
-
     why = getattr(gm, "compile_subgraph_reason", None)
     report = service_pb2.GraphReport(job=job[:128], function=function[:256], graph=name[:256])
     if why is not None:
