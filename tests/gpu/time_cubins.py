@@ -10,7 +10,12 @@ in order), "grid": N, "variants": [{"name", "cubin", "block", "kernel"
 outputs are compared with the first's; each is timed with CUDA events over
 20 launches back to back, the median of 7 such runs, and reported in
 microseconds and in GB/s of the bytes its buffers hold (each read or
-written once), with its registers per thread and local memory."""
+written once), with its registers per thread and local memory.
+
+With "after_mm": {"out": INDEX, "k": K} every launch follows a matmul that
+writes buffer INDEX (its last dim N, the rest M, from random [M, K] and
+[K, N] operands), and only the kernel is timed, launch by launch: a kernel
+that reads a matmul's output as a model's does, part of it in L2."""
 
 import ctypes
 import json
@@ -71,6 +76,38 @@ def time_us(launch, calls=20, runs=7):
     return statistics.median(times)
 
 
+def time_after_us(launch, before, calls=20, runs=7):
+    for _ in range(3):
+        before()
+        launch()
+    times = []
+    for _ in range(runs):
+        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                  for _ in range(calls)]
+        for start, end in events:
+            before()
+            start.record()
+            launch()
+            end.record()
+        events[-1][1].synchronize()
+        times.append(sum(s.elapsed_time(e) for s, e in events) * 1000 / calls)
+    return statistics.median(times)
+
+
+def matmul_into(spec, buffers):
+    """The matmul "after_mm" names, writing its buffer, or None."""
+    if "after_mm" not in spec:
+        return None
+    out = buffers[spec["after_mm"]["out"]][0]
+    n = out.shape[-1]
+    m = out.numel() // n
+    k = spec["after_mm"]["k"]
+    a = torch.randn(m, k, device="cuda", dtype=out.dtype)
+    b = torch.randn(k, n, device="cuda", dtype=out.dtype) / k ** 0.5
+    view = out.view(m, n)
+    return lambda: torch.mm(a, b, out=view)
+
+
 def main():
     spec = json.load(open(sys.argv[1]))
     torch.manual_seed(0)
@@ -82,6 +119,9 @@ def main():
              else torch.full(shape, float("nan"), device="cuda", dtype=dt))
         buffers.append((t, role))
     nbytes = sum(t.numel() * t.element_size() for t, _ in buffers)
+    before = matmul_into(spec, buffers)
+    if before is not None:
+        before()
     reference = None
     print(f"{'variant':<28} {'us':>9} {'GB/s':>8} {'max |diff|':>11} {'regs':>5} {'local B':>8}")
     for v in spec["variants"]:
@@ -98,7 +138,7 @@ def main():
             reference = outs
         diff = max((o.float() - r.float()).abs().nan_to_num(float("inf")).max().item()
                    for o, r in zip(outs, reference))
-        us = time_us(launch)
+        us = time_us(launch) if before is None else time_after_us(launch, before)
         regs, local = attribute(fn, 4), attribute(fn, 3)  # NUM_REGS, LOCAL_SIZE_BYTES
         print(f"{v['name']:<28} {us:9.1f} {nbytes / us / 1e3:8.0f} {diff:11.3g} {regs:5d} "
               f"{local:8d}", flush=True)

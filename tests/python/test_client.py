@@ -145,6 +145,28 @@ class ClientTest(unittest.TestCase):
             self.client.lookup(self.graph)
         self.assertEqual(cm.exception.code, "UNAVAILABLE")
 
+    def test_compile_async_answers_as_compile_does(self):
+        call = self.client.compile_async(self.graph, recompile_reason="new shape")
+        arrived = threading.Event()
+        call.add_done_callback(lambda c: arrived.set())
+        response = call.result()
+        self.assertTrue(arrived.wait(10))
+        self.assertTrue(call.done())
+        self.assertEqual(response.key, FakeCompiler.KEY)
+        self.assertEqual(self.compiler.requests[-1].recompile_reason, "new shape")
+        # The key is remembered as compile() remembers it.
+        self.client.lookup(self.graph, signature=kiln.signature(self.x))
+        self.assertEqual(self.compiler.requests[-1].key, FakeCompiler.KEY)
+        with self.assertRaises(kiln.KilnError) as cm:
+            self.client.compile_async(self.graph, frozen=True).result()
+        self.assertEqual(cm.exception.code, "FAILED_PRECONDITION")
+        self.compiler.unavailable = 2  # the call's own attempt and one retry
+        self.assertEqual(self.client.compile_async(self.graph).result().key, FakeCompiler.KEY)
+        self.compiler.unavailable = kiln.Client.RETRIES + 2
+        with self.assertRaises(kiln.KilnError) as cm:
+            self.client.compile_async(self.graph).result()
+        self.assertEqual(cm.exception.code, "UNAVAILABLE")
+
     def test_admin(self):
         stats = self.client.stats()
         self.assertEqual(stats.entries, 3)

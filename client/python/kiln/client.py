@@ -20,7 +20,7 @@ import grpc
 
 from kiln.v1 import guards_pb2, service_pb2, service_pb2_grpc
 
-__all__ = ["Client", "KilnError"]
+__all__ = ["Client", "KilnError", "PendingCall"]
 
 
 class KilnError(Exception):
@@ -50,6 +50,41 @@ def _signature_from_graph(graph):
         )
         entry.device.CopyFrom(meta.device)
     return sig
+
+
+class PendingCall:
+    """A call under way (Client.compile_async): gRPC's C core sends the
+    request and takes the reply on its own threads. result() waits for the
+    reply and returns it; an UNAVAILABLE reply is retried as Client's calls
+    are, any other failure raises KilnError."""
+
+    def __init__(self, client, method, request, remembered):
+        self._client = client
+        self._method = method
+        self._request = request
+        self._remembered = remembered
+        self._future = method.future(request, timeout=client.timeout,
+                                     metadata=client._metadata)
+
+    def done(self):
+        return self._future.done()
+
+    def add_done_callback(self, fn):
+        """Calls fn(self) once the reply (or a failure) is in, on gRPC's
+        thread, or at once if it is."""
+        self._future.add_done_callback(lambda _: fn(self))
+
+    def result(self):
+        try:
+            response = self._future.result()
+        except grpc.RpcError as e:
+            if e.code() != grpc.StatusCode.UNAVAILABLE:
+                raise KilnError(e.code().name, e.details() or "") from None
+            time.sleep(self._client.BACKOFF_S)
+            response = self._client._call(self._method, self._request)
+        if response.key:
+            self._client._keys[self._remembered] = response.key
+        return response
 
 
 class Client:
@@ -142,6 +177,27 @@ class Client:
         sent, never as a symbolic variant of its shape family (automatic
         dynamic shapes). Returns the kiln.v1.CompileResponse.
         """
+        request, remembered = self._compile_request(
+            graph, guards, backend, namespace, frozen, target, signature, recompile_reason,
+            options, bypass_cache, report, static_shapes)
+        response = self._call(self._compiler.Compile, request)
+        if response.key:
+            self._keys[remembered] = response.key
+        return response
+
+    def compile_async(self, graph, guards=None, backend="eager", namespace="", frozen=False,
+                      target=None, signature=None, recompile_reason="", options=None,
+                      bypass_cache=False, report=None, static_shapes=False):
+        """compile() begun: the request leaves before this returns, and
+        kilnd answers while the caller goes on. Returns a PendingCall whose
+        result() is what compile() returns (or raises)."""
+        request, remembered = self._compile_request(
+            graph, guards, backend, namespace, frozen, target, signature, recompile_reason,
+            options, bypass_cache, report, static_shapes)
+        return PendingCall(self, self._compiler.Compile, request, remembered)
+
+    def _compile_request(self, graph, guards, backend, namespace, frozen, target, signature,
+                         recompile_reason, options, bypass_cache, report, static_shapes):
         if options is None:
             options = self._options(backend, target)
         request = service_pb2.CompileRequest(graph=graph, options=options,
@@ -155,10 +211,7 @@ class Client:
             request.signature.CopyFrom(signature)
         if report is not None:
             request.report.CopyFrom(report)
-        response = self._call(self._compiler.Compile, request)
-        if response.key:
-            self._keys[self._graph_id(graph, options, namespace)] = response.key
-        return response
+        return request, self._graph_id(graph, options, namespace)
 
     def lookup(self, graph=None, key=None, signature=None, backend="eager", namespace="",
                include_artifact=False, target=None, options=None, report=None):

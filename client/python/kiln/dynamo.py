@@ -13,9 +13,9 @@ the server backend of the same name.
 For every graph Dynamo hands over, the backend lowers it to a functional
 core-ATen graph (kiln.lower) and returns at once a callable whose first call
 waits for kilnd's artifact and then runs it (an autograd function when it
-has a backward): kilnd serves the graph from its cache or compiles it while
-Dynamo finishes the frame (its guards and bytecode), on a thread of the
-backend's. Dynamo keeps its own
+has a backward): the request leaves before the backend returns, and kilnd
+serves the graph from its cache or compiles it while Dynamo finishes the
+frame (its guards and bytecode). Dynamo keeps its own
 guards and calls the backend again when they fail (a new shape, a new dtype);
 after the second size, its automatic dynamic marks the dimension symbolic,
 and kilnd compiles one symbolic variant that serves every later size.
@@ -230,10 +230,9 @@ class KilnBackend:
             self.stats["eager"] += 1
             self._add_times(times)
             return gm.forward
-        # What the request needs from Dynamo's state is read here, in its
-        # context; the round trips to kilnd run in the background while
-        # Dynamo finishes the frame (its guards and bytecode), and the
-        # graph's first call waits for them.
+        # The request leaves now, and kilnd compiles while Dynamo finishes
+        # the frame (its guards and bytecode); the graph's first call waits
+        # for the answer.
         request = {"lowered": lowered, "name": name, "reason": reason,
                    "signature": _signature(lowered, example_inputs),
                    "options": self._compile_options(example_inputs, autotune),
@@ -241,22 +240,22 @@ class KilnBackend:
                    "report": _graph_report(gm, function, name, self.job)}
         self._add_times(times)
 
-        def finish(pending):
-            return self._finish(pending, gm, request, cuda_graphs, times)
+        def finish(answer):
+            return self._finish(answer, gm, request, cuda_graphs, times)
 
-        return _Deferred(lambda: _Pending(self._artifact, request), finish)
+        return _Deferred(lambda: self._ask(request), finish)
 
     def _add_times(self, times):
         for phase, seconds in times.items():
             self.times[phase] += seconds
 
-    def _finish(self, pending, gm, request, cuda_graphs, times):
-        """The graph's callable once kilnd answered `pending`: the artifact
+    def _finish(self, answer, gm, request, cuda_graphs, times):
+        """The graph's callable once kilnd answered (`answer`): the artifact
         loaded, or gm.forward where a policy runs the graph eagerly."""
         lowered, name = request["lowered"], request["name"]
         start = time.perf_counter()
         try:
-            artifact, served, rpc_times = pending.result()
+            artifact, served, rpc_times = answer.result()
         except KilnError as e:
             if e.code == "FAILED_PRECONDITION" and "frozen" in e.message:
                 if self.on_frozen == "raise":
@@ -314,17 +313,15 @@ class KilnBackend:
         self.stats["eager"] += 1
         return gm.forward
 
-    def _artifact(self, request):
-        """kilnd's artifact for `request` (see _compile). Returns (artifact,
-        "hits" or "compiles", the seconds of the key, lookup and compile
-        phases). Runs on a thread of its own: it reads nothing of Dynamo's.
+    def _ask(self, request):
+        """Asks kilnd for the artifact of `request` (see _compile); returns
+        an _Answer, whose result() waits for it.
 
         A graph this client met before (its key remembered) is looked up by
         key first, which sends no graph. Any other goes to Compile, which
         serves a cached variant as a lookup would (outcome HIT) and
-        compiles on a miss, in one round trip: the request leaves while
-        Dynamo finishes the frame, whose Python this thread shares the
-        interpreter with."""
+        compiles on a miss, in one round trip: its request leaves before
+        this returns, and kilnd works while Dynamo finishes the frame."""
         client = self._get_client()
         lowered, name = request["lowered"], request["name"]
         times = {"key": 0.0, "lookup": 0.0, "compile": 0.0}
@@ -337,23 +334,17 @@ class KilnBackend:
             times["key"] = found.key_micros / 1e6
             times["lookup"] = time.perf_counter() - start - times["key"]
             if found.HasField("artifact") and found.artifact.backend:
-                self._verify(found)
-                return found.artifact, "hits", times
-        start = time.perf_counter()
-        with _step("compile", name):
-            # The report goes with the first request for the graph, which
-            # every process makes: kilnd counts the processes that met it.
-            response = client.compile(lowered.graph, guards=lowered.guards,
-                                      namespace=self.namespace, frozen=self.frozen,
-                                      options=request["options"],
-                                      signature=request["signature"],
-                                      recompile_reason=request["reason"],
-                                      static_shapes=request["static_shapes"],
-                                      report=request["report"])
-        times["compile"] = time.perf_counter() - start
-        self._verify(response)
-        served = "hits" if response.outcome == service_pb2.HIT else "compiles"
-        return response.artifact, served, times
+                return _Answer(self, name, times, found=found)
+        # The report goes with the first request for the graph, which every
+        # process makes: kilnd counts the processes that met it.
+        _log.info("begin compile '%s'", name)
+        call = client.compile_async(lowered.graph, guards=lowered.guards,
+                                    namespace=self.namespace, frozen=self.frozen,
+                                    options=request["options"], signature=request["signature"],
+                                    recompile_reason=request["reason"],
+                                    static_shapes=request["static_shapes"],
+                                    report=request["report"])
+        return _Answer(self, name, times, call=call)
 
     def _key(self, lowered, options):
         """The cache key of the graph's lookup or compile reply under
@@ -380,47 +371,65 @@ class KilnBackend:
                             self.public_key)
 
 
-class _Pending:
-    """`work(request)` on a thread of its own; result() waits for it and
-    returns what it returned or raises what it raised."""
+class _Answer:
+    """kilnd's answer for one graph: a lookup's reply already here
+    (`found`), or a Compile under way (`call`, a kiln.client.PendingCall).
+    result() waits for it and returns (artifact, "hits" or "compiles", the
+    seconds of the key, lookup and compile phases); the compile's are from
+    the request to the reply's arrival."""
 
-    def __init__(self, work, request):
-        self._done = threading.Event()
-        self._value = self._error = None
+    def __init__(self, backend, name, times, found=None, call=None):
+        self._backend = backend
+        self._name = name
+        self._times = times
+        self._found = found
+        self._call = call
+        self._start = time.perf_counter()
+        self._arrived = None
+        if call is not None:
+            call.add_done_callback(self._stamp)
 
-        def run():
-            try:
-                self._value = work(request)
-            except BaseException as e:  # noqa: BLE001 (raised again by result())
-                self._error = e
-            finally:
-                self._done.set()
-
-        # A daemon: a process that never calls the graph does not wait for
-        # kilnd's answer to exit.
-        threading.Thread(target=run, name="kiln-compile", daemon=True).start()
+    def _stamp(self, _):
+        self._arrived = time.perf_counter()
 
     def result(self):
-        self._done.wait()
-        if self._error is not None:
-            raise self._error
-        return self._value
+        if self._found is not None:
+            self._backend._verify(self._found)
+            return self._found.artifact, "hits", self._times
+        response = self._call.result()
+        arrived = self._arrived or time.perf_counter()
+        _log.info("end compile '%s' (%.1f ms)", self._name, (arrived - self._start) * 1e3)
+        times = dict(self._times, compile=arrived - self._start)
+        self._backend._verify(response)
+        served = "hits" if response.outcome == service_pb2.HIT else "compiles"
+        return response.artifact, served, times
+
+
+class _Failed:
+    """An answer that is an error: result() raises it."""
+
+    def __init__(self, error):
+        self._error = error
+
+    def result(self):
+        raise self._error
 
 
 class _Deferred:
     """What the backend returns to Dynamo while kilnd answers: `start()`
-    begins the round trips (a _Pending), and the first call (or the first
-    look at `compiled`) waits for them and calls `finish(pending)` for the
-    graph's callable. Nothing else waits: Dynamo looks at the attributes of
-    what a backend returns (_torchdynamo_orig_callable, __name__) as it
-    finishes the frame. A first call that raises leaves
-    nothing behind: the next call asks kilnd again, as Dynamo would call a
-    backend that raised again on the frame's next run."""
+    asks kilnd (an _Answer; what it raises is raised by the first call),
+    and the first call (or the first look at `compiled`) waits for the
+    answer and calls `finish(answer)` for the graph's callable. Nothing
+    else waits: Dynamo looks at the attributes of what a backend returns
+    (_torchdynamo_orig_callable, __name__) as it finishes the frame. A first
+    call that raises leaves nothing behind: the next call asks kilnd again,
+    as Dynamo would call a backend that raised again on the frame's next
+    run."""
 
     def __init__(self, start, finish):
         self._start = start
         self._finish = finish
-        self._pending = start()
+        self._pending = self._begin()
         self._fn = None
         self._lock = threading.Lock()
 
@@ -428,9 +437,15 @@ class _Deferred:
         if self._fn is None:
             with self._lock:
                 if self._fn is None:
-                    pending, self._pending = self._pending or self._start(), None
-                    self._fn = self._finish(pending)
+                    answer, self._pending = self._pending or self._begin(), None
+                    self._fn = self._finish(answer)
         return self._fn
+
+    def _begin(self):
+        try:
+            return self._start()
+        except Exception as e:  # noqa: BLE001 (raised by the answer's result())
+            return _Failed(e)
 
     def __call__(self, *args):
         return self._ready()(*args)
