@@ -607,6 +607,51 @@ TEST(CudaCodegen, NvrtcBuildsACubinForSm90) {
   EXPECT_TRUE(absl::StrContains(module->compile_command(), "--arch=sm_90"));
 }
 
+// Reversed kernels (loop::Kernel::reversed, the sweep-order pass): every
+// layout's blocks take their work from the last to the first, and compile.
+TEST(CudaCodegen, ReversedSweepsTakeTheLastWorkFirstInEveryLayout) {
+  auto backend = Backend();
+  struct Case {
+    Kernel kernel;
+    std::string loop;  // what the reversed kernel's outer loop says
+  };
+  std::vector<Case> cases = {
+      {Pointwise(C(64), 4096), "const int32_t x = ((chunks - 1 - c) * 256 + threadIdx.x) * 4;"},
+      {Pointwise(E("s0"), 256), "if (x >= total) continue;"},
+      {Softmax(512, 4096, C(4096), C(1), "rows"), "const int32_t o = outer_n - 1 - r;"},
+      {Softmax(300, 1000, C(1), C(300), "columns"), "const int32_t tile = tiles - 1 - r;"},
+      {ColumnStats(4096, 1000, v1::FLOAT32), "const int32_t tiles = (outer_n + 127) / 128;"},
+      {ColumnStats(4096, 1024, v1::BFLOAT16), "const int32_t tile = tiles - 1 - r;"},
+      {ScaledColumnSum(4096, 32, v1::BFLOAT16), "const int32_t tile = tiles - 1 - r;"},
+  };
+  std::vector<Kernel> kernels;
+  for (size_t i = 0; i < cases.size(); ++i) {
+    Case& c = cases[i];
+    SCOPED_TRACE(c.kernel.name);
+    auto plain = backend->Generate({c.kernel}, {"s0"});
+    ASSERT_TRUE(plain.ok()) << plain.status();
+    EXPECT_FALSE(absl::StrContains(*plain, c.loop)) << *plain;
+    c.kernel.reversed = true;
+    auto source = backend->Generate({c.kernel}, {"s0"});
+    ASSERT_TRUE(source.ok()) << source.status();
+    EXPECT_TRUE(absl::StrContains(*source, c.loop)) << *source;
+    // The same launch: only the order of the work changes.
+    auto before = backend->Launch(cases[i].kernel);
+    c.kernel.reversed = false;
+    auto after = backend->Launch(c.kernel);
+    ASSERT_TRUE(before.ok() && after.ok());
+    EXPECT_EQ(before->grid, after->grid);
+    EXPECT_EQ(before->block, after->block);
+    c.kernel.reversed = true;
+    c.kernel.name = absl::StrCat("k", i);
+    kernels.push_back(c.kernel);
+  }
+  auto source = backend->Generate(kernels, {"s0"});
+  ASSERT_TRUE(source.ok()) << source.status();
+  auto module = backend->Compile(*source);
+  ASSERT_TRUE(module.ok()) << module.status();
+}
+
 // The autotuner's candidates: each block size is taken where the layout
 // allows it, sizes the launch, and compiles; the column layout has none.
 TEST(CudaCodegen, TunedBlockSizesAreTakenAndCompile) {

@@ -230,10 +230,19 @@ absl::Status CudaKernelEmitter::EmitPointwise(const Schedule& sched, std::string
   const int block = sched.block, vector = sched.vector;
   if (vector > 1) RETURN_IF_ERROR(DeclareVectors(vector, sched.vector_dim, {}, out));
   const std::string step = vector > 1 ? absl::StrCat(" * ", vector) : "";
-  absl::StrAppend(out, "  const ", idx_, " total = outer_n * inner_n;\n", "  for (", idx_,
-                  " x = (static_cast<", idx_, ">(blockIdx.x) * ", block, " + threadIdx.x)", step,
-                  "; x < total;\n       x += static_cast<", idx_, ">(gridDim.x) * ", block, step,
-                  ") {\n");
+  absl::StrAppend(out, "  const ", idx_, " total = outer_n * inner_n;\n");
+  if (k_.reversed) {
+    // Chunks of block * vector elements, the last first (loop::Kernel::reversed).
+    const int64_t chunk = int64_t{block} * vector;
+    absl::StrAppend(out, "  const ", idx_, " chunks = (total + ", chunk - 1, ") / ", chunk, ";\n",
+                    "  for (", idx_, " c = blockIdx.x; c < chunks; c += gridDim.x) {\n",
+                    "    const ", idx_, " x = ((chunks - 1 - c) * ", block, " + threadIdx.x)", step,
+                    ";\n    if (x >= total) continue;\n");
+  } else {
+    absl::StrAppend(out, "  for (", idx_, " x = (static_cast<", idx_, ">(blockIdx.x) * ", block,
+                    " + threadIdx.x)", step, "; x < total;\n       x += static_cast<", idx_,
+                    ">(gridDim.x) * ", block, step, ") {\n");
+  }
   if (!sched.order.empty()) {
     // Consecutive threads take consecutive elements of the output.
     std::vector<ir::SymInt> sizes;

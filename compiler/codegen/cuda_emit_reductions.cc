@@ -233,20 +233,33 @@ absl::Status CudaKernelEmitter::EmitReduction(const Schedule& sched, std::string
   if (packed) {
     RETURN_IF_ERROR(DeclareVectors(groups, static_cast<int>(k_.outer.size()) - 1, {}, out));
   }
+  // The loop over the block's tiles of rows (or rows), from the last to
+  // the first where the kernel is reversed (loop::Kernel::reversed).
+  auto tiles = [&](int rows) {
+    if (!k_.reversed) {
+      return absl::StrCat("  for (", idx_, " tile = blockIdx.x; tile * ", rows,
+                          " < outer_n; tile += gridDim.x) {\n");
+    }
+    return absl::StrCat("  const ", idx_, " tiles = (outer_n + ", rows - 1, ") / ", rows,
+                        ";\n  for (", idx_, " r = blockIdx.x; r < tiles; r += gridDim.x) {\n",
+                        "    const ", idx_, " tile = tiles - 1 - r;\n");
+  };
   if (groups > 1) {
     absl::StrAppend(out, "  const int lane = threadIdx.x ", narrow ? "/ " : ">> ",
-                    narrow ? row_lanes : 5, ";  // along the rows\n", "  for (", idx_,
-                    " tile = blockIdx.x; tile * ", row_lanes * groups,
-                    " < outer_n; tile += gridDim.x) {\n");
+                    narrow ? row_lanes : 5, ";  // along the rows\n", tiles(row_lanes * groups));
   } else if (column) {
-    absl::StrAppend(out, "  const int lane = threadIdx.x >> 5;  // along the rows\n", "  for (",
-                    idx_, " tile = blockIdx.x; tile * 32 < outer_n; tile += gridDim.x) {\n",
+    absl::StrAppend(out, "  const int lane = threadIdx.x >> 5;  // along the rows\n", tiles(32),
                     "    const ", idx_, " o = tile * 32 + (threadIdx.x & 31);\n", "    ", live_row);
     live = "live";
   } else {
     absl::StrAppend(out, "  const int lane = threadIdx.x;\n");
     RETURN_IF_ERROR(DeclareRowSums(sched, out));
-    absl::StrAppend(out, "  for (", idx_, " o = blockIdx.x; o < outer_n; o += gridDim.x) {\n");
+    if (k_.reversed) {
+      absl::StrAppend(out, "  for (", idx_, " r = blockIdx.x; r < outer_n; r += gridDim.x) {\n",
+                      "    const ", idx_, " o = outer_n - 1 - r;\n");
+    } else {
+      absl::StrAppend(out, "  for (", idx_, " o = blockIdx.x; o < outer_n; o += gridDim.x) {\n");
+    }
   }
   if (groups == 1) RETURN_IF_ERROR(Decompose(k_.outer, "o", "o", 2, out));
   const std::string store_guard = column ? "lane == 0" : "threadIdx.x == 0";

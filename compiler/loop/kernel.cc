@@ -158,7 +158,8 @@ std::string PrintKernel(const Kernel& kernel) {
       absl::StrCat("kernel ", kernel.name, ": outer ", SizeList(kernel.outer), " inner ",
                    SizeList(kernel.inner), " passes ", kernel.passes,
                    kernel.row_groups > 0 ? absl::StrCat(" groups ", kernel.row_groups) : "",
-                   kernel.block > 0 ? absl::StrCat(" block ", kernel.block) : "", "\n");
+                   kernel.block > 0 ? absl::StrCat(" block ", kernel.block) : "",
+                   kernel.reversed ? " reversed" : "", "\n");
   if (!kernel.nodes.empty()) {
     absl::StrAppend(&out, "  nodes: ", absl::StrJoin(kernel.nodes, ", "), "\n");
   }

@@ -178,6 +178,11 @@ struct Kernel {
   // Threads per block, as the CUDA autotuner chose them
   // (compiler/codegen/cuda_tuner.h); 0: the target's heuristic.
   int block = 0;
+  // The launch's blocks take the outer work (rows, tiles of rows, chunks
+  // of elements) from the last to the first: set by the sweep-order pass
+  // (compiler/loop/sweep_order.h) where what the kernel reads was written
+  // last by the step before it, and is partly in L2 still.
+  bool reversed = false;
 };
 
 // Readable listing of a kernel, for the debug trace and for tests.

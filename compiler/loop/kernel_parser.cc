@@ -159,7 +159,7 @@ class KernelParser {
   }
 
  private:
-  // "kernel <name>: outer [..] inner [..] passes <n>[ groups <g>][ block <threads>]"
+  // "kernel <name>: outer [..] inner [..] passes <n>[ groups <g>][ block <threads>][ reversed]"
   absl::Status Header(const Line& line) {
     absl::string_view t = line.text;
     const int n = line.number;
@@ -180,6 +180,7 @@ class KernelParser {
     if (!absl::ConsumePrefix(&t, " passes ")) {
       return Error(n, "expected ' passes <n>' after the inner sizes");
     }
+    k_.reversed = absl::ConsumeSuffix(&t, " reversed");
     const size_t block = t.find(" block ");
     const size_t groups = t.substr(0, block).find(" groups ");
     ASSIGN_OR_RETURN(k_.passes,

@@ -19,6 +19,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "compiler/autograd/joint_graph.h"
 #include "compiler/autograd/partition.h"
@@ -47,6 +48,7 @@ void ExpectSameKernel(const Kernel& want, const Kernel& got, const std::string& 
   EXPECT_EQ(got.passes, want.passes);
   EXPECT_EQ(got.row_groups, want.row_groups);
   EXPECT_EQ(got.block, want.block);
+  EXPECT_EQ(got.reversed, want.reversed);
   EXPECT_EQ(got.nodes, want.nodes);
   ASSERT_EQ(got.buffers.size(), want.buffers.size());
   for (size_t b = 0; b < want.buffers.size(); ++b) {
@@ -342,6 +344,27 @@ TEST(KernelParserTest, TunedBlockSizeRoundTrips) {
   ASSERT_FALSE(zero.ok());
   EXPECT_NE(zero.status().message().find("at least 1 thread per block"), std::string::npos)
       << zero.status();
+}
+
+TEST(KernelParserTest, AReversedSweepRoundTrips) {
+  const char* kText = R"(kernel k: outer [8] inner [64] passes 1 groups 4 block 256 reversed
+  buffers:
+    buf0 = x : f32
+    buf1 = out : f32 (written)
+  %0 = load buf0[o0*64 + i0*1 + 0] : f32 [pass 0, inner]
+  store buf1[o0*64 + i0*1 + 0] = %0 [pass 0, inner]
+)";
+  absl::StatusOr<Kernel> k = ParseKernel(kText);
+  ASSERT_TRUE(k.ok()) << k.status();
+  EXPECT_TRUE(k->reversed);
+  EXPECT_EQ(k->row_groups, 4);
+  EXPECT_EQ(k->block, 256);
+  EXPECT_EQ(PrintKernel(*k), kText);
+  std::string text = kText;
+  absl::StrReplaceAll({{" reversed\n", "\n"}}, &text);
+  absl::StatusOr<Kernel> plain = ParseKernel(text);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_FALSE(plain->reversed);
 }
 
 TEST(KernelParserTest, SeveralKernels) {

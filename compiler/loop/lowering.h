@@ -9,6 +9,7 @@
 //   plan          plan_build.h    BuildPlan    PrintLowered
 //   (cuda: split-reductions, split_reductions.h)
 //   cat-in-place  cat_in_place.h  WriteCatsInPlace
+//   (cuda: sweep-order, sweep_order.h)
 //   share-kernels share_kernels.h ShareIdenticalKernels
 //   memory-plan   memory_plan.h   PlanMemory   PrintSteps
 //

@@ -7,8 +7,10 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_join.h"
 #include "compiler/loop/lowering.h"
+#include "compiler/loop/sweep_order.h"
 #include "compiler/ops/graph_parser.h"
 #include "google/protobuf/text_format.h"
 
@@ -349,6 +351,36 @@ def forward(self, x: "f32[8, 16]", w: "f32[16, 16]", v: "f32[16, 4]"):
   EXPECT_EQ(lowered->plan.kernels(), 4);
   EXPECT_NE(std::find(lowered->decisions.begin(), lowered->decisions.end(),
                       "share: kernel_1 runs kernel_0's code"),
+            lowered->decisions.end())
+      << absl::StrJoin(lowered->decisions, "\n");
+}
+
+// Pass "sweep-order": the kernel launched right after the matmul whose
+// output it reads sweeps in reverse; one launched after a matmul whose
+// output it does not read keeps its order, and so does one after a kernel.
+TEST(SweepOrderTest, AKernelRightAfterAMatmulItReadsIsReversed) {
+  const ir::Graph g = Parse(R"(
+def forward(self, x: "f32[8, 16]", w: "f32[16, 16]", v: "f32[16, 16]"):
+    mm: "f32[8, 16]" = aten.mm.default(x, w)
+    mm_1: "f32[8, 16]" = aten.mm.default(x, v)
+    tanh: "f32[8, 16]" = aten.tanh.default(mm)
+    mm_2: "f32[8, 16]" = aten.mm.default(mm_1, w)
+    view: "f32[128]" = aten.view.default(mm_2, [128])
+    relu: "f32[128]" = aten.relu.default(view)
+    sum_1: "f32[]" = aten.sum.default(tanh)
+    return (relu, sum_1)
+)");
+  absl::StatusOr<LoweredGraph> lowered = LowerGraph(g);
+  ASSERT_TRUE(lowered.ok()) << lowered.status();
+  EXPECT_EQ(ReverseAfterExterns(&*lowered), 1);
+  std::vector<std::string> reversed;
+  for (const Kernel& k : lowered->kernels) {
+    if (k.reversed) reversed.insert(reversed.end(), k.nodes.begin(), k.nodes.end());
+    EXPECT_EQ(absl::StrContains(PrintKernel(k), " reversed\n"), k.reversed) << PrintKernel(k);
+  }
+  EXPECT_EQ(reversed, (std::vector<std::string>{"relu_node"}));
+  EXPECT_NE(std::find(lowered->decisions.begin(), lowered->decisions.end(),
+                      "reverse: kernel_1 reads mm_2, which aten.mm.default wrote just before it"),
             lowered->decisions.end())
       << absl::StrJoin(lowered->decisions, "\n");
 }

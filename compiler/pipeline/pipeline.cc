@@ -18,6 +18,7 @@
 #include "compiler/loop/fold_column_sums.h"
 #include "compiler/loop/lowering.h"
 #include "compiler/loop/split_reductions.h"
+#include "compiler/loop/sweep_order.h"
 #include "compiler/ops/registry.h"
 #include "compiler/pipeline/attention.h"
 #include "compiler/pipeline/conv_layouts.h"
@@ -190,6 +191,10 @@ absl::StatusOr<v1::CompiledGraph> CompileGraph(const ir::Graph& graph, const std
     times->Time(prefix + "split-reductions", [&] { loop::SplitReductions(policy, &lowered); });
   }
   times->Time(prefix + "cat-in-place", [&] { loop::WriteCatsInPlace(&lowered); });
+  if (target.multiprocessors() > 0) {
+    // What the ATen op before a kernel wrote last is read first, from L2.
+    times->Time(prefix + "sweep-order", [&] { loop::ReverseAfterExterns(&lowered); });
+  }
   if (options.share_kernels) {
     times->Time(prefix + "share-kernels", [&] { loop::ShareIdenticalKernels(&lowered); });
   }

@@ -463,6 +463,37 @@ def _extern_targets(backend):
     return targets
 
 
+def _reversed(backend):
+    """The sweep-order pass's decisions in the loaded artifacts' traces."""
+    return [line for fn in backend.loaded for part, text in fn.artifact.trace.items()
+            if part.endswith("ir_after_fusion.txt")
+            for line in text.splitlines() if line.startswith("reverse: ")]
+
+
+# A kernel right after the matmul or convolution whose output it reads
+# sweeps its rows from the last to the first (compiler/loop/sweep_order.h):
+# one case per layout, at sizes that leave partial chunks and tiles.
+AFTER_EXTERN = {
+    "pointwise": (lambda a, b: F.gelu(a @ b), [(257, 96), (96, 130)]),
+    "rows": (lambda a, b: torch.softmax(a @ b, -1), [(1000, 64), (64, 1030)]),
+    "columns": (lambda a, b: (a @ b).sum(0), [(999, 64), (64, 130)]),
+    "column_groups": (lambda a, b: (a @ b).sum(0), [(4096, 64), (64, 1000)]),
+    "narrow_columns": (lambda x, w: F.conv2d(x, w, padding=1).mean((2, 3)),
+                       [(5, 8, 33, 31), (32, 8, 3, 3)]),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=_dtype_id)
+@pytest.mark.parametrize("name", sorted(AFTER_EXTERN))
+def test_kernels_after_an_extern_sweep_in_reverse(name, dtype):
+    fn, shapes = AFTER_EXTERN[name]
+    inputs = [rand(*shape, dtype=dtype) for shape in shapes]
+    if name == "narrow_columns":
+        inputs = [t.to(memory_format=torch.channels_last) for t in inputs]
+    backend = check(fn, *inputs, dynamic=False)
+    assert _reversed(backend), "no kernel was reversed"
+
+
 def _softmax_attention(q, k, v):
     s = (q @ k.transpose(-1, -2)) * (q.shape[-1] ** -0.5)
     return torch.softmax(s, -1) @ v
