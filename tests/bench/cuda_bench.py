@@ -36,6 +36,7 @@ markdown table per dtype, and writes them to --out.
 """
 
 import argparse
+import gc
 import os
 import statistics
 import sys
@@ -219,6 +220,39 @@ def kernel_ms(fn, input_sets, calls=20):
 
 
 def first_call(fn, inputs, training):
+    """Milliseconds of fn's first call (its compile). The garbage of what
+    ran before is collected first, for every backend: a full collection
+    traverses every object the interpreter tracks (hundreds of thousands
+    once Dynamo and Inductor have run; 0.2 s for 320,000 on the build
+    machine), and would fall into whichever first call allocated the most
+    when it came due. Collections of 50 ms or more within the call are
+    printed."""
+    gc.collect()
+    pauses = []
+    gc.callbacks.append(_gc_timer(pauses))
+    try:
+        return _first_call(fn, inputs, training)
+    finally:
+        gc.callbacks.pop()
+        long = [p for p in pauses if p[1] > 50]
+        if long:
+            print("  collections of 50 ms or more in the first call: "
+                  + ", ".join(f"generation {g} {ms:.0f} ms" for g, ms in long), flush=True)
+
+
+def _gc_timer(pauses):
+    """A gc callback appending (generation, ms) of every collection."""
+    began = {}
+
+    def callback(phase, info):
+        if phase == "start":
+            began["t"] = time.perf_counter()
+        elif "t" in began:
+            pauses.append((info["generation"], (time.perf_counter() - began.pop("t")) * 1000))
+    return callback
+
+
+def _first_call(fn, inputs, training):
     torch.cuda.synchronize()
     start = time.perf_counter()
     if training:
