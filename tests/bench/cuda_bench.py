@@ -219,7 +219,7 @@ def kernel_ms(fn, input_sets, calls=20):
     return us / calls / 1000
 
 
-def first_call(fn, inputs, training):
+def first_call(fn, inputs, training, label):
     """Milliseconds of fn's first call (its compile). The garbage of what
     ran before is collected first, for every backend: a full collection
     traverses every object the interpreter tracks (hundreds of thousands
@@ -236,7 +236,7 @@ def first_call(fn, inputs, training):
         gc.callbacks.pop()
         long = [p for p in pauses if p[1] > 50]
         if long:
-            print("  collections of 50 ms or more in the first call: "
+            print(f"  collections of 50 ms or more in {label}'s first call: "
                   + ", ".join(f"generation {g} {ms:.0f} ms" for g, ms in long), flush=True)
 
 
@@ -314,7 +314,7 @@ def bench_row(name, dtype, training, server):
 
     torch._dynamo.reset()
     inductor = torch.compile(model, dynamic=False)
-    cold = first_call(inductor, input_sets[0], training)
+    cold = first_call(inductor, input_sets[0], training, f"{name} Inductor")
     row["inductor_steady_ms"] = time_calls(inductor, input_sets, training)
     row["inductor_compile_ms"] = cold - row["inductor_steady_ms"]
     # Bandwidth is timed as the copy is: calls back to back between two
@@ -326,14 +326,14 @@ def bench_row(name, dtype, training, server):
 
     torch._dynamo.reset()
     dynamo = torch.compile(model, backend="eager", dynamic=False)
-    dynamo_first = first_call(dynamo, input_sets[0], training)
+    dynamo_first = first_call(dynamo, input_sets[0], training, f"{name} Dynamo")
     dynamo_ms = time_calls(dynamo, input_sets, training, reps=5, warmup=2)
 
     torch._dynamo.reset()
     backend = kiln.backend(server, on_unavailable="raise", timeout=600)
     compiled = torch.compile(model, backend=backend, dynamic=False,
                              mode="max-autotune-no-cudagraphs" if TUNE_LINES else None)
-    cold = first_call(compiled, input_sets[0], training)
+    cold = first_call(compiled, input_sets[0], training, f"{name} kiln")
     row["kiln_steady_ms"] = time_calls(compiled, input_sets, training)
     row["kiln_compile_ms"] = cold - row["kiln_steady_ms"]
     if streamed:
@@ -361,7 +361,7 @@ def bench_row(name, dtype, training, server):
     torch._dynamo.reset()
     warm_backend = kiln.backend(server, on_unavailable="raise", timeout=600)
     warm = torch.compile(model, backend=warm_backend, dynamic=False)
-    warm_first = first_call(warm, input_sets[0], training)
+    warm_first = first_call(warm, input_sets[0], training, f"{name} kiln warm")
     graphs = max(warm_backend.stats["graphs"], 1)
     row["kiln_warm_ms_per_graph"] = ((warm_first - row["kiln_steady_ms"]) -
                                      (dynamo_first - dynamo_ms)) / graphs
