@@ -439,6 +439,9 @@ class _Deferred:
                 if self._fn is None:
                     answer, self._pending = self._pending or self._begin(), None
                     self._fn = self._finish(answer)
+                    # What asking and finishing kept (Dynamo's graph, the
+                    # request) is not needed again.
+                    self._start = self._finish = None
         return self._fn
 
     def _begin(self):
