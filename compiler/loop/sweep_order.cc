@@ -40,7 +40,8 @@ int ReverseAfterExterns(LoweredGraph* lowered) {
       const Kernel& k = *it->second;
       std::vector<bool> loaded(k.buffers.size(), false);
       for (const Stmt& s : k.stmts) {
-        if (s.kind == StmtKind::kLoad && s.buffer >= 0 && s.buffer < static_cast<int>(loaded.size())) {
+        if (s.kind == StmtKind::kLoad && s.buffer >= 0 &&
+            s.buffer < static_cast<int>(loaded.size())) {
           loaded[s.buffer] = true;
         }
       }
