@@ -2,7 +2,7 @@
 kernels of 10 steps (after warm-up) under torch.profiler, summed by name.
 
     KILN_SERVER=... python3 tests/gpu/profile_kernels.py ROW:DTYPE:MODE... [--top N]
-        [--traces DIR]
+        [--traces DIR] [--backends kiln,inductor,eager]
 
 MODE is inference or training. Prints, per row and backend, the total device
 time per step and the kernels that take most of it, with their launches per
@@ -27,10 +27,13 @@ STEPS = 10
 
 
 def compiled(model, which):
-    """`model` compiled by `which`, and kiln's backend (None for Inductor)."""
+    """`model` compiled by `which` (itself for eager), and kiln's backend
+    (None for the others)."""
     if which == "kiln":
         backend = kiln.backend(os.environ["KILN_SERVER"], on_unavailable="raise", timeout=600)
         return torch.compile(model, backend=backend, dynamic=False), backend
+    if which == "eager":
+        return model, None
     return torch.compile(model, dynamic=False), None
 
 
@@ -97,11 +100,13 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("rows", nargs="+")
     parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--backends", default="kiln,inductor",
+                        help="comma-separated: kiln, inductor, eager")
     parser.add_argument("--traces", help="write kiln's compile traces of each row here")
     args = parser.parse_args()
     for spec in args.rows:
         row, dtype, training = parse_row(spec)
-        for which in ("kiln", "inductor"):
+        for which in args.backends.split(","):
             traces = os.path.join(args.traces, spec.replace(":", ".")) if args.traces else None
             totals = kernels(row, dtype, training, which, traces)
             total = sum(us for us, _ in totals.values()) / STEPS
