@@ -20,22 +20,29 @@ constexpr char kClone[] = "aten.clone.default";
 
 bool Is16Bit(v1::DType d) { return d == v1::FLOAT16 || d == v1::BFLOAT16; }
 
-// Whether a convolution bound as `call`, its output `out`, is one this
-// pass runs channels-last (the header's list) and does not already.
-bool Rewritable(const ops::OpCall& call, const ir::TensorMeta& out) {
+// What a convolution bound as `call`, its output `out`, needs copied
+// channels-last to run so (the header's list): nothing (not one of those,
+// or both operands channels-last already), its weight (its input is), or
+// both.
+enum class Copies { kNone, kWeight, kInputAndWeight };
+
+Copies ToCopy(const ops::OpCall& call, const ir::TensorMeta& out) {
   absl::StatusOr<const ir::TensorMeta*> input = call.Meta("input");
   absl::StatusOr<const ir::TensorMeta*> weight = call.Meta("weight");
   absl::StatusOr<int64_t> groups = call.Int("groups");
-  if (!input.ok() || !weight.ok() || !groups.ok() || *groups != 1) return false;
+  if (!input.ok() || !weight.ok() || !groups.ok() || *groups != 1) return Copies::kNone;
   const ir::TensorMeta& in = **input;
   if (in.device_type != "cuda" || in.sizes.size() != 4 || out.sizes.size() != 4 ||
-      !Is16Bit(in.dtype) || ops::IsChannelsLast(in) || ops::IsChannelsLast(**weight)) {
-    return false;
+      !Is16Bit(in.dtype) || ops::IsChannelsLast(**weight)) {
+    return Copies::kNone;
   }
   for (size_t d = 1; d < 4; ++d) {
-    if (!in.sizes[d].is_constant() || !out.sizes[d].is_constant()) return false;
+    if (!in.sizes[d].is_constant() || !out.sizes[d].is_constant()) return Copies::kNone;
   }
-  return out.sizes[1].constant() > 1 && out.sizes[2].constant() * out.sizes[3].constant() > 1;
+  if (out.sizes[1].constant() <= 1 || out.sizes[2].constant() * out.sizes[3].constant() <= 1) {
+    return Copies::kNone;
+  }
+  return ops::IsChannelsLast(in) ? Copies::kWeight : Copies::kInputAndWeight;
 }
 
 class Rewriter {
@@ -48,8 +55,11 @@ class Rewriter {
         std::vector<ir::Argument> args = ir::MapArguments(n.args, map_),
                                   kwargs = ir::MapArguments(n.kwargs, map_);
         absl::StatusOr<ops::OpCall> call = ops::OpCall::Bind(n.target, args, kwargs, MetaOfNew());
-        if (call.ok() && Rewritable(*call, g_.value(n.outputs[0]).meta)) {
-          RETURN_IF_ERROR(AddWithChannelsLastWeight(n, std::move(args), std::move(kwargs)));
+        const Copies copies =
+            call.ok() ? ToCopy(*call, g_.value(n.outputs[0]).meta) : Copies::kNone;
+        if (copies != Copies::kNone) {
+          RETURN_IF_ERROR(AddChannelsLast(n, copies == Copies::kInputAndWeight, std::move(args),
+                                          std::move(kwargs)));
           ++rewritten_;
           continue;
         }
@@ -129,28 +139,34 @@ class Rewriter {
   }
 
   // The convolution `n`, over the new graph's `args` and `kwargs`, with a
-  // channels-last copy of its weight.
-  absl::Status AddWithChannelsLastWeight(const ir::Node& n, std::vector<ir::Argument> args,
-                                         std::vector<ir::Argument> kwargs) {
-    // The weight is the second operand, positional or not.
-    ir::ValueId* weight = nullptr;
+  // channels-last copy of its weight, and of its input where `input`.
+  absl::Status AddChannelsLast(const ir::Node& n, bool input, std::vector<ir::Argument> args,
+                               std::vector<ir::Argument> kwargs) {
+    // The input and the weight are the first two operands, positional or
+    // not.
+    ir::ValueId* operands[2] = {nullptr, nullptr};
     int seen = 0;
     for (std::vector<ir::Argument>* list : {&args, &kwargs}) {
       for (ir::Argument& a : *list) {
         auto* v = std::get_if<ir::ValueId>(&a.kind);
         if (v == nullptr) continue;
-        if ((a.name.empty() && seen++ == 1) || a.name == "weight") weight = v;
+        const int k = a.name.empty() ? seen++ : a.name == "input" ? 0 : a.name == "weight" ? 1 : -1;
+        if (k == 0 || k == 1) operands[k] = v;
       }
     }
-    if (weight == nullptr) {
-      return absl::FailedPreconditionError(absl::StrCat("node '", n.name, "': no weight operand"));
+    const char* const roles[2] = {"input", "weight"};
+    for (int k = input ? 0 : 1; k < 2; ++k) {
+      if (operands[k] == nullptr) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("node '", n.name, "': no ", roles[k], " operand"));
+      }
+      const ir::ValueId v = *operands[k];
+      ASSIGN_OR_RETURN(
+          std::vector<ir::ValueId> copy,
+          Add(kClone, {ir::Positional(v)}, {ir::Argument{"memory_format", v1::CHANNELS_LAST}}, {},
+              absl::StrCat(n.name, "_", roles[k], "_nhwc"), {b_.value(v).name + "_nhwc"}));
+      *operands[k] = copy[0];
     }
-    const ir::ValueId w = *weight;
-    ASSIGN_OR_RETURN(
-        std::vector<ir::ValueId> copy,
-        Add(kClone, {ir::Positional(w)}, {ir::Argument{"memory_format", v1::CHANNELS_LAST}}, {},
-            n.name + "_weight_nhwc", {b_.value(w).name + "_nhwc"}));
-    *weight = copy[0];
     ASSIGN_OR_RETURN(
         std::vector<ir::ValueId> outs,
         Add(n.target, std::move(args), std::move(kwargs), n.outputs, n.name, OutputNames(n)));

@@ -57,19 +57,28 @@ ir::Graph ConvNet(const std::string& device = "cuda", int64_t groups = 1,
   return std::move(b).Build();
 }
 
-TEST(ConvLayoutsTest, TheFirstConvolutionsWeightIsCopiedAndTheLayoutFlowsToTheNext) {
+TEST(ConvLayoutsTest, TheFirstConvolutionsOperandsAreCopiedAndTheLayoutFlowsToTheNext) {
   const ir::Graph g = ConvNet();
   ir::Graph out;
   absl::StatusOr<int> n = ChannelsLastConvolutions(g, &out);
   ASSERT_TRUE(n.ok()) << n.status();
-  EXPECT_EQ(*n, 1);  // the second convolution's input is channels-last already
+  EXPECT_EQ(*n, 2);
   ASSERT_TRUE(ir::Verify(out).ok()) << ir::Verify(out);
 
-  // One channels-last copy, of w1.
-  ASSERT_EQ(Count(out, "aten.clone.default"), 2);  // w1's, and y's for the output
+  // Channels-last copies of x and w1 for the first convolution, of w2 for
+  // the second (whose input is channels-last already), and y's contiguous
+  // copy for the output.
+  ASSERT_EQ(Count(out, "aten.clone.default"), 4);
+  const ir::Value* x = Named(out, "x_nhwc");
+  ASSERT_NE(x, nullptr);
+  EXPECT_EQ(Strides(x->meta), (std::vector<int64_t>{192, 1, 24, 3}));
   const ir::Value* w1 = Named(out, "w1_nhwc");
   ASSERT_NE(w1, nullptr);
   EXPECT_EQ(Strides(w1->meta), (std::vector<int64_t>{27, 1, 9, 3}));
+  const ir::Value* w2 = Named(out, "w2_nhwc");
+  ASSERT_NE(w2, nullptr);
+  EXPECT_EQ(Strides(w2->meta), (std::vector<int64_t>{144, 1, 48, 16}));
+  EXPECT_EQ(Named(out, "y_nhwc"), nullptr);
 
   // Both convolutions, the pointwise values between and after them:
   // channels-last, [4, 16, 8, 8] -> strides [1024, 1, 128, 16].
@@ -118,7 +127,7 @@ TEST(ConvLayoutsTest, ConvolutionsElsewhereStayAsTheyAre) {
   EXPECT_TRUE(ops::IsContiguous(out.value(second->outputs[0]).meta));
 }
 
-TEST(ConvLayoutsTest, AChannelsLastInputNeedsNoCopy) {
+TEST(ConvLayoutsTest, AChannelsLastInputNeedsNoCopyItsWeightDoes) {
   ir::GraphBuilder b("nhwc");
   const ir::ValueId x = Input(b, {4, 8, 8, 8}, "x");
   const ir::ValueId w = Input(b, {8, 8, 3, 3}, "w");
@@ -131,6 +140,15 @@ TEST(ConvLayoutsTest, AChannelsLastInputNeedsNoCopy) {
   EXPECT_TRUE(ops::IsChannelsLast(g.value(c).meta));
   ir::Graph out;
   absl::StatusOr<int> n = ChannelsLastConvolutions(g, &out);
+  ASSERT_TRUE(n.ok()) << n.status();
+  EXPECT_EQ(*n, 1);
+  ASSERT_TRUE(ir::Verify(out).ok()) << ir::Verify(out);
+  EXPECT_EQ(Count(out, "aten.clone.default"), 2);  // the graph's own, and w's
+  ASSERT_NE(Named(out, "w_nhwc"), nullptr);
+  EXPECT_EQ(Named(out, "x_nhwc_nhwc"), nullptr);
+  // A convolution whose operands are both channels-last is left as it is.
+  ir::Graph again;
+  n = ChannelsLastConvolutions(out, &again);
   ASSERT_TRUE(n.ok()) << n.status();
   EXPECT_EQ(*n, 0);
 }
