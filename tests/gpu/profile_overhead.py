@@ -24,6 +24,8 @@ def main():
     dtype = getattr(torch, sys.argv[3] if len(sys.argv) > 3 else "bfloat16")
     factory, shapes = cuda_bench.MODELS[name]
     model = factory().to("cuda", dtype)
+    if not training:
+        model.eval()  # as the bench's inference rows
     inputs = [torch.randn(s, device="cuda", dtype=dtype).requires_grad_(training) for s in shapes]
     backend = kiln.backend(os.environ.get("KILN_SERVER"), on_unavailable="raise", timeout=600)
     fn = torch.compile(model, backend=backend)
