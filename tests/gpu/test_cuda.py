@@ -748,10 +748,11 @@ def test_convnet_bfloat16_training():
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=_dtype_id)
 def test_convnet_16bit_inference_runs_channels_last(dtype):
-    """kilnd's conv-layouts pass: the first convolution's weight is copied
-    channels-last, so that both convolutions and the kernels between them
-    run NHWC; the output (contiguous, as eager's) matches eager's, also for
-    a batch of another size (a second graph, of a symbolic batch)."""
+    """kilnd's conv-layouts pass: the first convolution's input and both
+    convolutions' weights are copied channels-last by the plan's kernels,
+    so that both convolutions and the kernels between them run NHWC; the
+    output (contiguous, as eager's) matches eager's, also for a batch of
+    another size (a second graph, of a symbolic batch)."""
     torch.manual_seed(0)
     model = ConvNet().to(DEVICE, dtype).eval()
     torch._dynamo.reset()
@@ -765,7 +766,7 @@ def test_convnet_16bit_inference_runs_channels_last(dtype):
     assert backend.loaded
     for fn in backend.loaded:
         rewritten = fn.artifact.trace["conv_layouts_graph.txt"]
-        assert rewritten.count("memory_format=torch.channels_last") == 1, rewritten
+        assert rewritten.count("memory_format=torch.channels_last") == 3, rewritten
 
 
 @pytest.mark.parametrize("name", sorted(MODELS))
