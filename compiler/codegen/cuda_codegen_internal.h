@@ -103,6 +103,8 @@ class CudaKernelEmitter {
   // worth registers across passes (an add is not).
   static bool Costly(loop::ScalarOp op);
 
+  // Whether access statements a and b read or write the same element.
+  bool SameElement(int a, int b) const;
   // Whether load statements a and b read the same element as the same type.
   bool SameLoad(int a, int b) const;
 
@@ -122,6 +124,11 @@ class CudaKernelEmitter {
   // sums stored after it.
   absl::Status DeclareRowSums(const Schedule& sched, std::string* out);
   absl::Status StoreRowSums(const Schedule& sched, std::string* out);
+  // The vectors of `loads` (PrefetchedLoads) of row `row` into registers
+  // kiln_ahead<j>[chunk][element], declared first at depth 1 (before the
+  // row loop); at `depth` inside it, the next row's.
+  absl::Status LoadRowAhead(const Schedule& sched, const std::vector<int>& loads, const char* row,
+                            int depth, std::string* out);
 
   const Kernel& k_;
   const SymbolTable& symbols_;

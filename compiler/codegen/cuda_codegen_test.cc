@@ -236,6 +236,60 @@ TEST(CudaCodegen, RowsInRegistersAreReadInVectorsOfTheirLastDim) {
   EXPECT_TRUE(Backend()->Compile(*channels).ok());
 }
 
+// out = (x - mean(x)) * w over bfloat16 rows of `cols`, w the same for
+// every row.
+Kernel CenteredRows(ir::SymInt rows, int64_t cols) {
+  KernelBuilder kb("centered_rows", {rows}, {C(cols)}, 2);
+  const int x = kb.Buffer("x", v1::BFLOAT16);
+  const int w = kb.Buffer("w", v1::BFLOAT16);
+  const int out = kb.Buffer("out", v1::BFLOAT16, true);
+  kb.At(0, true);
+  const int sum = kb.Reduce(ReduceOp::kSum, kb.Load(x, Idx({C(cols)}, {C(1)})));
+  kb.At(1, true);
+  const int centered = kb.Op(ScalarOp::kSub, {kb.Load(x, Idx({C(cols)}, {C(1)})), sum});
+  kb.Store(out, Idx({C(cols)}, {C(1)}),
+           kb.Op(ScalarOp::kMul, {centered, kb.Load(w, Idx({C(0)}, {C(1)}))}));
+  return kb.kernel();
+}
+
+// 16-bit rows in registers take four rows a block, each block loading the
+// next row's vectors of x (not of w, the same for every row) before it
+// reduces the current one; at least 2048 blocks, so that short grids keep
+// a row a block. Rows that fill their SMs at 32 registers (float32 softmax
+// at 512 threads) keep a row a block and no registers ahead.
+TEST(CudaCodegen, SixteenBitRowsLoadTheNextRowAhead) {
+  auto backend = Backend();
+  const Kernel k = CenteredRows(C(16384), 4096);
+  const Schedule sched = ScheduleOf(k);
+  EXPECT_TRUE(sched.prefetch);
+  EXPECT_EQ(PrefetchedLoads(k, sched), std::vector<int>{0});
+  auto launch = backend->Launch(k);
+  ASSERT_TRUE(launch.ok()) << launch.status();
+  EXPECT_EQ(launch->grid, C(4096));
+  auto source = backend->Generate({k}, {});
+  ASSERT_TRUE(source.ok()) << source.status();
+  EXPECT_EQ(Count(*source, "alignas(16) uint16_t kiln_ahead"), 1) << *source;
+  EXPECT_TRUE(absl::StrContains(*source, "if (o + gridDim.x < outer_n) {")) << *source;
+  EXPECT_TRUE(absl::StrContains(*source, "const auto& v0 = kiln_row0[ec];")) << *source;
+  auto module = backend->Compile(*source);
+  EXPECT_TRUE(module.ok()) << module.status();
+
+  EXPECT_EQ(backend->Launch(CenteredRows(C(1000), 4096))->grid, C(1000));
+  EXPECT_EQ(backend->Launch(CenteredRows(C(12000), 4096))->grid, C(3000));
+  auto symbolic = backend->Launch(CenteredRows(ir::SymInt{"s0"}, 4096));
+  ASSERT_TRUE(symbolic.ok()) << symbolic.status();
+  ASSERT_FALSE(symbolic->grid.is_constant());
+  EXPECT_EQ(symbolic->grid.expr(), "Min(Max(Min((s0), 2048), ((s0) + 3)//4), 1048576)");
+
+  const Kernel f32 = Softmax(16384, 4096, C(4096), C(1));
+  EXPECT_TRUE(FillsSms(ScheduleOf(f32)));
+  EXPECT_FALSE(ScheduleOf(f32).prefetch);
+  EXPECT_EQ(backend->Launch(f32)->grid, C(16384));
+  auto plain = backend->Generate({f32}, {});
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_FALSE(absl::StrContains(*plain, "kiln_ahead")) << *plain;
+}
+
 // A row whose registers would not fit 32 per thread keeps the compiler's
 // own register count: 16 elements per thread are not capped.
 TEST(CudaCodegen, LongCachedRowsKeepTheirRegisters) {

@@ -296,14 +296,10 @@ bool CudaKernelEmitter::StoresSixteenBitFloats(const Kernel& k) {
 }
 
 std::string CudaKernelEmitter::LaunchBounds(const Schedule& sched) const {
-  constexpr int kThreadsPerSm = 2048;
   if (k_.row_groups > 0) {
     return absl::StrCat(sched.block, ", ", std::max(1, kRowGroupThreadsPerSm / sched.block));
   }
-  if (sched.per_thread == 0 || sched.per_thread > 8 || cached_values_ > 16 ||
-      kThreadsPerSm % sched.block != 0) {
-    return absl::StrCat(sched.block);
-  }
+  if (!FillsSms(sched) || cached_values_ > 16) return absl::StrCat(sched.block);
   return absl::StrCat(sched.block, ", ", kThreadsPerSm / sched.block);
 }
 

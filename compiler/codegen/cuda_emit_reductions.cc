@@ -39,12 +39,15 @@ bool CudaKernelEmitter::Costly(loop::ScalarOp op) {
          op == ScalarOp::kReciprocal || op == ScalarOp::kDiv || op == ScalarOp::kPow;
 }
 
-bool CudaKernelEmitter::SameLoad(int a, int b) const {
+bool CudaKernelEmitter::SameElement(int a, int b) const {
   const Stmt& x = k_.stmts[a];
   const Stmt& y = k_.stmts[b];
-  return x.buffer == y.buffer && type_[a] == type_[b] &&
-         x.index.outer_strides == y.index.outer_strides &&
+  return x.buffer == y.buffer && x.index.outer_strides == y.index.outer_strides &&
          x.index.inner_strides == y.index.inner_strides && x.index.offset == y.index.offset;
+}
+
+bool CudaKernelEmitter::SameLoad(int a, int b) const {
+  return SameElement(a, b) && type_[a] == type_[b];
 }
 
 std::vector<int> CudaKernelEmitter::CacheOf() const {
@@ -192,6 +195,7 @@ absl::Status CudaKernelEmitter::EmitReduction(const Schedule& sched, std::string
   RETURN_IF_ERROR(Sizes(out));
   const bool column = sched.layout == Layout::kColumn;
   const bool cached = sched.per_thread > 0;
+  const std::vector<int> prefetched = PrefetchedLoads(k_, sched);
   // Shared memory for the combination of one value per warp (kRow) or
   // 32 x 32 values (kColumn, padded), three for Welford.
   absl::StrAppend(out, "  __shared__ double kiln_smem[", column ? 3 * 32 * 33 : 96, "];\n");
@@ -258,10 +262,23 @@ absl::Status CudaKernelEmitter::EmitReduction(const Schedule& sched, std::string
       absl::StrAppend(out, "  for (", idx_, " r = blockIdx.x; r < outer_n; r += gridDim.x) {\n",
                       "    const ", idx_, " o = outer_n - 1 - r;\n");
     } else {
+      RETURN_IF_ERROR(LoadRowAhead(sched, prefetched, "blockIdx.x", 1, out));
       absl::StrAppend(out, "  for (", idx_, " o = blockIdx.x; o < outer_n; o += gridDim.x) {\n");
     }
   }
   if (groups == 1) RETURN_IF_ERROR(Decompose(k_.outer, "o", "o", 2, out));
+  if (!column && !prefetched.empty()) {
+    // This row's vectors came with the last; the next row's are loaded now.
+    for (int j : prefetched) {
+      absl::StrAppend(out, "    alignas(16) ", StorageName(k_.buffers[k_.stmts[j].buffer].dtype),
+                      " kiln_row", j, "[", sched.per_thread / sched.vector, "][", sched.vector,
+                      "];\n#pragma unroll\n    for (int ec = 0; ec < ",
+                      sched.per_thread / sched.vector,
+                      "; ++ec) {\n#pragma unroll\n      for (int v = 0; v < ", sched.vector,
+                      "; ++v) kiln_row", j, "[ec][v] = kiln_ahead", j, "[ec][v];\n    }\n");
+    }
+    RETURN_IF_ERROR(LoadRowAhead(sched, prefetched, "o + gridDim.x", 2, out));
+  }
   const std::string store_guard = column ? "lane == 0" : "threadIdx.x == 0";
   const int lanes = sched.block / row_lanes;  // threads along the sweep
   const int n = static_cast<int>(k_.stmts.size());
@@ -361,7 +378,18 @@ absl::Status CudaKernelEmitter::EmitReduction(const Schedule& sched, std::string
                       "; ++ec) {\n      const ", idx_, " i = (lane + ec * ", lanes, ") * ", vector,
                       ";\n      if (i < inner_n) {\n");
       RETURN_IF_ERROR(Decompose(k_.inner, "i", "i", 4, out));
-      RETURN_IF_ERROR(VectorAccesses(fresh, StmtKind::kLoad, vector, 4, out));
+      // The first pass's loads of a row loaded ahead read its registers.
+      std::vector<int> loaded;
+      for (int j : fresh) {
+        const auto ahead = std::find_if(prefetched.begin(), prefetched.end(),
+                                        [&](int q) { return p == 0 && SameElement(q, j); });
+        if (ahead == prefetched.end() || k_.stmts[j].kind != StmtKind::kLoad) {
+          loaded.push_back(j);
+          continue;
+        }
+        absl::StrAppend(out, Pad(4), "const auto& v", j, " = kiln_row", *ahead, "[ec];\n");
+      }
+      RETURN_IF_ERROR(VectorAccesses(loaded, StmtKind::kLoad, vector, 4, out));
       DeclareStoreChunks(fresh, vector, 4, out);
       gather_welford();
       absl::StrAppend(out, "#pragma unroll\n        for (int v = 0; v < ", vector,
@@ -624,6 +652,35 @@ absl::Status CudaKernelEmitter::EmitReduction(const Schedule& sched, std::string
   }
   absl::StrAppend(out, "  }\n");
   return StoreRowSums(sched, out);
+}
+
+absl::Status CudaKernelEmitter::LoadRowAhead(const Schedule& sched, const std::vector<int>& loads,
+                                             const char* row, int depth, std::string* out) {
+  if (loads.empty()) return absl::OkStatus();
+  const int chunks = sched.per_thread / sched.vector;
+  const int vector = sched.vector;
+  if (depth == 1) {
+    for (int j : loads) {
+      absl::StrAppend(out, "  alignas(16) ", StorageName(k_.buffers[k_.stmts[j].buffer].dtype),
+                      " kiln_ahead", j, "[", chunks, "][", vector, "];\n");
+    }
+  }
+  absl::StrAppend(out, Pad(depth), "if (", row, " < outer_n) {\n", Pad(depth + 1), "const ", idx_,
+                  " kiln_next = ", row, ";\n", Pad(depth + 1), "{\n", Pad(depth + 2), "const ",
+                  idx_, " o = kiln_next;\n");
+  RETURN_IF_ERROR(Decompose(k_.outer, "o", "o", depth + 2, out));
+  absl::StrAppend(out, "#pragma unroll\n", Pad(depth + 2), "for (int ec = 0; ec < ", chunks,
+                  "; ++ec) {\n", Pad(depth + 3), "const ", idx_, " i = (lane + ec * ", sched.block,
+                  ") * ", vector, ";\n", Pad(depth + 3), "if (i < inner_n) {\n");
+  RETURN_IF_ERROR(Decompose(k_.inner, "i", "i", depth + 4, out));
+  for (int j : loads) {
+    ASSIGN_OR_RETURN(std::string addr, Access(j));
+    absl::StrAppend(out, Pad(depth + 4), "kiln_vload<", vector, ">(kiln_ahead", j, "[ec], &", addr,
+                    ", aligned);\n");
+  }
+  absl::StrAppend(out, Pad(depth + 3), "}\n", Pad(depth + 2), "}\n", Pad(depth + 1), "}\n",
+                  Pad(depth), "}\n");
+  return absl::OkStatus();
 }
 
 absl::Status CudaKernelEmitter::DeclareRowSums(const Schedule& sched, std::string* out) {
