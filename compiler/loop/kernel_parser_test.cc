@@ -637,6 +637,49 @@ TEST(KernelParserTest, SplitReductionsTakesEachKernelsLeastSlice) {
   }
 }
 
+// fewer_slices_of: a sum over 8192 rows in 32 blocks wants 264 blocks, 9
+// slices; the fewest from 9 up that divide 8192 are 16 (512 blocks), the
+// most up to 9 are 8 (256 blocks, nine tenths of 264 and more), taken
+// where the kernel asks. 12 blocks want 22 slices: 16 (192 blocks) fall
+// short, and 32 stay.
+TEST(KernelParserTest, SplitReductionsTakesFewerSlicesWhereTheyStillFillTheSms) {
+  for (const int64_t columns : {int64_t{32}, int64_t{12}}) {
+    for (const bool fewer : {false, true}) {
+      const std::string text = absl::StrCat("kernel kernel_0: outer [", columns,
+                                            R"(] inner [8192] passes 1
+  nodes: sum
+  buffers:
+    buf0 = x : f32
+    buf1 = out : f32 (written)
+  %0 = load buf0[o0*1 + i0*)",
+                                            columns, R"( + 0] : f32 [pass 0, inner]
+  %1 = reduce sum %0 : f32 [pass 0, inner]
+  store buf1[o0*1 + 0] = %1 [pass 0, outer]
+)");
+      absl::StatusOr<Kernel> k = ParseKernel(text);
+      ASSERT_TRUE(k.ok()) << k.status();
+      LoweredGraph lowered;
+      lowered.kernels.push_back(*std::move(k));
+      SplitPolicy policy;
+      policy.split_below = 132;
+      policy.min_blocks = 264;
+      policy.min_slice = 256;
+      policy.blocks = [](const Kernel& k) -> std::optional<int64_t> {
+        return k.outer.back().constant();
+      };
+      if (fewer) policy.fewer_slices_of = [](const Kernel&) { return true; };
+      SplitReductions(policy, &lowered);
+      ASSERT_EQ(lowered.decisions.size(), 1u);
+      const int slices = columns == 32 ? (fewer ? 8 : 16) : 32;
+      EXPECT_EQ(lowered.decisions[0],
+                absl::StrCat("split: kernel_0 (", columns, " blocks) reduces ", slices,
+                             " slices of each row in kernel_0_partial, outer [", slices, ", ",
+                             columns, "] inner [", 8192 / slices, "], then the slices in kernel_0"))
+          << columns << " " << fewer;
+    }
+  }
+}
+
 // And unchanged is unchanged: a softmax's later passes reduce, so it stays
 // whole, with the reason.
 TEST(KernelParserTest, SplitReductionsLeavesSoftmaxWhole) {

@@ -77,6 +77,14 @@ std::string Illegal(const Kernel& k) {
   return "";
 }
 
+// The largest divisor of `n` from 2 to `limit`; 0 when there is none.
+int64_t DivisorUpTo(int64_t n, int64_t limit) {
+  for (int64_t d = std::min(limit, n); d >= 2; --d) {
+    if (n % d == 0) return d;
+  }
+  return 0;
+}
+
 // How many slices to cut a first inner dimension of `n` into: the smallest
 // divisor of `n` that is at least `want` and at most `most` (and 4 * want),
 // else the largest divisor up to `want`; 0 or 1 when there is none.
@@ -86,10 +94,7 @@ int64_t Slices(int64_t n, int64_t want, int64_t most) {
   for (int64_t d = std::max<int64_t>(want, 2); d <= std::min({n, most, 4 * want}); ++d) {
     if (n % d == 0) return d;
   }
-  for (int64_t d = std::min({want, most, n}); d >= 2; --d) {
-    if (n % d == 0) return d;
-  }
-  return 0;
+  return DivisorUpTo(n, std::min(want, most));
 }
 
 bool IsWelford(const Stmt& s) {
@@ -437,6 +442,14 @@ void SplitReductions(const SplitPolicy& policy, LoweredGraph* lowered) {
       const int64_t min_slice = policy.min_slice_of ? policy.min_slice_of(k) : policy.min_slice;
       const int64_t most = Product(k.inner) / std::max<int64_t>(min_slice, 1);
       slices = Slices(k.inner[0].constant(), std::min(want, most), most);
+      if (policy.fewer_slices_of && policy.fewer_slices_of(k)) {
+        const int64_t below = DivisorUpTo(k.inner[0].constant(), std::min(want, most));
+        // Fewer slices only where they still launch nine tenths of
+        // min_blocks: a row split short of that leaves SMs a block alone.
+        if (below >= 2 && below < slices && below * *blocks * 10 >= policy.min_blocks * 9) {
+          slices = below;
+        }
+      }
       if (slices < 2) {
         why = absl::StrCat("rows of ", Product(k.inner), " elements make fewer than 2 slices of ",
                            min_slice, " or more that divide their first dimension");

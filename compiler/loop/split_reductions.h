@@ -57,6 +57,12 @@ struct SplitPolicy {
   // Where set, the same for each kernel (a block that reduces many rows at
   // once does enough work on fewer elements of each).
   std::function<int64_t(const Kernel&)> min_slice_of;
+  // Where set and true for a kernel, its slices are the most that divide
+  // the row up to the number wanted, when they launch nine tenths of
+  // `min_blocks` or more, rather than the fewest from the number wanted
+  // up: fewer, longer slices for blocks whose sweep ends in a reduction
+  // across their warps.
+  std::function<bool(const Kernel&)> fewer_slices_of;
 };
 
 // Splits the reduction kernels of `lowered` that `policy` finds too narrow,
