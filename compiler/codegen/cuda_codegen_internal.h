@@ -119,6 +119,8 @@ class CudaKernelEmitter {
   static constexpr int kSkipped = -2;
   std::vector<int> CacheOf() const;
   absl::Status EmitReduction(const Schedule& sched, std::string* out);
+  // A pointwise kernel whose threads take sched.chunks vectors a step.
+  absl::Status EmitPointwiseChunks(const Schedule& sched, std::string* out);
   // A kernel with row groups (loop::Kernel::row_groups): the registers of
   // its sums across rows, before the row loop, and each block's partial
   // sums stored after it.

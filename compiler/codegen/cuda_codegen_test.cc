@@ -88,10 +88,32 @@ TEST(CudaCodegen, PointwiseMovesSixteenByteChunks) {
   // The launcher aligns every buffer to its chunk: the kernel assumes it.
   EXPECT_EQ(launch->alignment, std::vector<int>(k.buffers.size(), 16));
   EXPECT_TRUE(absl::StrContains(*source, "constexpr bool aligned = true;")) << *source;
-  // bfloat16: chunks of 8.
-  auto bf16 = backend->Generate({Pointwise(C(64), 1024, v1::BFLOAT16)}, {});
+  // bfloat16: chunks of 8, two a thread, both loaded before either is
+  // used; the grid halves.
+  const Kernel k16 = Pointwise(C(64), 1024, v1::BFLOAT16);
+  auto bf16 = backend->Generate({k16}, {});
   ASSERT_TRUE(bf16.ok());
-  EXPECT_TRUE(absl::StrContains(*bf16, "kiln_vload<8>(v")) << *bf16;
+  EXPECT_TRUE(absl::StrContains(*bf16, "kiln_vload<8>(g0[u], ")) << *bf16;
+  EXPECT_TRUE(absl::StrContains(*bf16, "const auto& v0 = g0[u];")) << *bf16;
+  EXPECT_LT(bf16->find("kiln_vload<8>(g1[u], "), bf16->find("const auto& v0 = g0[u];")) << *bf16;
+  EXPECT_TRUE(absl::StrContains(*bf16, "kiln_vstore<8>(")) << *bf16;
+  EXPECT_EQ(ScheduleOf(k16).chunks, 2);
+  EXPECT_EQ(backend->Launch(k16)->grid, C(64 * 1024 / (256 * 8 * 2)));
+  EXPECT_TRUE(backend->Compile(*bf16).ok());
+  // A space that is not a whole number of steps: the last chunks are skipped.
+  const Kernel odd = Pointwise(C(65), 1024, v1::BFLOAT16);
+  EXPECT_EQ(backend->Launch(odd)->grid, C((65 * 1024 + 4095) / 4096));
+  auto odd_source = backend->Generate({odd}, {});
+  ASSERT_TRUE(odd_source.ok());
+  EXPECT_TRUE(absl::StrContains(*odd_source, "if (x >= total) break;")) << *odd_source;
+  // A grid that covers the space takes one step a thread; a symbolic one
+  // may be capped, and loops.
+  EXPECT_TRUE(absl::StrContains(*odd_source, "if (x0 >= total) return;")) << *odd_source;
+  auto symbolic = backend->Generate({Pointwise(E("s0"), 1024, v1::BFLOAT16)}, {"s0"});
+  ASSERT_TRUE(symbolic.ok()) << symbolic.status();
+  EXPECT_TRUE(absl::StrContains(*symbolic, "x0 = total - x0 > step ? x0 + step : total"))
+      << *symbolic;
+  EXPECT_TRUE(backend->Compile(*symbolic).ok());
 }
 
 TEST(CudaCodegen, RowsThatDoNotDivideIntoChunksAreNotVectorized) {

@@ -238,6 +238,8 @@ absl::Status CudaKernelEmitter::EmitPointwise(const Schedule& sched, std::string
                     "  for (", idx_, " c = blockIdx.x; c < chunks; c += gridDim.x) {\n",
                     "    const ", idx_, " x = ((chunks - 1 - c) * ", block, " + threadIdx.x)", step,
                     ";\n    if (x >= total) continue;\n");
+  } else if (sched.chunks > 1) {
+    return EmitPointwiseChunks(sched, out);
   } else {
     absl::StrAppend(out, "  for (", idx_, " x = (static_cast<", idx_, ">(blockIdx.x) * ", block,
                     " + threadIdx.x)", step, "; x < total;\n       x += static_cast<", idx_,
@@ -279,6 +281,74 @@ absl::Status CudaKernelEmitter::EmitPointwise(const Schedule& sched, std::string
     RETURN_IF_ERROR(VectorAccesses(all, StmtKind::kStore, vector, 2, out));
   }
   absl::StrAppend(out, "  }\n");
+  return absl::OkStatus();
+}
+
+absl::Status CudaKernelEmitter::EmitPointwiseChunks(const Schedule& sched, std::string* out) {
+  const int block = sched.block, vector = sched.vector, chunks = sched.chunks;
+  const int64_t stride = int64_t{block} * vector;  // between a thread's chunks
+  const std::string first = absl::StrCat("(static_cast<", idx_, ">(blockIdx.x) * ", block * chunks,
+                                         " + threadIdx.x) * ", vector);
+  const LaunchSize size = SizeLaunch(k_);
+  bool constant = false;
+  int64_t total = 1;
+  for (const std::vector<ir::SymInt>* dims : {&k_.outer, &k_.inner}) {
+    for (const ir::SymInt& d : *dims) {
+      constant = d.is_constant();
+      if (!constant) break;
+      total *= d.constant();
+    }
+    if (!constant) break;
+  }
+  if (constant && size.grid.is_constant() && size.grid.constant() * stride * chunks >= total) {
+    // The grid covers the space: one step a thread, no loop (on an H200,
+    // the bfloat16 chain over [8192, 8192] took 110.1 us so, 117.1 us as a
+    // grid-stride loop that runs once).
+    absl::StrAppend(out, "  {\n    const ", idx_, " x0 = ", first,
+                    ";\n    if (x0 >= total) return;\n");
+  } else {
+    // The step stops at `total` rather than past it: a 32-bit index of a
+    // space near 2^30 elements stays in range.
+    absl::StrAppend(out, "  const ", idx_, " step = static_cast<", idx_, ">(gridDim.x) * ",
+                    stride * chunks, ";\n  for (", idx_, " x0 = ", first,
+                    "; x0 < total;\n       x0 = total - x0 > step ? x0 + step : total) {\n");
+  }
+  std::vector<int> all(k_.stmts.size());
+  for (size_t j = 0; j < all.size(); ++j) all[j] = static_cast<int>(j);
+  // Every chunk's loads first, then each chunk's math and stores.
+  std::vector<int> loads;
+  for (int j : all) {
+    const Stmt& s = k_.stmts[j];
+    if (s.kind != StmtKind::kLoad || vectorized_.count(j) == 0) continue;
+    loads.push_back(j);
+    absl::StrAppend(out, "    alignas(16) ", StorageName(k_.buffers[s.buffer].dtype), " g", j, "[",
+                    chunks, "][", vector, "];\n");
+  }
+  auto chunk = [&]() -> absl::Status {
+    absl::StrAppend(out, "#pragma unroll\n    for (int u = 0; u < ", chunks, "; ++u) {\n",
+                    "      const ", idx_, " x = x0 + u * ", stride, ";\n",
+                    "      if (x >= total) break;\n      const ", idx_, " o = x / inner_n;\n",
+                    "      const ", idx_, " i = x - o * inner_n;\n");
+    RETURN_IF_ERROR(Decompose(k_.outer, "o", "o", 3, out));
+    return Decompose(k_.inner, "i", "i", 3, out);
+  };
+  RETURN_IF_ERROR(chunk());
+  for (int j : loads) {
+    ASSIGN_OR_RETURN(std::string addr, Access(j));
+    absl::StrAppend(out, Pad(3), "kiln_vload<", vector, ">(g", j, "[u], &", addr, ", aligned);\n");
+  }
+  absl::StrAppend(out, "    }\n");
+  RETURN_IF_ERROR(chunk());
+  for (int j : loads) absl::StrAppend(out, Pad(3), "const auto& v", j, " = g", j, "[u];\n");
+  DeclareStoreChunks(all, vector, 3, out);
+  absl::StrAppend(out, "#pragma unroll\n      for (int v = 0; v < ", vector, "; ++v) {\n");
+  for (int j : all) {
+    ASSIGN_OR_RETURN(std::string line, Statement(j, "i == 0 && v == 0"));
+    absl::StrAppend(out, Pad(4), line, "\n");
+  }
+  absl::StrAppend(out, "      }\n");
+  RETURN_IF_ERROR(VectorAccesses(all, StmtKind::kStore, vector, 3, out));
+  absl::StrAppend(out, "    }\n  }\n");
   return absl::OkStatus();
 }
 

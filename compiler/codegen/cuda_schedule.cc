@@ -439,6 +439,7 @@ Schedule ScheduleOf(const Kernel& k) {
     // output's fastest one.
     s.vector_dim = s.order.empty() ? RowDim(k) : s.order.back();
     if (!k.inner.empty()) s.vector = VectorWidth(k, s.vector_dim);
+    if (s.vector == 8 && s.order.empty() && !k.reversed) s.chunks = 2;
     return s;
   }
   if (ReadsAcrossRows(k)) {
@@ -610,7 +611,7 @@ LaunchSize SizeLaunch(const Kernel& k) {
   size.alignment = BufferAlignment(k, sched);
   const bool reduce = HasReduction(k);
   // Work items: points (pointwise), rows (kRow) or groups of 32 rows.
-  const int64_t per_block = !reduce ? int64_t{sched.block} * sched.vector
+  const int64_t per_block = !reduce ? int64_t{sched.block} * sched.vector * sched.chunks
                             : sched.layout == Layout::kColumn
                                 ? sched.column_lanes * sched.column_groups
                                 : 1;
