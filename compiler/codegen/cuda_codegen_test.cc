@@ -258,27 +258,36 @@ TEST(CudaCodegen, RowsInRegistersAreReadInVectorsOfTheirLastDim) {
   EXPECT_TRUE(Backend()->Compile(*channels).ok());
 }
 
-// out = (x - mean(x)) * w over bfloat16 rows of `cols`, w the same for
-// every row.
-Kernel CenteredRows(ir::SymInt rows, int64_t cols) {
-  KernelBuilder kb("centered_rows", {rows}, {C(cols)}, 2);
+// out = (x - sum(x)) * sum((x - sum(x))^2) * w over bfloat16 rows of
+// `cols` (a layer norm's shape, three passes; `passes` 2: the first pass
+// only), w the same for every row.
+Kernel CenteredRows(ir::SymInt rows, int64_t cols, int passes = 3) {
+  KernelBuilder kb("centered_rows", {rows}, {C(cols)}, passes);
   const int x = kb.Buffer("x", v1::BFLOAT16);
   const int w = kb.Buffer("w", v1::BFLOAT16);
   const int out = kb.Buffer("out", v1::BFLOAT16, true);
   kb.At(0, true);
   const int sum = kb.Reduce(ReduceOp::kSum, kb.Load(x, Idx({C(cols)}, {C(1)})));
-  kb.At(1, true);
+  int scale = sum;
+  if (passes == 3) {
+    kb.At(1, true);
+    const int d = kb.Op(ScalarOp::kSub, {kb.Load(x, Idx({C(cols)}, {C(1)})), sum});
+    scale = kb.Reduce(ReduceOp::kSum, kb.Op(ScalarOp::kMul, {d, d}));
+  }
+  kb.At(passes - 1, true);
   const int centered = kb.Op(ScalarOp::kSub, {kb.Load(x, Idx({C(cols)}, {C(1)})), sum});
   kb.Store(out, Idx({C(cols)}, {C(1)}),
-           kb.Op(ScalarOp::kMul, {centered, kb.Load(w, Idx({C(0)}, {C(1)}))}));
+           kb.Op(ScalarOp::kMul,
+                 {kb.Op(ScalarOp::kMul, {centered, scale}), kb.Load(w, Idx({C(0)}, {C(1)}))}));
   return kb.kernel();
 }
 
-// 16-bit rows in registers take four rows a block, each block loading the
-// next row's vectors of x (not of w, the same for every row) before it
-// reduces the current one; at least 2048 blocks, so that short grids keep
-// a row a block. Rows that fill their SMs at 32 registers (float32 softmax
-// at 512 threads) keep a row a block and no registers ahead.
+// 16-bit rows in registers that wait on two block reductions take four
+// rows a block, each block loading the next row's vectors of x (not of w,
+// the same for every row) before it reduces the current one; at least
+// 2048 blocks, so that short grids keep a row a block. Rows of one
+// reduction, and rows that fill their SMs at 32 registers (float32 softmax
+// at 512 threads), keep a row a block and no registers ahead.
 TEST(CudaCodegen, SixteenBitRowsLoadTheNextRowAhead) {
   auto backend = Backend();
   const Kernel k = CenteredRows(C(16384), 4096);
@@ -302,6 +311,9 @@ TEST(CudaCodegen, SixteenBitRowsLoadTheNextRowAhead) {
   ASSERT_TRUE(symbolic.ok()) << symbolic.status();
   ASSERT_FALSE(symbolic->grid.is_constant());
   EXPECT_EQ(symbolic->grid.expr(), "Min(Max(Min((s0), 2048), ((s0) + 3)//4), 1048576)");
+
+  EXPECT_FALSE(ScheduleOf(CenteredRows(C(16384), 4096, 2)).prefetch);
+  EXPECT_EQ(backend->Launch(CenteredRows(C(16384), 4096, 2))->grid, C(16384));
 
   const Kernel f32 = Softmax(16384, 4096, C(4096), C(1));
   EXPECT_TRUE(FillsSms(ScheduleOf(f32)));

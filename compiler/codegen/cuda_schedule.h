@@ -143,8 +143,9 @@ bool FillsSms(const Schedule& s);
 // first-pass vector loads of buffers the kernel does not write, moving
 // along the row and with a row of their own, one of each set of loads of
 // the same element; empty when the schedule takes a row per block, when
-// they would hold more than kMaxPrefetchBytes per thread, or when the
-// kernel FillsSms (its registers are at the cap already).
+// they would hold more than kMaxPrefetchBytes per thread, when the kernel
+// FillsSms (its registers are at the cap already), or when it has fewer
+// than three passes (one block reduction to wait on).
 std::vector<int> PrefetchedLoads(const loop::Kernel& k, const Schedule& s);
 // The grid and block `k` is generated for, and the alignment its vector
 // accesses assume of each buffer.
