@@ -290,15 +290,13 @@ absl::Status CudaKernelEmitter::EmitPointwiseChunks(const Schedule& sched, std::
   const std::string first = absl::StrCat("(static_cast<", idx_, ">(blockIdx.x) * ", block * chunks,
                                          " + threadIdx.x) * ", vector);
   const LaunchSize size = SizeLaunch(k_);
-  bool constant = false;
+  bool constant = true;
   int64_t total = 1;
   for (const std::vector<ir::SymInt>* dims : {&k_.outer, &k_.inner}) {
     for (const ir::SymInt& d : *dims) {
-      constant = d.is_constant();
-      if (!constant) break;
-      total *= d.constant();
+      constant = constant && d.is_constant();
+      if (constant) total *= d.constant();
     }
-    if (!constant) break;
   }
   if (constant && size.grid.is_constant() && size.grid.constant() * stride * chunks >= total) {
     // The grid covers the space: one step a thread, no loop (on an H200,
