@@ -11,6 +11,7 @@
 #include "compiler/codegen/cuda_schedule.h"
 #include "compiler/codegen/cuda_tuner.h"
 #include "compiler/codegen/toolchain.h"
+#include "compiler/ir/sym_expr.h"
 #include "compiler/loop/kernel.h"
 #include "compiler/loop/kernel_builder.h"
 #include "gtest/gtest.h"
@@ -311,6 +312,12 @@ TEST(CudaCodegen, SixteenBitRowsLoadTheNextRowAhead) {
   ASSERT_TRUE(symbolic.ok()) << symbolic.status();
   ASSERT_FALSE(symbolic->grid.is_constant());
   EXPECT_EQ(symbolic->grid.expr(), "Min(Max(Min((s0), 2048), ((s0) + 3)//4), 1048576)");
+  // As the runtime evaluates it: the constant sizes' grids.
+  absl::StatusOr<ir::SymExpr> grid = ir::SymExpr::Parse(symbolic->grid.expr());
+  ASSERT_TRUE(grid.ok()) << grid.status();
+  EXPECT_EQ(*grid->Evaluate({{"s0", 1000}}), 1000);
+  EXPECT_EQ(*grid->Evaluate({{"s0", 12000}}), 3000);
+  EXPECT_EQ(*grid->Evaluate({{"s0", 4000}}), 2048);
 
   EXPECT_FALSE(ScheduleOf(CenteredRows(C(16384), 4096, 2)).prefetch);
   EXPECT_EQ(backend->Launch(CenteredRows(C(16384), 4096, 2))->grid, C(16384));
