@@ -103,8 +103,6 @@ class CudaKernelEmitter {
   // worth registers across passes (an add is not).
   static bool Costly(loop::ScalarOp op);
 
-  // Whether access statements a and b read or write the same element.
-  bool SameElement(int a, int b) const;
   // Whether load statements a and b read the same element as the same type.
   bool SameLoad(int a, int b) const;
 

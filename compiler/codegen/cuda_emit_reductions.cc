@@ -39,15 +39,8 @@ bool CudaKernelEmitter::Costly(loop::ScalarOp op) {
          op == ScalarOp::kReciprocal || op == ScalarOp::kDiv || op == ScalarOp::kPow;
 }
 
-bool CudaKernelEmitter::SameElement(int a, int b) const {
-  const Stmt& x = k_.stmts[a];
-  const Stmt& y = k_.stmts[b];
-  return x.buffer == y.buffer && x.index.outer_strides == y.index.outer_strides &&
-         x.index.inner_strides == y.index.inner_strides && x.index.offset == y.index.offset;
-}
-
 bool CudaKernelEmitter::SameLoad(int a, int b) const {
-  return SameElement(a, b) && type_[a] == type_[b];
+  return SameElement(k_.stmts[a], k_.stmts[b]) && type_[a] == type_[b];
 }
 
 std::vector<int> CudaKernelEmitter::CacheOf() const {
@@ -381,8 +374,9 @@ absl::Status CudaKernelEmitter::EmitReduction(const Schedule& sched, std::string
       // The first pass's loads of a row loaded ahead read its registers.
       std::vector<int> loaded;
       for (int j : fresh) {
-        const auto ahead = std::find_if(prefetched.begin(), prefetched.end(),
-                                        [&](int q) { return p == 0 && SameElement(q, j); });
+        const auto ahead = std::find_if(prefetched.begin(), prefetched.end(), [&](int q) {
+          return p == 0 && SameElement(k_.stmts[q], k_.stmts[j]);
+        });
         if (ahead == prefetched.end() || k_.stmts[j].kind != StmtKind::kLoad) {
           loaded.push_back(j);
           continue;

@@ -513,6 +513,21 @@ Schedule ScheduleOf(const Kernel& k) {
   return s;
 }
 
+bool SameElement(const Stmt& a, const Stmt& b) {
+  return a.buffer == b.buffer && a.index.outer_strides == b.index.outer_strides &&
+         a.index.inner_strides == b.index.inner_strides && a.index.offset == b.index.offset;
+}
+
+bool GridCoversSpace(const Kernel& k) {
+  std::vector<ir::SymInt> space = k.outer;
+  space.insert(space.end(), k.inner.begin(), k.inner.end());
+  bool constant = false;
+  const int64_t n = ConstantProduct(space, &constant);
+  const Schedule s = ScheduleOf(k);
+  const int64_t per_block = int64_t{s.block} * s.vector * s.chunks;
+  return constant && (n + per_block - 1) / per_block <= kMaxGrid;
+}
+
 bool FillsSms(const Schedule& s) {
   return s.layout == Layout::kRow && s.per_thread > 0 && s.per_thread <= 8 &&
          kThreadsPerSm % s.block == 0;
@@ -548,11 +563,8 @@ std::vector<int> PrefetchedLoads(const Kernel& k, const Schedule& s) {
     if (std::all_of(outer.begin(), outer.end(), [](const ir::SymInt& d) { return IsZero(d); })) {
       continue;
     }
-    const bool again = std::any_of(out.begin(), out.end(), [&](int q) {
-      const Stmt& o = k.stmts[q];
-      return o.buffer == st.buffer && o.index.outer_strides == st.index.outer_strides &&
-             o.index.inner_strides == st.index.inner_strides && o.index.offset == st.index.offset;
-    });
+    const bool again =
+        std::any_of(out.begin(), out.end(), [&](int q) { return SameElement(k.stmts[q], st); });
     if (again) continue;
     out.push_back(static_cast<int>(j));
     bytes += s.per_thread * StorageBytes(k.buffers[st.buffer].dtype);

@@ -135,6 +135,13 @@ Schedule ScheduleOf(const loop::Kernel& k);
 // cuda_tuner.h), the heuristic's among them; empty when its layout has one
 // block size only (kColumn).
 std::vector<int> BlockCandidates(const loop::Kernel& k);
+// Whether access statements a and b read or write the same element of the
+// same buffer.
+bool SameElement(const loop::Stmt& a, const loop::Stmt& b);
+// Whether a pointwise kernel's grid (SizeLaunch) covers its space, each
+// thread taking one step of Schedule::chunks vectors: every size constant,
+// and no more blocks than a launch asks for.
+bool GridCoversSpace(const loop::Kernel& k);
 // Whether a row kept in registers is launched to fill its SMs (2048
 // threads each, at most 32 registers a thread): 8 elements or fewer a
 // thread, in blocks that divide 2048 (CudaKernelEmitter::LaunchBounds).

@@ -183,10 +183,12 @@ absl::StatusOr<v1::CompiledGraph> CompileGraph(const ir::Graph& graph, const std
     // per thread in slices of 256: a bias gradient over 4096 rows of 3072
     // columns takes 16 slices (192 blocks) rather than 4 (48 blocks, 62 us
     // with GELU's backward in them on an H100).
-    policy.min_slice_of = [&backend, &policy](const loop::Kernel& k) -> int64_t {
+    auto several_rows = [&backend](const loop::Kernel& k) {
       absl::StatusOr<codegen::LaunchSize> size = backend.Launch(k);
-      if (size.ok() && size->rows_per_block > 1) return 256;
-      return policy.min_slice;
+      return size.ok() && size->rows_per_block > 1;
+    };
+    policy.min_slice_of = [several_rows, &policy](const loop::Kernel& k) -> int64_t {
+      return several_rows(k) ? 256 : policy.min_slice;
     };
     // Those blocks' warps sweep each slice together and then combine
     // through shared memory: where the slices that give every SM two
@@ -198,10 +200,7 @@ absl::StatusOr<v1::CompiledGraph> CompileGraph(const ir::Graph& graph, const std
     // blocks), 82.0 us in 32. Short of that, SMs are left a block alone:
     // GPT-2's tanh GELU gradient and bias gradient over [8192, 3072] took
     // 52.1 us in 16 slices (192 blocks), 48.0 us in 32 (384 blocks).
-    policy.fewer_slices_of = [&backend](const loop::Kernel& k) {
-      absl::StatusOr<codegen::LaunchSize> size = backend.Launch(k);
-      return size.ok() && size->rows_per_block > 1;
-    };
+    policy.fewer_slices_of = several_rows;
     times->Time(prefix + "split-reductions", [&] { loop::SplitReductions(policy, &lowered); });
   }
   times->Time(prefix + "cat-in-place", [&] { loop::WriteCatsInPlace(&lowered); });
