@@ -704,26 +704,37 @@ TEST(CudaCodegen, SixteenBitResultsTakeTheFastApproximations) {
 }
 
 // Long rows swept in vectors merge Welford's mean and M2 once per chunk.
-TEST(CudaCodegen, WelfordMergesEachVectorChunk) {
-  KernelBuilder kb("row_var", {C(8)}, {C(100000)});
-  const int x = kb.Buffer("x", v1::FLOAT32);
-  const int var = kb.Buffer("var", v1::FLOAT32, true);
-  kb.At(0, true);
-  const int load = kb.Load(x, Idx({C(100000)}, {C(1)}));
-  kb.Reduce(ReduceOp::kWelfordMean, load);
-  const int m2 = kb.Reduce(ReduceOp::kWelfordM2, load);
-  kb.At(0, false);
-  kb.Store(var, Idx({C(1)}, {}), m2);
-  auto backend = Backend();
-  auto source = backend->Generate({kb.kernel()}, {});
-  ASSERT_TRUE(source.ok()) << source.status();
-  EXPECT_TRUE(absl::StrContains(*source, "kiln_vload<4>(g0[u], ")) << *source;
-  EXPECT_TRUE(absl::StrContains(*source, "wx1[v] = t0;")) << *source;
-  EXPECT_TRUE(absl::StrContains(*source, "kiln_welford_chunk(wm1, wq1, wn1, m, q, float(4));"))
-      << *source;
-  EXPECT_FALSE(absl::StrContains(*source, "+= d / wn1")) << *source;
-  auto module = backend->Compile(*source);
-  ASSERT_TRUE(module.ok()) << module.status();
+// A long row's Welford gathers a group of vector chunks and merges it as
+// one chunk; a row that may end inside a group merges that group's live
+// chunks one by one.
+TEST(CudaCodegen, WelfordMergesEachGroupOfChunks) {
+  for (const int64_t n : {int64_t{100000}, int64_t{131072}}) {
+    SCOPED_TRACE(n);
+    KernelBuilder kb("row_var", {C(8)}, {C(n)});
+    const int x = kb.Buffer("x", v1::FLOAT32);
+    const int var = kb.Buffer("var", v1::FLOAT32, true);
+    kb.At(0, true);
+    const int load = kb.Load(x, Idx({C(n)}, {C(1)}));
+    kb.Reduce(ReduceOp::kWelfordMean, load);
+    const int m2 = kb.Reduce(ReduceOp::kWelfordM2, load);
+    kb.At(0, false);
+    kb.Store(var, Idx({C(1)}, {}), m2);
+    auto backend = Backend();
+    auto source = backend->Generate({kb.kernel()}, {});
+    ASSERT_TRUE(source.ok()) << source.status();
+    EXPECT_TRUE(absl::StrContains(*source, "kiln_vload<4>(g0[u], ")) << *source;
+    EXPECT_TRUE(absl::StrContains(*source, "float wx1[16];")) << *source;
+    EXPECT_TRUE(absl::StrContains(*source, "wx1[u * 4 + v] = t0;")) << *source;
+    EXPECT_TRUE(absl::StrContains(*source, "kiln_welford_chunk(wm1, wq1, wn1, m, q, float(16));"))
+        << *source;
+    // 100000 / 4 chunks are not whole groups of 4 x 256 threads; 131072 / 4 are.
+    EXPECT_EQ(absl::StrContains(*source, "kiln_welford_chunk(wm1, wq1, wn1, m, q, float(4));"),
+              n == 100000)
+        << *source;
+    EXPECT_FALSE(absl::StrContains(*source, "+= d / wn1")) << *source;
+    auto module = backend->Compile(*source);
+    ASSERT_TRUE(module.ok()) << module.status();
+  }
 }
 
 TEST(CudaCodegen, NvrtcBuildsACubinForSm90) {

@@ -361,9 +361,17 @@ absl::Status CudaKernelEmitter::EmitReduction(const Schedule& sched, std::string
     for (int j : inner) {
       if (IsWelford(k_.stmts[j]) && WelfordId(j) == j) welford.push_back(j);
     }
-    auto gather_welford = [&]() {
+    // In a sweep by groups of chunks, the whole group is gathered and
+    // merged as one chunk where every chunk of the group is live: a
+    // quarter of the merges (each a division), and the mean and M2 of 32
+    // elements of bfloat16 rather than 8. Welford over [64, 2^20]
+    // bfloat16 on an H200: 37.2 us merged by chunk, 35.3 us by group with
+    // the fast division, 34.2 us for the sum alone.
+    int gather_group = 1;
+    auto gather_welford = [&](int depth) {
       for (int j : welford) {
-        absl::StrAppend(out, Pad(4), CName(type_[j]), " wx", j, "[", vector, "];\n");
+        absl::StrAppend(out, Pad(depth), CName(type_[j]), " wx", j, "[", gather_group * vector,
+                        "];\n");
       }
     };
     if (cached && vector > 1) {
@@ -385,7 +393,7 @@ absl::Status CudaKernelEmitter::EmitReduction(const Schedule& sched, std::string
       }
       RETURN_IF_ERROR(VectorAccesses(loaded, StmtKind::kLoad, vector, 4, out));
       DeclareStoreChunks(fresh, vector, 4, out);
-      gather_welford();
+      gather_welford(4);
       absl::StrAppend(out, "#pragma unroll\n        for (int v = 0; v < ", vector,
                       "; ++v) {\n          const int e = ec * ", vector, " + v;\n");
       depth = 5;
@@ -420,8 +428,11 @@ absl::Status CudaKernelEmitter::EmitReduction(const Schedule& sched, std::string
           absl::StrAppend(out, Pad(5), "kiln_vload<", vector, ">(g", j, "[u], &", addr,
                           ", aligned);\n");
         }
-        absl::StrAppend(out, "        }\n      }\n#pragma unroll\n      for (int u = 0; u < ",
-                        grouped, "; ++u) {\n      const ", idx_, " ch = ch0 + u * ", lanes,
+        absl::StrAppend(out, "        }\n      }\n");
+        gather_group = grouped;
+        gather_welford(3);
+        absl::StrAppend(out, "#pragma unroll\n      for (int u = 0; u < ", grouped,
+                        "; ++u) {\n      const ", idx_, " ch = ch0 + u * ", lanes,
                         ";\n      const ", idx_, " i = ch * ", vector,
                         ";\n      if (ch < inner_n / ", vector, ") {\n");
         RETURN_IF_ERROR(Decompose(k_.inner, "i", "i", 4, out));
@@ -439,7 +450,7 @@ absl::Status CudaKernelEmitter::EmitReduction(const Schedule& sched, std::string
         RETURN_IF_ERROR(VectorAccesses(fresh, StmtKind::kLoad, vector, 4, out));
       }
       DeclareStoreChunks(fresh, vector, 4, out);
-      gather_welford();
+      if (gather_group == 1) gather_welford(4);
       absl::StrAppend(out, "#pragma unroll\n        for (int v = 0; v < ", vector, "; ++v) {\n");
       depth = 5;
     } else if (groups > 1) {
@@ -551,7 +562,9 @@ absl::Status CudaKernelEmitter::EmitReduction(const Schedule& sched, std::string
           if (WelfordId(j) != j) continue;
           const char* T = CName(type_[j]);
           if (chunk) {
-            absl::StrAppend(out, pad, "wx", j, "[v] = ", v, ";\n");
+            absl::StrAppend(out, pad, "wx", j, gather_group > 1 ? "[u * " : "[",
+                            gather_group > 1 ? absl::StrCat(vector, " + v]") : "v]", " = ", v,
+                            ";\n");
             continue;
           }
           absl::StrAppend(out, pad, "{ wn", j, at, " += ", T, "(1); const ", T, " d = ", v, " - wm",
@@ -575,20 +588,47 @@ absl::Status CudaKernelEmitter::EmitReduction(const Schedule& sched, std::string
                         ", aligned);\n");
       }
     }
-    if (vector > 1) {
+    // The merge of the gathered elements wx<j>[from .. from + n) as one
+    // chunk (`from` an expression, n a constant).
+    auto merge_welford = [&](int depth, const std::string& from, int n) {
       for (int j : welford) {
         const char* T = CName(type_[j]);
-        absl::StrAppend(out, Pad(4), "{\n", Pad(5), T, " s = 0, q = 0;\n", "#pragma unroll\n",
-                        Pad(5), "for (int v = 0; v < ", vector, "; ++v) s += wx", j, "[v];\n",
-                        Pad(5), "const ", T, " m = s / ", T, "(", vector, ");\n",
-                        "#pragma unroll\n", Pad(5), "for (int v = 0; v < ", vector,
-                        "; ++v) q += (wx", j, "[v] - m) * (wx", j, "[v] - m);\n", Pad(5),
-                        "kiln_welford_chunk(wm", j, ", wq", j, ", wn", j, ", m, q, ", T, "(",
-                        vector, "));\n", Pad(4), "}\n");
+        const std::string x = absl::StrCat("wx", j, "[", from, "v]");
+        absl::StrAppend(out, Pad(depth), "{\n", Pad(depth + 1), T, " s = 0, q = 0;\n",
+                        "#pragma unroll\n", Pad(depth + 1), "for (int v = 0; v < ", n,
+                        "; ++v) s += ", x, ";\n", Pad(depth + 1), "const ", T, " m = s / ", T, "(",
+                        n, ");\n", "#pragma unroll\n", Pad(depth + 1), "for (int v = 0; v < ", n,
+                        "; ++v) q += (", x, " - m) * (", x, " - m);\n", Pad(depth + 1),
+                        "kiln_welford_chunk(wm", j, ", wq", j, ", wn", j, ", m, q, ", T, "(", n,
+                        "));\n", Pad(depth), "}\n");
+      }
+    };
+    if (vector > 1 && gather_group == 1) merge_welford(4, "", vector);
+    if (vector > 1) RETURN_IF_ERROR(VectorAccesses(fresh, StmtKind::kStore, vector, 4, out));
+    absl::StrAppend(out, "      }\n    }\n");
+    if (gather_group > 1 && !welford.empty()) {
+      // A constant row of whole groups has no partial group to test for.
+      bool constant = true;
+      int64_t n = 1;
+      for (const ir::SymInt& d : k_.inner) {
+        if (!d.is_constant()) constant = false;
+        if (constant) n *= d.constant();
+      }
+      const bool whole = constant && n % (int64_t{vector} * gather_group * lanes) == 0;
+      if (!whole) {
+        absl::StrAppend(out, "    if (ch0 + ", (gather_group - 1) * lanes, " < inner_n / ", vector,
+                        ") {\n");
+      }
+      merge_welford(whole ? 3 : 4, "", gather_group * vector);
+      if (!whole) {
+        absl::StrAppend(out, "    } else {\n#pragma unroll 1\n      for (int u = 0; u < ",
+                        gather_group, " && ch0 + u * ", lanes, " < inner_n / ", vector,
+                        "; ++u) {\n");
+        merge_welford(4, absl::StrCat("u * ", vector, " + "), vector);
+        absl::StrAppend(out, "      }\n    }\n");
       }
     }
-    if (vector > 1) RETURN_IF_ERROR(VectorAccesses(fresh, StmtKind::kStore, vector, 4, out));
-    absl::StrAppend(out, "      }\n    }\n", grouped > 1 ? "    }\n" : "");
+    if (grouped > 1) absl::StrAppend(out, "    }\n");
     if (sched.vector_tail) {
       // A row of symbolic length: its last inner_n % vector elements one
       // by one.
