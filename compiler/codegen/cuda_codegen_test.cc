@@ -704,12 +704,14 @@ TEST(CudaCodegen, SixteenBitResultsTakeTheFastApproximations) {
 }
 
 // Long rows swept in vectors merge Welford's mean and M2 once per chunk.
-// A long row's Welford gathers a group of vector chunks and merges it as
-// one chunk; a row that may end inside a group merges that group's live
-// chunks one by one.
-TEST(CudaCodegen, WelfordMergesEachGroupOfChunks) {
+// A long row's Welford merges each vector chunk into the thread's mean and
+// M2; a constant row of whole groups of chunks merges each group as one
+// chunk, unguarded.
+TEST(CudaCodegen, WelfordMergesEachChunkOrEachWholeGroup) {
   for (const int64_t n : {int64_t{100000}, int64_t{131072}}) {
     SCOPED_TRACE(n);
+    // 100000 / 4 chunks are not whole groups of 4 x 256 threads; 131072 / 4 are.
+    const bool whole = n == 131072;
     KernelBuilder kb("row_var", {C(8)}, {C(n)});
     const int x = kb.Buffer("x", v1::FLOAT32);
     const int var = kb.Buffer("var", v1::FLOAT32, true);
@@ -723,13 +725,13 @@ TEST(CudaCodegen, WelfordMergesEachGroupOfChunks) {
     auto source = backend->Generate({kb.kernel()}, {});
     ASSERT_TRUE(source.ok()) << source.status();
     EXPECT_TRUE(absl::StrContains(*source, "kiln_vload<4>(g0[u], ")) << *source;
-    EXPECT_TRUE(absl::StrContains(*source, "float wx1[16];")) << *source;
-    EXPECT_TRUE(absl::StrContains(*source, "wx1[u * 4 + v] = t0;")) << *source;
-    EXPECT_TRUE(absl::StrContains(*source, "kiln_welford_chunk(wm1, wq1, wn1, m, q, float(16));"))
-        << *source;
-    // 100000 / 4 chunks are not whole groups of 4 x 256 threads; 131072 / 4 are.
-    EXPECT_EQ(absl::StrContains(*source, "kiln_welford_chunk(wm1, wq1, wn1, m, q, float(4));"),
-              n == 100000)
+    EXPECT_EQ(absl::StrContains(*source, "if (ch < inner_n / 4)"), !whole) << *source;
+    EXPECT_EQ(absl::StrContains(*source, "float wx1[16];"), whole) << *source;
+    EXPECT_EQ(absl::StrContains(*source, "wx1[u * 4 + v] = t0;"), whole) << *source;
+    EXPECT_EQ(absl::StrContains(*source, "wx1[v] = t0;"), !whole) << *source;
+    EXPECT_TRUE(absl::StrContains(
+        *source,
+        absl::StrCat("kiln_welford_chunk(wm1, wq1, wn1, m, q, float(", whole ? 16 : 4, "));")))
         << *source;
     EXPECT_FALSE(absl::StrContains(*source, "+= d / wn1")) << *source;
     auto module = backend->Compile(*source);
