@@ -703,7 +703,6 @@ TEST(CudaCodegen, SixteenBitResultsTakeTheFastApproximations) {
   ASSERT_TRUE(module.ok()) << module.status();
 }
 
-// Long rows swept in vectors merge Welford's mean and M2 once per chunk.
 // A long row's Welford merges each vector chunk into the thread's mean and
 // M2; a constant row of whole groups of chunks merges each group as one
 // chunk, unguarded.
