@@ -21,6 +21,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
+#include "common/status_macros.h"
 #include "compiler/autograd/joint_graph.h"
 #include "compiler/autograd/partition.h"
 #include "compiler/codegen/codegen.h"
@@ -107,6 +108,15 @@ SplitPolicy SplitEverything() {
   policy.min_blocks = 1 << 20;
   policy.min_slice = 1;
   return policy;
+}
+
+// The kernel of `text`, alone in a graph, split by `policy`.
+absl::StatusOr<LoweredGraph> SplitParsed(const std::string& text, const SplitPolicy& policy) {
+  ASSIGN_OR_RETURN(Kernel k, ParseKernel(text));
+  LoweredGraph lowered;
+  lowered.kernels.push_back(std::move(k));
+  SplitReductions(policy, &lowered);
+  return lowered;
 }
 
 struct Lowered {
@@ -524,7 +534,9 @@ TEST(KernelParserTest, HostileTextIsRefusedQuickly) {
 // A pass test, text in and text out: a mean over long rows, then the rows
 // centered, on a device that wants 264 blocks where the kernel launches 4.
 TEST(KernelParserTest, SplitReductionsTextInTextOut) {
-  absl::StatusOr<Kernel> k = ParseKernel(R"(
+  SplitPolicy policy;
+  policy.blocks = [](const Kernel& k) -> std::optional<int64_t> { return k.outer[0].constant(); };
+  absl::StatusOr<LoweredGraph> lowered = SplitParsed(R"(
 kernel kernel_0: outer [4] inner [16384] passes 2
   nodes: mean, sub
   buffers:
@@ -539,13 +551,9 @@ kernel kernel_0: outer [4] inner [16384] passes 2
   %5 = load buf0[o0*16384 + i0*1 + 0] : f32 [pass 1, inner]
   %6 = sub %5, %3 : f32 [pass 1, inner]
   store buf2[o0*16384 + i0*1 + 0] = %6 [pass 1, inner]
-)");
-  ASSERT_TRUE(k.ok()) << k.status();
-  LoweredGraph lowered;
-  lowered.kernels.push_back(*std::move(k));
-  SplitPolicy policy;
-  policy.blocks = [](const Kernel& k) -> std::optional<int64_t> { return k.outer[0].constant(); };
-  SplitReductions(policy, &lowered);
+)",
+                                                     policy);
+  ASSERT_TRUE(lowered.ok()) << lowered.status();
 
   // Eight slices of 2048 per row, their partial sums in [8, 4]; the slices'
   // sums then the mean per row; the rows centered over the whole space.
@@ -590,12 +598,12 @@ kernel kernel_0_apply: outer [4] inner [16384] passes 1
   store buf2[o0*16384 + i0*1 + 0] = %2 [pass 0, inner]
 )";
   std::string got;
-  for (const Kernel& out : lowered.kernels) {
+  for (const Kernel& out : lowered->kernels) {
     absl::StrAppend(&got, got.empty() ? "" : "\n", PrintKernel(out));
   }
   EXPECT_EQ(got, want);
-  ASSERT_EQ(lowered.decisions.size(), 1u);
-  EXPECT_EQ(lowered.decisions[0],
+  ASSERT_EQ(lowered->decisions.size(), 1u);
+  EXPECT_EQ(lowered->decisions[0],
             "split: kernel_0 (4 blocks) reduces 8 slices of each row in kernel_0_partial, outer "
             "[8, 4] inner [2048], then the slices in kernel_0, then its later passes over the "
             "whole space in kernel_0_apply");
@@ -614,23 +622,20 @@ TEST(KernelParserTest, SplitReductionsTakesEachKernelsLeastSlice) {
   store buf1[o0*1 + 0] = %1 [pass 0, outer]
 )";
   for (const int64_t least : {int64_t{0}, int64_t{256}}) {
-    absl::StatusOr<Kernel> k = ParseKernel(text);
-    ASSERT_TRUE(k.ok()) << k.status();
-    LoweredGraph lowered;
-    lowered.kernels.push_back(*std::move(k));
     SplitPolicy policy;
     policy.split_below = 132;
     policy.min_blocks = 32;
     policy.blocks = [](const Kernel& k) -> std::optional<int64_t> { return k.outer[0].constant(); };
     if (least > 0) policy.min_slice_of = [least](const Kernel&) { return least; };
-    SplitReductions(policy, &lowered);
-    ASSERT_EQ(lowered.decisions.size(), 1u);
+    absl::StatusOr<LoweredGraph> lowered = SplitParsed(text, policy);
+    ASSERT_TRUE(lowered.ok()) << lowered.status();
+    ASSERT_EQ(lowered->decisions.size(), 1u);
     if (least == 0) {
-      EXPECT_EQ(lowered.decisions[0],
+      EXPECT_EQ(lowered->decisions[0],
                 "no split: kernel_0 launches 4 blocks: rows of 2048 elements make fewer than 2 "
                 "slices of 2048 or more that divide their first dimension");
     } else {
-      EXPECT_EQ(lowered.decisions[0],
+      EXPECT_EQ(lowered->decisions[0],
                 "split: kernel_0 (4 blocks) reduces 8 slices of each row in kernel_0_partial, "
                 "outer [8, 4] inner [256], then the slices in kernel_0");
     }
@@ -656,10 +661,6 @@ TEST(KernelParserTest, SplitReductionsTakesFewerSlicesWhereTheyStillFillTheSms) 
   %1 = reduce sum %0 : f32 [pass 0, inner]
   store buf1[o0*1 + 0] = %1 [pass 0, outer]
 )");
-      absl::StatusOr<Kernel> k = ParseKernel(text);
-      ASSERT_TRUE(k.ok()) << k.status();
-      LoweredGraph lowered;
-      lowered.kernels.push_back(*std::move(k));
       SplitPolicy policy;
       policy.split_below = 132;
       policy.min_blocks = 264;
@@ -668,10 +669,11 @@ TEST(KernelParserTest, SplitReductionsTakesFewerSlicesWhereTheyStillFillTheSms) 
         return k.outer.back().constant();
       };
       if (fewer) policy.fewer_slices_of = [](const Kernel&) { return true; };
-      SplitReductions(policy, &lowered);
-      ASSERT_EQ(lowered.decisions.size(), 1u);
+      absl::StatusOr<LoweredGraph> lowered = SplitParsed(text, policy);
+      ASSERT_TRUE(lowered.ok()) << lowered.status();
+      ASSERT_EQ(lowered->decisions.size(), 1u);
       const int slices = columns == 32 ? (fewer ? 8 : 16) : 32;
-      EXPECT_EQ(lowered.decisions[0],
+      EXPECT_EQ(lowered->decisions[0],
                 absl::StrCat("split: kernel_0 (", columns, " blocks) reduces ", slices,
                              " slices of each row in kernel_0_partial, outer [", slices, ", ",
                              columns, "] inner [", 8192 / slices, "], then the slices in kernel_0"))
@@ -697,17 +699,14 @@ TEST(KernelParserTest, SplitReductionsLeavesSoftmaxWhole) {
   %6 = div %4, %5 : f32 [pass 1, inner]
   store buf1[o0*16384 + i0*1 + 0] = %6 [pass 1, inner]
 )";
-  absl::StatusOr<Kernel> k = ParseKernel(text);
-  ASSERT_TRUE(k.ok()) << k.status();
-  LoweredGraph lowered;
-  lowered.kernels.push_back(*std::move(k));
   SplitPolicy policy;
   policy.blocks = [](const Kernel& k) -> std::optional<int64_t> { return k.outer[0].constant(); };
-  SplitReductions(policy, &lowered);
-  ASSERT_EQ(lowered.kernels.size(), 1u);
-  EXPECT_EQ(PrintKernel(lowered.kernels[0]), text);
-  ASSERT_EQ(lowered.decisions.size(), 1u);
-  EXPECT_EQ(lowered.decisions[0],
+  absl::StatusOr<LoweredGraph> lowered = SplitParsed(text, policy);
+  ASSERT_TRUE(lowered.ok()) << lowered.status();
+  ASSERT_EQ(lowered->kernels.size(), 1u);
+  EXPECT_EQ(PrintKernel(lowered->kernels[0]), text);
+  ASSERT_EQ(lowered->decisions.size(), 1u);
+  EXPECT_EQ(lowered->decisions[0],
             "no split: kernel_0 launches 4 blocks: reductions in a later pass");
 }
 
