@@ -412,12 +412,8 @@ absl::Status CudaKernelEmitter::EmitReduction(const Schedule& sched, std::string
       // each before the next (an H100's batch norm statistics over
       // [128, 32, 64, 64] float32, 2 TB/s).
       grouped = std::clamp(4 / std::max<int>(1, streams.size()), 1, 4);
-      bool constant = true;
-      int64_t row = 1;
-      for (const ir::SymInt& d : k_.inner) {
-        if (!d.is_constant()) constant = false;
-        if (constant) row *= d.constant();
-      }
+      bool constant = false;
+      const int64_t row = ConstantProduct(k_.inner, &constant);
       if (grouped > 1 && !welford.empty() && constant &&
           row % (int64_t{vector} * grouped * lanes) == 0) {
         gather_group = grouped;

@@ -21,20 +21,6 @@ using loop::StmtKind;
 // The most blocks a launch asks for (the grid-stride loops cover the rest).
 constexpr int64_t kMaxGrid = int64_t{1} << 20;
 
-int64_t ConstantProduct(const std::vector<ir::SymInt>& sizes, bool* constant) {
-  int64_t n = 1;
-  *constant = true;
-  for (const ir::SymInt& s : sizes) {
-    if (!s.is_constant()) {
-      *constant = false;
-      continue;
-    }
-    n = s.constant() > 0 && n > (int64_t{1} << 50) / s.constant() ? (int64_t{1} << 50)
-                                                                  : n * s.constant();
-  }
-  return n;
-}
-
 // The longest row (in elements per thread) kept in registers.
 constexpr int kMaxCachedPerThread = 16;
 // Elements per thread a constant row is split into, when it fits a block:
@@ -511,6 +497,20 @@ Schedule ScheduleOf(const Kernel& k) {
   s.per_thread = static_cast<int>(std::max<int64_t>(per_thread, 1));
   s.prefetch = !PrefetchedLoads(k, s).empty();
   return s;
+}
+
+int64_t ConstantProduct(const std::vector<ir::SymInt>& sizes, bool* constant) {
+  int64_t n = 1;
+  *constant = true;
+  for (const ir::SymInt& s : sizes) {
+    if (!s.is_constant()) {
+      *constant = false;
+      continue;
+    }
+    n = s.constant() > 0 && n > (int64_t{1} << 50) / s.constant() ? (int64_t{1} << 50)
+                                                                  : n * s.constant();
+  }
+  return n;
 }
 
 bool SameElement(const Stmt& a, const Stmt& b) {

@@ -127,6 +127,10 @@ inline constexpr int kThreadsPerSm = 2048;
 // at once.
 inline constexpr int kRowGroupThreadsPerSm = 1024;
 
+// The product of `sizes`, capped at 2^50; *constant says whether every size
+// is a constant (the product is then of the constant ones alone).
+int64_t ConstantProduct(const std::vector<ir::SymInt>& sizes, bool* constant);
+
 bool HasReduction(const loop::Kernel& k);
 // The schedule of `k`: the heuristic's, with the threads per block the
 // autotuner chose (k.block) where the layout takes them.
