@@ -597,12 +597,11 @@ absl::Status CudaKernelEmitter::EmitReduction(const Schedule& sched, std::string
                         ", aligned);\n");
       }
     }
-    // The merge of the gathered elements wx<j>[from .. from + n) as one
-    // chunk (`from` an expression, n a constant).
-    auto merge_welford = [&](int depth, const std::string& from, int n) {
+    // The merge of the n gathered elements wx<j>[0 .. n) as one chunk.
+    auto merge_welford = [&](int depth, int n) {
       for (int j : welford) {
         const char* T = CName(type_[j]);
-        const std::string x = absl::StrCat("wx", j, "[", from, "v]");
+        const std::string x = absl::StrCat("wx", j, "[v]");
         absl::StrAppend(out, Pad(depth), "{\n", Pad(depth + 1), T, " s = 0, q = 0;\n",
                         "#pragma unroll\n", Pad(depth + 1), "for (int v = 0; v < ", n,
                         "; ++v) s += ", x, ";\n", Pad(depth + 1), "const ", T, " m = s / ", T, "(",
@@ -612,10 +611,10 @@ absl::Status CudaKernelEmitter::EmitReduction(const Schedule& sched, std::string
                         "));\n", Pad(depth), "}\n");
       }
     };
-    if (vector > 1 && gather_group == 1) merge_welford(4, "", vector);
+    if (vector > 1 && gather_group == 1) merge_welford(4, vector);
     if (vector > 1) RETURN_IF_ERROR(VectorAccesses(fresh, StmtKind::kStore, vector, 4, out));
     absl::StrAppend(out, "      }\n    }\n");
-    if (gather_group > 1) merge_welford(3, "", gather_group * vector);
+    if (gather_group > 1) merge_welford(3, gather_group * vector);
     if (grouped > 1) absl::StrAppend(out, "    }\n");
     if (sched.vector_tail) {
       // A row of symbolic length: its last inner_n % vector elements one
