@@ -281,6 +281,12 @@ absl::Status Stats(const Client& client, const Invocation& inv) {
                                   ? "unlimited"
                                   : absl::StrCat(HumanBytes(stats.byte_budget()), " (",
                                                  stats.byte_budget(), ")")});
+  if (stats.has_kernel_cache()) {
+    const v1::KernelCacheStats& k = stats.kernel_cache();
+    summary.Add({"kernels reused", absl::StrCat(k.hits(), " (", k.misses(), " compiled)")});
+    summary.Add({"kernel cache", absl::StrCat(k.entries(), " kernels, ", HumanBytes(k.bytes()),
+                                              " of ", HumanBytes(k.byte_budget()))});
+  }
   std::cout << summary.Render() << "\n";
 
   // Every counter the server reports, in the proto's order.

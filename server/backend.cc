@@ -55,6 +55,7 @@ class KilnBackend final : public Backend {
     kiln.toolchain.cancel = input.cancel;
     kiln.compile_jobs = options_.compile_jobs;
     kiln.compile_slots = options_.compile_slots.get();
+    kiln.kernel_cache = options_.kernel_cache.get();
     kiln.channels_last = options_.channels_last;
     bool tune = options_.tune_every_compile;
     for (const auto& o : input.options.options()) {

@@ -67,6 +67,9 @@ struct BackendOptions {
   // graph's own.
   int compile_jobs = 1;
   std::shared_ptr<codegen::CompileSlots> compile_slots;
+  // Kernels compiled before, by any graph, served rather than compiled
+  // again (compiler/codegen/kernel_cache.h); null: none kept.
+  std::shared_ptr<codegen::KernelCache> kernel_cache;
   // The graphs whose convolutions run channels-last on cuda
   // (compiler/pipeline/conv_layouts.h).
   pipeline::KilnOptions::ChannelsLast channels_last =

@@ -627,6 +627,16 @@ v1::StatsResponse Engine::Stats() const {
   resp.set_frozen(frozen_);
   resp.set_compiler_version(KILN_COMPILER_VERSION);
   resp.set_in_flight(in_flight_);
+  if (options_.kernel_cache != nullptr) {
+    const codegen::KernelCache::Stats k = options_.kernel_cache->stats();
+    v1::KernelCacheStats* out = resp.mutable_kernel_cache();
+    out->set_hits(k.hits);
+    out->set_misses(k.misses);
+    out->set_entries(k.entries);
+    out->set_bytes(k.bytes);
+    out->set_byte_budget(options_.kernel_cache->capacity());
+    out->set_evictions(k.evictions);
+  }
   return resp;
 }
 

@@ -74,6 +74,9 @@ struct EngineOptions {
   cache::ExprLimits expr_limits;
   int compile_workers = 2;
   int compile_queue_depth = 64;
+  // The backends' compiled kernels, reported by Stats; may be null. Must
+  // outlive the Engine.
+  const codegen::KernelCache* kernel_cache = nullptr;
 };
 
 // The client of one Compile, as far as the Engine needs it: whether it still

@@ -118,6 +118,10 @@ ABSL_FLAG(
     "native compiler processes (g++, NVRTC) kilnd runs at once, over every graph it compiles; "
     "a graph's kernels (each half's, for a training graph) are dealt into that many modules "
     "(0: the cores, at most 16)");
+ABSL_FLAG(int32_t, kernel_cache_mb, 256,
+          "MiB of compiled kernels kept in memory, by their code, for later graphs that have the "
+          "same kernel (the forward of a training graph and its inference graph, a graph "
+          "recompiled for new sizes): served without compiling again. 0 keeps none");
 ABSL_FLAG(std::string, channels_last, "inference",
           "the graphs whose 16-bit 2-D convolutions run channels-last on cuda, the layout "
           "cuDNN's tensor-core kernels run in: inference (not training graphs), always or never. "
@@ -255,6 +259,15 @@ absl::Status Serve() {
       jobs > 0 ? jobs : static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 16u));
   backend_options.compile_slots =
       std::make_shared<codegen::CompileSlots>(backend_options.compile_jobs);
+  const int32_t kernel_cache_mb = absl::GetFlag(FLAGS_kernel_cache_mb);
+  if (kernel_cache_mb < 0 || kernel_cache_mb > (1 << 20)) {
+    return absl::InvalidArgumentError("kernel_cache_mb: not in 0..1048576");
+  }
+  if (kernel_cache_mb > 0) {
+    backend_options.kernel_cache =
+        std::make_shared<codegen::KernelCache>(int64_t{kernel_cache_mb} << 20);
+    engine_options.kernel_cache = backend_options.kernel_cache.get();
+  }
   if (const std::string autotune = absl::GetFlag(FLAGS_autotune); autotune != "off") {
     if (autotune != "auto" && autotune != "on" && autotune != "always") {
       return absl::InvalidArgumentError(

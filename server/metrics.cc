@@ -83,6 +83,19 @@ std::vector<prometheus::MetricFamily> EngineMetrics::Collect() const {
     out.push_back(std::move(f));
   }
 
+  if (s.has_kernel_cache()) {
+    const v1::KernelCacheStats& k = s.kernel_cache();
+    auto kernels = Family("kiln_kernels_total", "Kernels compiled, or served by the kernel cache",
+                          prometheus::MetricType::Counter);
+    AddValue(&kernels, static_cast<double>(k.hits()), {{"outcome", "reused"}});
+    AddValue(&kernels, static_cast<double>(k.misses()), {{"outcome", "compiled"}});
+    out.push_back(std::move(kernels));
+    auto bytes = Family("kiln_kernel_cache_bytes", "Bytes of compiled kernels kept in memory",
+                        prometheus::MetricType::Gauge);
+    AddValue(&bytes, static_cast<double>(k.bytes()));
+    out.push_back(std::move(bytes));
+  }
+
   auto phases = Family("kiln_compile_phase_seconds", "Time spent per compile phase",
                        prometheus::MetricType::Histogram);
   for (const v1::PhaseStats& p : s.phases()) {

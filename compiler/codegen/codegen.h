@@ -67,6 +67,10 @@ class CodegenBackend {
   // log; the module holds the source, the binary and the command.
   virtual absl::StatusOr<v1::CompiledModule> Compile(const std::string& source) const = 0;
 
+  // What besides the source decides Compile's binary (the compiler, its
+  // target and options), for keys of compiled code (kernel_cache.h).
+  virtual std::string CompileIdentity() const = 0;
+
   // For GPU backends: how `kernel` (as Generate emits it) is launched.
   // CPU backends have no launch sizes: UNIMPLEMENTED.
   virtual absl::StatusOr<LaunchSize> Launch(const loop::Kernel& /*kernel*/) const {

@@ -277,6 +277,12 @@ class CppBackend : public CodegenBackend {
     return module;
   }
 
+  std::string CompileIdentity() const override {
+    return absl::StrCat(options_.compiler,
+                        " -march=", options_.isa.empty() ? "native" : options_.isa,
+                        options_.openmp ? " -fopenmp" : " -fopenmp-simd");
+  }
+
  private:
   const CppOptions options_;
 };

@@ -178,6 +178,12 @@ class CudaBackend : public CodegenBackend {
     return SizeLaunch(kernel);
   }
 
+  std::string CompileIdentity() const override {
+    return absl::StrCat("nvrtc ", NvrtcHelper(options_.helper), " --arch=", options_.sm_arch,
+                        " cuda_version=", options_.cuda_version,
+                        " fast_compile=", options_.fast_compile);
+  }
+
  private:
   const CudaOptions options_;
 };

@@ -41,9 +41,31 @@ void CompileSlots::Release() {
 }
 
 absl::StatusOr<CompiledModules> CompileModules(const CodegenBackend& backend,
-                                               const std::vector<loop::Kernel>& kernels,
+                                               const std::vector<loop::Kernel>& all,
                                                const std::vector<std::string>& symbols, int jobs,
-                                               CompileSlots* slots) {
+                                               CompileSlots* slots, KernelCache* cache) {
+  CompiledModules out;
+  // What the cache holds is served from it; `kernels` are the rest.
+  std::vector<loop::Kernel> kernels;
+  std::vector<std::string> keys;  // of `kernels`, where there is a cache
+  std::vector<KernelCache::Entry> served;
+  for (const loop::Kernel& k : all) {
+    if (cache == nullptr) {
+      kernels.push_back(k);
+      continue;
+    }
+    ASSIGN_OR_RETURN(std::string key, KernelKey(backend, k, symbols));
+    if (std::optional<KernelCache::Entry> hit = cache->Find(key)) {
+      if (hit->symbol != k.name) out.symbol_of[k.name] = hit->symbol;
+      out.module_of[k.name] = -1 - static_cast<int>(served.size());  // numbered below
+      out.reused.push_back(k.name);
+      served.push_back(*std::move(hit));
+    } else {
+      kernels.push_back(k);
+      keys.push_back(std::move(key));
+    }
+  }
+
   std::vector<int> part(kernels.size(), 0);
   if (jobs > 1 && kernels.size() > 1) {
     // What each kernel adds to a translation unit's text (the prelude is
@@ -57,11 +79,15 @@ absl::StatusOr<CompiledModules> CompileModules(const CodegenBackend& backend,
     }
     part = DealByCost(costs, jobs);
   }
-  const int parts = kernels.empty() ? 1 : *std::max_element(part.begin(), part.end()) + 1;
+  // No part at all when every kernel was served; one (perhaps empty) when
+  // there is no kernel.
+  const int parts =
+      kernels.empty() ? (served.empty() ? 1 : 0) : *std::max_element(part.begin(), part.end()) + 1;
   std::vector<std::vector<loop::Kernel>> dealt(parts);
-  CompiledModules out;
+  std::vector<std::vector<int>> dealt_index(parts);
   for (size_t i = 0; i < kernels.size(); ++i) {
     dealt[part[i]].push_back(kernels[i]);
+    dealt_index[part[i]].push_back(static_cast<int>(i));
     out.module_of[kernels[i].name] = part[i];
   }
 
@@ -75,7 +101,7 @@ absl::StatusOr<CompiledModules> CompileModules(const CodegenBackend& backend,
     compiled[p] = backend.Compile(sources[p]);
     if (slots != nullptr) slots->Release();
   };
-  {
+  if (parts > 0) {
     std::vector<std::thread> threads;
     for (int p = 1; p < parts; ++p) threads.emplace_back(compile, p);
     compile(0);
@@ -83,8 +109,15 @@ absl::StatusOr<CompiledModules> CompileModules(const CodegenBackend& backend,
   }
   for (int p = 0; p < parts; ++p) {
     if (!compiled[p]->ok()) return compiled[p]->status();
+    if (cache != nullptr && dealt[p].size() == 1) {
+      cache->Insert(keys[dealt_index[p][0]], {**compiled[p], dealt[p][0].name});
+    }
     out.modules.push_back(*std::move(*compiled[p]));
   }
+  for (auto& [name, module] : out.module_of) {
+    if (module < 0) module = parts + (-1 - module);
+  }
+  for (KernelCache::Entry& e : served) out.modules.push_back(std::move(e.module));
   return out;
 }
 

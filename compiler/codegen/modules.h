@@ -21,6 +21,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "compiler/codegen/codegen.h"
+#include "compiler/codegen/kernel_cache.h"
 #include "compiler/loop/kernel.h"
 #include "kiln/v1/artifact.pb.h"
 
@@ -34,6 +35,11 @@ std::vector<int> DealByCost(const std::vector<int64_t>& costs, int parts);
 struct CompiledModules {
   std::vector<v1::CompiledModule> modules;
   std::map<std::string, int> module_of;  // kernel name -> index in `modules`
+  // Kernels served by a KernelCache under another name: kernel name -> the
+  // name its module defines (what the plan must launch).
+  std::map<std::string, std::string> symbol_of;
+  // The kernels served by a KernelCache, in order.
+  std::vector<std::string> reused;
 };
 
 // A bound on the native compiles that run at once across everything that
@@ -60,10 +66,16 @@ class CompileSlots {
 // Generates and compiles `kernels` as at most `jobs` modules (at least one),
 // in parallel, each compile in a slot of `slots` where given. A compile
 // error is the first failed part's, in part order, with its compiler log.
+//
+// With a `cache`, each kernel it holds is served from it as a module of its
+// own, and the rest are dealt and compiled as above; what compiled as a
+// module of one kernel is then kept in it. The cached modules follow the
+// compiled ones.
 absl::StatusOr<CompiledModules> CompileModules(const CodegenBackend& backend,
                                                const std::vector<loop::Kernel>& kernels,
                                                const std::vector<std::string>& symbols, int jobs,
-                                               CompileSlots* slots = nullptr);
+                                               CompileSlots* slots = nullptr,
+                                               KernelCache* cache = nullptr);
 
 }  // namespace kiln::codegen
 

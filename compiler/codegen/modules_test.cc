@@ -18,6 +18,7 @@
 
 #include "compiler/ir/canonical.h"
 #include "compiler/ir/graph.h"
+#include "compiler/loop/kernel_parser.h"
 #include "compiler/pipeline/pipeline.h"
 #include "google/protobuf/util/json_util.h"
 #include "kiln/v1/service.pb.h"
@@ -47,6 +48,7 @@ TEST(DealByCost, BalancesTheLargestFirstAndLeavesNoPartEmpty) {
 class CountingBackend : public CodegenBackend {
  public:
   std::string language() const override { return "counted"; }
+  std::string CompileIdentity() const override { return "counted"; }
   absl::StatusOr<std::string> Generate(const std::vector<loop::Kernel>& kernels,
                                        const std::vector<std::string>&) const override {
     std::vector<std::string> names;
@@ -196,6 +198,121 @@ TEST_P(CompileModulesTest, ATrainingGraphCompilesAsSeveralModules) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Targets, CompileModulesTest, ::testing::Values("cpu", "cuda"));
+
+TEST(StripComments, LeavesCodeAndLiteralsAndDropsComments) {
+  EXPECT_EQ(StripComments("a = 1;  // nodes: sum\nb = 2;"), "a = 1;   \nb = 2;");
+  EXPECT_EQ(StripComments("x/* l_x_ */+y"), "x +y");
+  EXPECT_EQ(StripComments("asm(\"mov // not a comment\"); // one"),
+            "asm(\"mov // not a comment\");  ");
+  EXPECT_EQ(StripComments("c = '/'; d = '\\''; // e"), "c = '/'; d = '\\'';  ");
+  EXPECT_EQ(StripComments("s = \"a\\\"//b\"; /* open"), "s = \"a\\\"//b\";  ");
+  EXPECT_EQ(StripComments(""), "");
+}
+
+KernelCache::Entry EntryOf(const std::string& symbol, size_t bytes) {
+  KernelCache::Entry e;
+  e.symbol = symbol;
+  e.module.set_binary(std::string(bytes, 'b'));
+  return e;
+}
+
+TEST(KernelCache, DropsTheLeastRecentlyUsedPastItsCapacity) {
+  KernelCache cache(3000);
+  cache.Insert("a", EntryOf("kernel_0", 1000));
+  cache.Insert("b", EntryOf("kernel_1", 1000));
+  ASSERT_TRUE(cache.Find("a").has_value());  // now b is the least recent
+  cache.Insert("c", EntryOf("kernel_2", 1000));
+  EXPECT_EQ(cache.stats().evictions, 1);
+  EXPECT_FALSE(cache.Find("b").has_value());
+  std::optional<KernelCache::Entry> a = cache.Find("a");
+  ASSERT_TRUE(a.has_value());
+  EXPECT_EQ(a->symbol, "kernel_0");
+  EXPECT_TRUE(cache.Find("c").has_value());
+  KernelCache::Stats s = cache.stats();
+  EXPECT_EQ(s.entries, 2);
+  EXPECT_LE(s.bytes, 3000);
+  EXPECT_EQ(s.hits, 3);
+  EXPECT_EQ(s.misses, 1);
+
+  // The same key again replaces its entry; one larger than the whole
+  // capacity is not kept, and leaves the others alone.
+  cache.Insert("a", EntryOf("kernel_9", 500));
+  EXPECT_EQ(cache.Find("a")->symbol, "kernel_9");
+  EXPECT_EQ(cache.stats().entries, 2);
+  cache.Insert("huge", EntryOf("kernel_5", 5000));
+  EXPECT_FALSE(cache.Find("huge").has_value());
+  EXPECT_EQ(cache.stats().entries, 2);
+}
+
+// A row sum of x into out, under `name`, its node and buffers named after
+// `tag`, scaled by `scale`.
+loop::Kernel RowSum(const std::string& name, const std::string& tag, const std::string& scale) {
+  absl::StatusOr<loop::Kernel> k = loop::ParseKernel(
+      absl::StrCat("kernel ", name, ": outer [8] inner [32] passes 1\n", "nodes: sum_", tag, "\n",
+                   "buffers:\n", "buf0 = x_", tag, " : f32\n", "buf1 = sum_", tag,
+                   " : f32 (written)\n", "%0 = load buf0[o0*32 + i0*1 + 0] : f32 [pass 0, inner]\n",
+                   "%1 = reduce sum %0 : f32 [pass 0, inner]\n", "%2 = constant ", scale,
+                   " : f32 [pass 0, outer]\n", "%3 = mul %1, %2 : f32 [pass 0, outer]\n",
+                   "store buf1[o0*1 + 0] = %3 [pass 0, outer]\n"));
+  EXPECT_TRUE(k.ok()) << k.status();
+  return *std::move(k);
+}
+
+class KernelCacheTest : public ::testing::TestWithParam<std::string> {};
+
+// Kernels met again in another graph, under other names and with other
+// node names, are served by the cache as they were compiled; a kernel
+// that differs in a constant is compiled.
+TEST_P(KernelCacheTest, ServesAKernelMetAgainUnderItsFirstName) {
+  std::unique_ptr<CodegenBackend> backend;
+  if (GetParam() == "cuda") {
+    CudaOptions options;
+    options.scratch_dir = ::testing::TempDir();
+    backend = MakeCudaBackend(options);
+  } else {
+    CppOptions options;
+    options.scratch_dir = ::testing::TempDir();
+    backend = MakeCppBackend(options);
+  }
+  KernelCache cache(64 << 20);
+
+  absl::StatusOr<CompiledModules> first =
+      CompileModules(*backend, {RowSum("kernel_0", "a", "2.0"), RowSum("kernel_1", "a", "3.0")}, {},
+                     4, nullptr, &cache);
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_EQ(first->modules.size(), 2u);
+  EXPECT_TRUE(first->reused.empty());
+  EXPECT_EQ(cache.stats().entries, 2);
+
+  // kernel_3 is kernel_1's code, kernel_4 is new.
+  absl::StatusOr<CompiledModules> second =
+      CompileModules(*backend, {RowSum("kernel_3", "b", "3.0"), RowSum("kernel_4", "b", "5.0")}, {},
+                     4, nullptr, &cache);
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ(second->reused, (std::vector<std::string>{"kernel_3"}));
+  EXPECT_EQ(second->symbol_of, (std::map<std::string, std::string>{{"kernel_3", "kernel_1"}}));
+  ASSERT_EQ(second->modules.size(), 2u);
+  // The compiled module comes first, the served one after it.
+  EXPECT_EQ(second->module_of.at("kernel_4"), 0);
+  EXPECT_EQ(second->module_of.at("kernel_3"), 1);
+  const v1::CompiledModule& served = second->modules[1];
+  EXPECT_EQ(served.binary(), first->modules[first->module_of.at("kernel_1")].binary());
+  EXPECT_NE(served.source().find("kernel_1("), std::string::npos);
+  EXPECT_NE(second->modules[0].source().find("kernel_4("), std::string::npos);
+  EXPECT_EQ(cache.stats().hits, 1);
+  EXPECT_EQ(cache.stats().misses, 3);
+
+  // A kernel compiled with others in one module is not kept: only a
+  // module of one kernel can serve one kernel.
+  KernelCache shared(64 << 20);
+  ASSERT_TRUE(CompileModules(*backend,
+                             {RowSum("kernel_0", "a", "2.0"), RowSum("kernel_1", "a", "3.0")}, {},
+                             1, nullptr, &shared)
+                  .ok());
+  EXPECT_EQ(shared.stats().entries, 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Targets, KernelCacheTest, ::testing::Values("cpu", "cuda"));
 
 }  // namespace
 }  // namespace kiln::codegen

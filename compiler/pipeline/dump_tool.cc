@@ -1,7 +1,7 @@
 // kiln_dump_code: the generated code of graph files, for one target.
 //
-//   kiln_dump_code --target=cpu|cuda [--compile [--compile_jobs=N]] [--times]
-//                  [--share_kernels=false] --out=DIR GRAPH.json...
+//   kiln_dump_code --target=cpu|cuda [--compile [--compile_jobs=N] [--kernel_cache]]
+//                  [--times] [--share_kernels=false] --out=DIR GRAPH.json...
 //
 // For each graph (a kiln.v1.GraphFile in JSON), the kiln backend's compile as
 // kilnd runs it (for cuda, with every tensor moved to the GPU): training graphs (an input that
@@ -16,9 +16,11 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <memory>
 #include <set>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -43,6 +45,9 @@ ABSL_FLAG(std::string, channels_last, "inference",
           "cuda: the graphs whose 16-bit convolutions run channels-last (inference, always, "
           "never)");
 ABSL_FLAG(int, compile_jobs, 1, "with --compile: native compiler processes per graph");
+ABSL_FLAG(bool, kernel_cache, false,
+          "with --compile: kernels compiled for one graph serve the later graphs, as in kilnd "
+          "(compiler/codegen/kernel_cache.h)");
 ABSL_FLAG(bool, times, false,
           "print each graph's compile phases (ms) and its kernels: launched, compiled");
 ABSL_FLAG(bool, trace, false,
@@ -51,7 +56,8 @@ ABSL_FLAG(bool, trace, false,
 
 namespace {
 
-absl::Status DumpOne(const std::string& path, const std::string& out_dir) {
+absl::Status DumpOne(const std::string& path, const std::string& out_dir,
+                     kiln::codegen::KernelCache* kernel_cache) {
   std::ifstream f(path);
   if (!f) return absl::NotFoundError(absl::StrCat("cannot read ", path));
   std::stringstream text;
@@ -72,6 +78,7 @@ absl::Status DumpOne(const std::string& path, const std::string& out_dir) {
   options.compile = absl::GetFlag(FLAGS_compile);
   options.share_kernels = absl::GetFlag(FLAGS_share_kernels);
   options.compile_jobs = std::max(1, absl::GetFlag(FLAGS_compile_jobs));
+  options.kernel_cache = kernel_cache;
   ASSIGN_OR_RETURN(options.channels_last,
                    kiln::pipeline::ParseChannelsLast(absl::GetFlag(FLAGS_channels_last)));
   options.toolchain.scratch_dir = std::filesystem::temp_directory_path().string();
@@ -109,15 +116,15 @@ absl::Status DumpOne(const std::string& path, const std::string& out_dir) {
     const kiln::v1::CompiledGraph* graphs[] = {&artifact.compiled(), &artifact.compiled_forward(),
                                                &artifact.compiled_backward()};
     for (const kiln::v1::CompiledGraph* g : graphs) {
-      std::set<std::string> compiled;
+      std::set<std::pair<int, std::string>> kernels;  // a symbol is its module's
       int launched = 0;
       for (const kiln::v1::PlanStep& step : g->plan().steps()) {
         if (!step.has_launch()) continue;
         ++launched;
-        compiled.insert(step.launch().symbol());
+        kernels.emplace(step.launch().module(), step.launch().symbol());
       }
       if (launched > 0) {
-        std::cout << "  kernels launched " << launched << " compiled " << compiled.size() << "\n";
+        std::cout << "  kernels launched " << launched << " compiled " << kernels.size() << "\n";
       }
     }
   }
@@ -139,12 +146,20 @@ int main(int argc, char** argv) {
     return 2;
   }
   std::filesystem::create_directories(out);
+  std::unique_ptr<kiln::codegen::KernelCache> kernel_cache;
+  if (absl::GetFlag(FLAGS_kernel_cache)) {
+    kernel_cache = std::make_unique<kiln::codegen::KernelCache>(int64_t{1} << 30);
+  }
   int failed = 0;
   for (size_t i = 1; i < files.size(); ++i) {
-    absl::Status s = DumpOne(files[i], out);
+    absl::Status s = DumpOne(files[i], out, kernel_cache.get());
     if (!s.ok()) {
       std::cerr << files[i] << ": " << s << "\n";
       ++failed;
+    }
+    if (kernel_cache != nullptr && absl::GetFlag(FLAGS_times)) {
+      const kiln::codegen::KernelCache::Stats k = kernel_cache->stats();
+      std::cout << "  kernel cache so far: " << k.hits << " reused, " << k.misses << " compiled\n";
     }
   }
   return failed == 0 ? 0 : 1;

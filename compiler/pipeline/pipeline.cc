@@ -239,7 +239,7 @@ absl::StatusOr<v1::CompiledGraph> CompileGraph(const ir::Graph& graph, const std
   }
   auto modules = times->Time(prefix + "native-compile", [&] {
     return codegen::CompileModules(backend, lowered.kernels, lowered.symbols, options.compile_jobs,
-                                   options.compile_slots);
+                                   options.compile_slots, options.kernel_cache);
   });
   if (!modules.ok()) {
     // The whole compiler log, when the code generator attached it.
@@ -256,6 +256,19 @@ absl::StatusOr<v1::CompiledGraph> CompileGraph(const ir::Graph& graph, const std
           absl::StrCat("plan launches '", step.launch().symbol(), "', which no module defines"));
     }
     step.mutable_launch()->set_module(it->second);
+    if (auto renamed = modules->symbol_of.find(step.launch().symbol());
+        renamed != modules->symbol_of.end()) {
+      step.mutable_launch()->set_symbol(renamed->second);
+    }
+  }
+  if (!modules->reused.empty()) {
+    std::string text;
+    for (const std::string& name : modules->reused) {
+      auto renamed = modules->symbol_of.find(name);
+      absl::StrAppend(&text, name, ": module ", modules->module_of.at(name), ", compiled before",
+                      renamed == modules->symbol_of.end() ? "" : " as " + renamed->second, "\n");
+    }
+    (*trace)[prefix + "kernels_reused.txt"] = text;
   }
   for (v1::CompiledModule& m : modules->modules) *out.add_modules() = std::move(m);
   return out;

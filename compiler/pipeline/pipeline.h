@@ -90,6 +90,9 @@ struct KilnOptions {
   // of `compile_slots` where given.
   int compile_jobs = 1;
   codegen::CompileSlots* compile_slots = nullptr;
+  // Kernels compiled before, in any graph, are taken from here rather than
+  // compiled again (compiler/codegen/kernel_cache.h); null: each compiled.
+  codegen::KernelCache* kernel_cache = nullptr;
   // Kernels of the same code compiled once (compiler/loop/share_kernels.h);
   // false only to measure what that saves (kiln_dump_code
   // --share_kernels=false).

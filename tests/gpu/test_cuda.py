@@ -701,7 +701,8 @@ def test_identical_blocks_share_kernels(training):
     for fn in backend.loaded:
         art = fn.artifact
         for g in (art.compiled, art.compiled_forward, art.compiled_backward):
-            symbols = [s.launch.symbol for s in g.plan.steps if s.WhichOneof("kind") == "launch"]
+            symbols = [(s.launch.module, s.launch.symbol) for s in g.plan.steps
+                       if s.WhichOneof("kind") == "launch"]
             launched += len(symbols)
             compiled_kernels += len(set(symbols))
     assert 0 < compiled_kernels < launched, (compiled_kernels, launched)

@@ -766,6 +766,40 @@ TEST(KilndTest, KilnCompilesAndAFailedNativeCompileKeepsItsTrace) {
   EXPECT_TRUE(c->Health().ok());
 }
 
+TEST(KilndTest, AKernelCompiledForOneGraphServesTheNextWithoutCompiling) {
+  TempDir dir;
+  KilndProcess kilnd(dir.path());
+  auto c = ConnectTo(kilnd);
+  const v1::Graph g = ChainGraph(12);
+  auto first = c->Compile(Request(g, "kiln"));
+  ASSERT_TRUE(first.ok()) << first.status();
+  auto stats = c->Stats();
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_EQ(stats->kernel_cache().hits(), 0u);
+  EXPECT_EQ(stats->kernel_cache().misses(), 1u);
+  EXPECT_EQ(stats->kernel_cache().entries(), 1u);
+  EXPECT_GT(stats->kernel_cache().bytes(), 0u);
+  EXPECT_EQ(stats->kernel_cache().byte_budget(), 256u << 20);
+
+  // The same graph in another namespace, which keeps entries of its own:
+  // compiled again, its one kernel served by the kernel cache.
+  v1::CompileRequest other = Request(g, "kiln");
+  other.set_namespace_("other");
+  auto second = c->Compile(other);
+  ASSERT_TRUE(second.ok()) << second.status();
+  stats = c->Stats();
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_EQ(stats->counters().compiles(), 2u);
+  EXPECT_EQ(stats->kernel_cache().hits(), 1u);
+  EXPECT_EQ(stats->kernel_cache().misses(), 1u);
+  const v1::CompiledGraph& a = first->artifact().compiled();
+  const v1::CompiledGraph& b = second->artifact().compiled();
+  ASSERT_EQ(b.modules_size(), 1);
+  EXPECT_EQ(b.modules(0).binary(), a.modules(0).binary());
+  EXPECT_TRUE(second->artifact().trace().count("kernels_reused.txt"));
+  EXPECT_FALSE(first->artifact().trace().count("kernels_reused.txt"));
+}
+
 TEST(KilndTest, KillNineLosesNoAcknowledgedEntry) {
   TempDir dir;
   struct Acked {
