@@ -453,6 +453,22 @@ TEST(CudaCodegen, SixteenBitColumnSweepsOfLibraryFunctionsAreNotUnrolled) {
   }
 }
 
+// A stream that nothing reads after the kernel (KernelBuffer::streamed) is
+// loaded with streaming loads; the other keeps the cached ones. Both
+// compile.
+TEST(CudaCodegen, StreamedColumnsAreReadPastTheCachesKeeping) {
+  auto backend = Backend();
+  Kernel k = TwoStreamColumnSum(v1::BFLOAT16, false);
+  ASSERT_TRUE(ScheduleOf(k).column_packed);
+  k.buffers[1].streamed = true;  // x
+  auto source = backend->Generate({k}, {});
+  ASSERT_TRUE(source.ok()) << source.status();
+  EXPECT_TRUE(absl::StrContains(*source, "kiln_vload_once<8>(v0, &buf1[")) << *source;
+  EXPECT_TRUE(absl::StrContains(*source, "kiln_vload<8>(v1, &buf0[")) << *source;
+  auto module = backend->Compile(*source);
+  ASSERT_TRUE(module.ok()) << module.status();
+}
+
 Kernel ColumnStats(int64_t rows, int64_t cols, v1::DType dtype) {
   KernelBuilder kb("column_stats", {C(cols)}, {C(rows)});
   const int x = kb.Buffer("x", dtype);

@@ -524,8 +524,13 @@ absl::Status CudaKernelEmitter::EmitReduction(const Schedule& sched, std::string
                           " v", j, "[", groups, "];\n");
           if (s.kind != StmtKind::kLoad) continue;
           ASSIGN_OR_RETURN(std::string addr, Access(j));
-          absl::StrAppend(out, Pad(4), "if (live) kiln_vload<", groups, ">(v", j, ", &", addr,
-                          ", aligned);\n");
+          // A stream that nothing reads after this kernel is read past
+          // the caches' keeping (KernelBuffer::streamed).
+          const std::vector<ir::SymInt>& strides = s.index.inner_strides;
+          const bool once =
+              k_.buffers[s.buffer].streamed && !std::all_of(strides.begin(), strides.end(), IsZero);
+          absl::StrAppend(out, Pad(4), "if (live) kiln_vload", once ? "_once<" : "<", groups, ">(v",
+                          j, ", &", addr, ", aligned);\n");
         }
       }
       absl::StrAppend(out, "#pragma unroll\n        for (int g = 0; g < ", groups, "; ++g) {\n");

@@ -162,6 +162,10 @@ struct KernelBuffer {
   std::string value;  // the plan value whose storage this is
   v1::DType dtype = v1::FLOAT32;
   bool written = false;
+  // Read by one pass of the kernel and by no later step of the plan
+  // (compiler/loop/sweep_order.h): its loads may ask the caches not to
+  // keep it. Not printed.
+  bool streamed = false;
 };
 
 struct Kernel {

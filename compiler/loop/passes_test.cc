@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -383,6 +384,48 @@ def forward(self, x: "f32[8, 16]", w: "f32[16, 16]", v: "f32[16, 16]"):
                       "reverse: kernel_1 reads mm_2, which aten.mm.default wrote just before it"),
             lowered->decisions.end())
       << absl::StrJoin(lowered->decisions, "\n");
+}
+
+// Pass "streamed-loads": a buffer that no later step reads is streamed; one
+// a later matmul reads through a view is not, nor is what a kernel writes.
+TEST(StreamedLoadsTest, OnlyWhatNothingReadsLaterIsStreamed) {
+  const ir::Graph g = Parse(R"(
+def forward(self, x: "f32[64, 16]", g: "f32[64, 16]", w: "f32[64, 8]"):
+    sum_1: "f32[16]" = aten.sum.dim_IntList(x, [0])
+    sum_2: "f32[16]" = aten.sum.dim_IntList(g, [0])
+    t: "f32[16, 64]" = aten.t.default(g)
+    mm: "f32[16, 8]" = aten.mm.default(t, w)
+    return (sum_1, sum_2, mm)
+)");
+  absl::StatusOr<LoweredGraph> lowered = LowerGraph(g);
+  ASSERT_TRUE(lowered.ok()) << lowered.status();
+  EXPECT_EQ(MarkStreamedLoads(&*lowered), 1);
+  std::map<std::string, bool> streamed;
+  for (const Kernel& k : lowered->kernels) {
+    for (const KernelBuffer& b : k.buffers) streamed[b.value] = b.streamed;
+  }
+  EXPECT_EQ(streamed, (std::map<std::string, bool>{
+                          {"x", true}, {"g", false}, {"sum_1", false}, {"sum_2", false}}));
+
+  // Run again on a plan where the matmul reads x instead: nothing is
+  // streamed but g, which nothing reads after its sum.
+  const ir::Graph h = Parse(R"(
+def forward(self, x: "f32[64, 16]", g: "f32[64, 16]", w: "f32[64, 8]"):
+    sum_1: "f32[16]" = aten.sum.dim_IntList(x, [0])
+    sum_2: "f32[16]" = aten.sum.dim_IntList(g, [0])
+    t: "f32[16, 64]" = aten.t.default(x)
+    mm: "f32[16, 8]" = aten.mm.default(t, w)
+    return (sum_1, sum_2, mm)
+)");
+  lowered = LowerGraph(h);
+  ASSERT_TRUE(lowered.ok()) << lowered.status();
+  EXPECT_EQ(MarkStreamedLoads(&*lowered), 1);
+  streamed.clear();
+  for (const Kernel& k : lowered->kernels) {
+    for (const KernelBuffer& b : k.buffers) streamed[b.value] = b.streamed;
+  }
+  EXPECT_FALSE(streamed.at("x"));
+  EXPECT_TRUE(streamed.at("g"));
 }
 
 }  // namespace

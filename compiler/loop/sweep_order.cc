@@ -70,4 +70,79 @@ int ReverseAfterExterns(LoweredGraph* lowered) {
   return reversed;
 }
 
+int MarkStreamedLoads(LoweredGraph* lowered) {
+  std::map<std::string, std::string> root;  // a view -> the value whose storage it is
+  auto root_of = [&root](const std::string& value) {
+    auto it = root.find(value);
+    return it == root.end() ? value : it->second;
+  };
+  std::map<std::string, Kernel*> kernel_of;
+  for (Kernel& k : lowered->kernels) kernel_of[k.name] = &k;
+  // The last step that reads each storage.
+  std::map<std::string, int> last_read;
+  const auto& steps = lowered->plan.steps();
+  for (int i = 0; i < steps.size(); ++i) {
+    const v1::PlanStep& step = steps.Get(i);
+    if (step.has_view()) {
+      root[step.view().value()] = root_of(step.view().base());
+    } else if (step.has_extern_call()) {
+      const v1::Node& node = step.extern_call().node();
+      for (const auto* args : {&node.args(), &node.kwargs()}) {
+        for (const v1::Argument& a : *args) {
+          if (a.has_tensor()) last_read[root_of(a.tensor())] = i;
+          if (a.has_tensors()) {
+            for (const std::string& n : a.tensors().names()) {
+              if (!n.empty()) last_read[root_of(n)] = i;
+            }
+          }
+        }
+      }
+    } else if (step.has_launch()) {
+      auto it = kernel_of.find(step.launch().symbol());
+      if (it == kernel_of.end()) continue;
+      const Kernel& k = *it->second;
+      for (const Stmt& s : k.stmts) {
+        if (s.kind == StmtKind::kLoad && s.buffer >= 0 && s.buffer < step.launch().buffers_size()) {
+          last_read[root_of(step.launch().buffers(s.buffer))] = i;
+        }
+      }
+    }
+  }
+  // Per kernel and buffer: whether every launch so far was its last reader.
+  std::map<std::string, std::vector<bool>> last;
+  root.clear();
+  for (int i = 0; i < steps.size(); ++i) {
+    const v1::PlanStep& step = steps.Get(i);
+    if (step.has_view()) root[step.view().value()] = root_of(step.view().base());
+    if (!step.has_launch()) continue;
+    auto it = kernel_of.find(step.launch().symbol());
+    if (it == kernel_of.end()) continue;
+    const Kernel& k = *it->second;
+    auto [entry, added] = last.try_emplace(k.name, k.buffers.size(), true);
+    for (int b = 0; b < static_cast<int>(k.buffers.size()); ++b) {
+      if (b >= step.launch().buffers_size() || last_read[root_of(step.launch().buffers(b))] != i) {
+        entry->second[b] = false;
+      }
+    }
+  }
+  int marked = 0;
+  for (Kernel& k : lowered->kernels) {
+    auto it = last.find(k.name);
+    if (it == last.end()) continue;
+    std::vector<std::set<int>> passes(k.buffers.size());
+    for (const Stmt& s : k.stmts) {
+      if (s.kind == StmtKind::kLoad && s.buffer >= 0 &&
+          s.buffer < static_cast<int>(k.buffers.size())) {
+        passes[s.buffer].insert(s.pass);
+      }
+    }
+    for (size_t b = 0; b < k.buffers.size(); ++b) {
+      KernelBuffer& buf = k.buffers[b];
+      buf.streamed = it->second[b] && !buf.written && passes[b].size() == 1;
+      marked += buf.streamed;
+    }
+  }
+  return marked;
+}
+
 }  // namespace kiln::loop

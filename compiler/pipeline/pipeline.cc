@@ -211,6 +211,9 @@ absl::StatusOr<v1::CompiledGraph> CompileGraph(const ir::Graph& graph, const std
   if (options.share_kernels) {
     times->Time(prefix + "share-kernels", [&] { loop::ShareIdenticalKernels(&lowered); });
   }
+  if (target.multiprocessors() > 0) {
+    times->Time(prefix + "streamed-loads", [&] { loop::MarkStreamedLoads(&lowered); });
+  }
   times->Time(prefix + "memory-plan", [&] { loop::PlanMemory(&lowered.plan); });
   (*trace)[prefix + "memory_plan.txt"] = loop::PrintSteps(lowered.plan);
   const bool cuda = target.device_type() == "cuda";
