@@ -48,6 +48,24 @@ const char* CName(CType t) {
   return "?";
 }
 
+int CBytes(CType t) {
+  switch (t) {
+    case CType::kF64:
+    case CType::kI64:
+      return 8;
+    case CType::kF32:
+    case CType::kI32:
+      return 4;
+    case CType::kI16:
+      return 2;
+    case CType::kI8:
+    case CType::kU8:
+    case CType::kBool:
+      return 1;
+  }
+  return 8;
+}
+
 bool IsFloat(CType t) { return t == CType::kF32 || t == CType::kF64; }
 
 int Rank(CType t) {

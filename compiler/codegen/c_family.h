@@ -51,6 +51,8 @@ inline constexpr Dialect kCudaFastDialect{"kiln_dev::", "kiln_div", true};
 enum class CType { kF32, kF64, kI64, kI32, kI16, kI8, kU8, kBool };
 
 const char* CName(CType t);
+// sizeof of the C type.
+int CBytes(CType t);
 bool IsFloat(CType t);
 // Rank for promotion of comparison operands.
 int Rank(CType t);

@@ -485,6 +485,32 @@ Kernel ColumnStats(int64_t rows, int64_t cols, v1::DType dtype) {
   return kb.kernel();
 }
 
+// The wide column layout combines every group's sums over the warps at
+// once (kiln_column_reduce_groups) where G x 32 x 34 of them fit in the
+// shared memory; Welford's statistics still one group at a time.
+TEST(CudaCodegen, ColumnSumsCombineEveryGroupAtOnce) {
+  auto backend = Backend();
+  for (v1::DType dtype : {v1::BFLOAT16, v1::FLOAT32, v1::FLOAT64}) {
+    SCOPED_TRACE(v1::DType_Name(dtype));
+    const Kernel k = TwoStreamColumnSum(dtype, false);
+    ASSERT_GT(ScheduleOf(k).column_groups, 1);
+    auto source = backend->Generate({k}, {});
+    ASSERT_TRUE(source.ok()) << source.status();
+    EXPECT_TRUE(absl::StrContains(*source, "kiln_column_reduce_groups(acc")) << *source;
+    EXPECT_FALSE(absl::StrContains(*source, "= kiln_column_reduce(")) << *source;
+    // bfloat16: 8 groups of float sums, 8 x 32 x 34 floats.
+    if (dtype == v1::BFLOAT16) {
+      EXPECT_TRUE(absl::StrContains(*source, "__shared__ double kiln_smem[4352];")) << *source;
+    }
+    auto module = backend->Compile(*source);
+    ASSERT_TRUE(module.ok()) << module.status();
+  }
+  auto stats = backend->Generate({ColumnStats(4096, 1024, v1::BFLOAT16)}, {});
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_TRUE(absl::StrContains(*stats, "kiln_column_reduce_groups(acc")) << *stats;
+  EXPECT_TRUE(absl::StrContains(*stats, "kiln_column_welford(wm")) << *stats;
+}
+
 TEST(CudaCodegen, ColumnsAreReadInGroupsOf512Bytes) {
   auto backend = Backend();
   // float32: 4 groups of 32 columns per block, 128 x 4 bytes per warp step;
@@ -493,7 +519,7 @@ TEST(CudaCodegen, ColumnsAreReadInGroupsOf512Bytes) {
   auto source = backend->Generate({f32}, {});
   ASSERT_TRUE(source.ok()) << source.status();
   EXPECT_TRUE(absl::StrContains(*source, "for (int g = 0; g < 4; ++g)")) << *source;
-  EXPECT_TRUE(absl::StrContains(*source, "kiln_column_reduce(acc")) << *source;
+  EXPECT_TRUE(absl::StrContains(*source, "kiln_column_reduce_groups(acc")) << *source;
   EXPECT_TRUE(absl::StrContains(*source, "kiln_column_welford(wm")) << *source;
   auto launch = backend->Launch(f32);
   ASSERT_TRUE(launch.ok());

@@ -189,13 +189,6 @@ absl::Status CudaKernelEmitter::EmitReduction(const Schedule& sched, std::string
   const bool column = sched.layout == Layout::kColumn;
   const bool cached = sched.per_thread > 0;
   const std::vector<int> prefetched = PrefetchedLoads(k_, sched);
-  // Shared memory for the combination of one value per warp (kRow) or
-  // 32 x 32 values (kColumn, padded), three for Welford.
-  absl::StrAppend(out, "  __shared__ double kiln_smem[", column ? 3 * 32 * 33 : 96, "];\n");
-  if (sched.vector > 1) {
-    RETURN_IF_ERROR(DeclareVectors(sched.vector, sched.vector_dim, sched.vector_checks, out));
-  }
-  std::string live;
   // kColumn in groups: each lane takes one row of each of `groups` groups
   // of 32 rows, its accumulators arrays indexed by the group g (`at`);
   // packed, `groups` adjacent rows, read as vectors.
@@ -205,6 +198,26 @@ absl::Status CudaKernelEmitter::EmitReduction(const Schedule& sched, std::string
   // other lanes take later steps of the sweep) and the rows of a tile.
   const int row_lanes = column ? sched.column_lanes : 1;
   const bool narrow = column && row_lanes < kColumnRows;
+  // Shared memory for the combination of one value per warp (kRow) or
+  // 32 x 32 values (kColumn, padded), three for Welford; for the wide
+  // column layout in groups, every group's values at once
+  // (kiln_column_reduce_groups), where they fit in 48 KB.
+  int64_t smem_doubles = column ? 3 * 32 * 33 : 96;
+  const bool reduce_groups = column && !narrow && groups > 1 && sched.block == 32 * kColumnRows;
+  if (reduce_groups) {
+    for (const Stmt& s : k_.stmts) {
+      if (s.kind != StmtKind::kReduce || IsWelford(s)) continue;
+      const int64_t bytes = int64_t{groups} * 32 * 34 * CBytes(type_[&s - k_.stmts.data()]);
+      smem_doubles = std::max(smem_doubles, (bytes + 7) / 8);
+    }
+  }
+  const bool grouped_reduce = reduce_groups && smem_doubles * 8 <= 48 * 1024;
+  if (!grouped_reduce) smem_doubles = column ? 3 * 32 * 33 : 96;
+  absl::StrAppend(out, "  __shared__ double kiln_smem[", smem_doubles, "];\n");
+  if (sched.vector > 1) {
+    RETURN_IF_ERROR(DeclareVectors(sched.vector, sched.vector_dim, sched.vector_checks, out));
+  }
+  std::string live;
   const std::string at = groups > 1 ? "[g]" : "";
   // Whether a row exists: a constant where the rows, constant in number,
   // fill whole tiles.
@@ -642,6 +655,16 @@ absl::Status CudaKernelEmitter::EmitReduction(const Schedule& sched, std::string
         absl::StrAppend(out, pad, "kiln_narrow_column_reduce<", row_lanes, ">(acc", j, ", ",
                         Combiner(k_.stmts[j].reduce), ", kiln_smem);\n");
       }
+    } else if (grouped_reduce) {
+      // Every group's accumulators at once: three barriers where one
+      // group at a time takes four each, at the end of the tile, when no
+      // load is left to wait for.
+      for (int j : inner) {
+        const Stmt& s = k_.stmts[j];
+        if (s.kind != StmtKind::kReduce || IsWelford(s)) continue;
+        absl::StrAppend(out, pad, "kiln_column_reduce_groups(acc", j, ", ", Combiner(s.reduce),
+                        ", kiln_smem);\n");
+      }
     }
     if (groups > 1) {
       absl::StrAppend(out, "#pragma unroll\n    for (int g = 0; g < ", groups, "; ++g) {\n");
@@ -660,7 +683,7 @@ absl::Status CudaKernelEmitter::EmitReduction(const Schedule& sched, std::string
         }
         absl::StrAppend(out, pad, "const ", T, " t", j, " = ",
                         s.reduce == ReduceOp::kWelfordMean ? "wm" : "wq", w, at, ";\n");
-      } else if (narrow) {
+      } else if (narrow || grouped_reduce) {
         absl::StrAppend(out, pad, "const ", T, " t", j, " = acc", j, at, ";\n");
       } else if (column) {
         absl::StrAppend(out, pad, "const ", T, " t", j, " = kiln_column_reduce(acc", j, at, ", ",
