@@ -205,9 +205,9 @@ absl::Status CudaKernelEmitter::EmitReduction(const Schedule& sched, std::string
   int64_t smem_doubles = column ? 3 * 32 * 33 : 96;
   const bool reduce_groups = column && !narrow && groups > 1 && sched.block == 32 * kColumnRows;
   if (reduce_groups) {
-    for (const Stmt& s : k_.stmts) {
-      if (s.kind != StmtKind::kReduce || IsWelford(s)) continue;
-      const int64_t bytes = int64_t{groups} * 32 * 34 * CBytes(type_[&s - k_.stmts.data()]);
+    for (size_t j = 0; j < k_.stmts.size(); ++j) {
+      if (k_.stmts[j].kind != StmtKind::kReduce || IsWelford(k_.stmts[j])) continue;
+      const int64_t bytes = int64_t{groups} * 32 * 34 * CBytes(type_[j]);
       smem_doubles = std::max(smem_doubles, (bytes + 7) / 8);
     }
   }
