@@ -176,22 +176,6 @@ v1::Argument ArgToProto(const Argument& a, const std::vector<Value>& values) {
   return p;
 }
 
-// Names of the values `node` reads, from its wire form.
-std::vector<std::string> OperandNames(const v1::Node& node) {
-  std::vector<std::string> out;
-  auto add = [&](const v1::Argument& a) {
-    if (a.has_tensor()) out.push_back(a.tensor());
-    if (a.has_tensors()) {
-      for (const auto& n : a.tensors().names()) {
-        if (!n.empty()) out.push_back(n);
-      }
-    }
-  };
-  for (const auto& a : node.args()) add(a);
-  for (const auto& a : node.kwargs()) add(a);
-  return out;
-}
-
 // The nodes of `proto` in a topological order (stable: nodes already in order
 // keep it), or the cycle that prevents one.
 absl::StatusOr<std::vector<int>> TopologicalOrder(const v1::Graph& proto) {
@@ -253,6 +237,21 @@ absl::StatusOr<std::vector<int>> TopologicalOrder(const v1::Graph& proto) {
 }
 
 }  // namespace
+
+std::vector<std::string> OperandNames(const v1::Node& node) {
+  std::vector<std::string> out;
+  auto add = [&](const v1::Argument& a) {
+    if (a.has_tensor()) out.push_back(a.tensor());
+    if (a.has_tensors()) {
+      for (const auto& n : a.tensors().names()) {
+        if (!n.empty()) out.push_back(n);
+      }
+    }
+  };
+  for (const auto& a : node.args()) add(a);
+  for (const auto& a : node.kwargs()) add(a);
+  return out;
+}
 
 std::string KindName(const Argument::Kind& k) {
   return std::visit(

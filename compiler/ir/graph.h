@@ -131,6 +131,10 @@ bool IsEmptyList(const Argument::Kind& kind);
 SymInt SymIntFromProto(const v1::SymInt& p);
 v1::SymInt SymIntToProto(const SymInt& s);
 
+// The names of the values `node` reads (its tensor and tensor-list
+// arguments, positional and keyword), from its wire form, in order.
+std::vector<std::string> OperandNames(const v1::Node& node);
+
 // Puts every tensor of `graph` that names a device (inputs, node outputs,
 // device arguments) on device `type`:`index`: a captured graph as if it had
 // been captured there (kiln_dump_code --target=cuda, the parser tests).

@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "compiler/ir/graph.h"
 #include "compiler/loop/kernel_edit.h"
 
 namespace kiln::loop {
@@ -188,17 +189,9 @@ class CatRewriter {
         for (const std::string& b : s.launch().buffers()) launches_of_[b].push_back(i);
       }
       if (s.has_extern_call()) {
-        const v1::Node& node = s.extern_call().node();
-        auto note = [&](const v1::Argument& a) {
-          if (a.has_tensor()) readers_[a.tensor()].push_back(i);
-          if (a.has_tensors()) {
-            for (const std::string& n : a.tensors().names()) {
-              if (!n.empty()) readers_[n].push_back(i);
-            }
-          }
-        };
-        for (const v1::Argument& a : node.args()) note(a);
-        for (const v1::Argument& a : node.kwargs()) note(a);
+        for (const std::string& n : ir::OperandNames(s.extern_call().node())) {
+          readers_[n].push_back(i);
+        }
       }
     }
   }

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "compiler/ir/graph.h"
 
 namespace kiln::loop {
 
@@ -86,16 +87,8 @@ int MarkStreamedLoads(LoweredGraph* lowered) {
     if (step.has_view()) {
       root[step.view().value()] = root_of(step.view().base());
     } else if (step.has_extern_call()) {
-      const v1::Node& node = step.extern_call().node();
-      for (const auto* args : {&node.args(), &node.kwargs()}) {
-        for (const v1::Argument& a : *args) {
-          if (a.has_tensor()) last_read[root_of(a.tensor())] = i;
-          if (a.has_tensors()) {
-            for (const std::string& n : a.tensors().names()) {
-              if (!n.empty()) last_read[root_of(n)] = i;
-            }
-          }
-        }
+      for (const std::string& n : ir::OperandNames(step.extern_call().node())) {
+        last_read[root_of(n)] = i;
       }
     } else if (step.has_launch()) {
       auto it = kernel_of.find(step.launch().symbol());
@@ -108,20 +101,20 @@ int MarkStreamedLoads(LoweredGraph* lowered) {
       }
     }
   }
-  // Per kernel and buffer: whether every launch so far was its last reader.
+  // Per kernel and buffer: whether every launch was its last reader (a
+  // view's root, from the first walk, is the same at every step: values are
+  // defined once).
   std::map<std::string, std::vector<bool>> last;
-  root.clear();
   for (int i = 0; i < steps.size(); ++i) {
     const v1::PlanStep& step = steps.Get(i);
-    if (step.has_view()) root[step.view().value()] = root_of(step.view().base());
     if (!step.has_launch()) continue;
     auto it = kernel_of.find(step.launch().symbol());
     if (it == kernel_of.end()) continue;
     const Kernel& k = *it->second;
-    auto [entry, added] = last.try_emplace(k.name, k.buffers.size(), true);
+    std::vector<bool>& every = last.try_emplace(k.name, k.buffers.size(), true).first->second;
     for (int b = 0; b < static_cast<int>(k.buffers.size()); ++b) {
       if (b >= step.launch().buffers_size() || last_read[root_of(step.launch().buffers(b))] != i) {
-        entry->second[b] = false;
+        every[b] = false;
       }
     }
   }
