@@ -117,6 +117,23 @@ void AddReductionCases(std::map<std::string, Case>& c) {
   }
 
   // Normalization.
+  c["aten.native_group_norm.default"] = [] {
+    const int64_t n = Dim(1, 3), hw = Dim(2, 6);
+    const std::string t = "aten.native_group_norm.default";
+    // The output alone: kiln has no gradient through the mean and rstd
+    // (F.group_norm never returns them).
+    Options out;
+    out.receive = {true, false, false};
+    bool ok =
+        Check(t, {G(Randn({n, 6, hw})), G(Randn({6})), G(Randn({6}))},
+              {Ref(0), Ref(1), Ref(2), Int(n), Int(6), Int(hw), Int(3), Float(1e-5)}, {}, out);
+    Check(t, {G(Randn({n, 4, hw, 2}))},
+          {Ref(0), NoneArg(), NoneArg(), Int(n), Int(4), Int(hw * 2), Int(2), Float(1e-5)}, {},
+          out);
+    Check(t, {N(Randn({n, 4, hw})), G(Randn({4})), N(Randn({4}))},
+          {Ref(0), Ref(1), Ref(2), Int(n), Int(4), Int(hw), Int(4), Float(1e-5)}, {}, out);
+    return ok;
+  };
   c["aten.native_layer_norm.default"] = [] {
     const int64_t a = Dim(), b = Dim(), d = Dim();
     bool ok =

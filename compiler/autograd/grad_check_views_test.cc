@@ -168,6 +168,75 @@ void AddViewCases(std::map<std::string, Case>& c) {
     Check("aten.index.Tensor", {G(Randn({n})), N(Indices({2, 3}, n))}, {Ref(0), Refs({1})});
     Check("aten.index.Tensor", {G(Randn({n, b, 2})), N(Indices({3, 2}, n))}, {Ref(0), Refs({1})});
     Check("aten.index.Tensor", {G(Transposed(n, b)), N(Indices({5}, n))}, {Ref(0), Refs({1})});
+    // Through index_put: two index tensors (broadcast), one on dimension 1.
+    Check("aten.index.Tensor", {G(Randn({n, b, 3})), N(Indices({4, 1}, n)), N(Indices({5}, b))},
+          {Ref(0), Refs({1, 2})});
+    Check("aten.index.Tensor", {G(Randn({n, b, 3})), N(Indices({6}, b))},
+          {Ref(0), Refs({ir::kNoValue, 1})});
+    return ok;
+  };
+  c["aten.index_put.default"] = [] {
+    const int64_t n = Dim(), b = Dim();
+    // Distinct indices without accumulating: libtorch's gradient of a
+    // repeated index is whichever write it kept.
+    at::Tensor rows = at::randperm(n, at::kLong).slice(0, 0, 2);
+    bool ok = Check("aten.index_put.default", {G(Randn({n, b})), N(rows), G(Randn({2, b}))},
+                    {Ref(0), Refs({1}), Ref(2)});
+    Check("aten.index_put.default", {G(Randn({n, b})), N(Indices({5}, n)), G(Randn({b}))},
+          {Ref(0), Refs({1}), Ref(2), Bool(true)});
+    return ok;
+  };
+  c["aten.gather.default"] = [] {
+    const int64_t n = Dim(), b = Dim();
+    bool ok = Check("aten.gather.default", {G(Randn({n, b})), N(Indices({n, 7}, b))},
+                    {Ref(0), Int(1), Ref(1)});
+    Check("aten.gather.default", {G(Transposed(n, b)), N(Indices({3, b}, n))},
+          {Ref(0), Int(0), Ref(1)});
+    return ok;
+  };
+  c["aten.scatter_add.default"] = [] {
+    const int64_t n = Dim(), b = Dim();
+    return Check("aten.scatter_add.default",
+                 {G(Randn({n, b})), N(Indices({4, b}, n)), G(Randn({4, b}))},
+                 {Ref(0), Int(0), Ref(1), Ref(2)});
+  };
+  c["aten.index_select.default"] = [] {
+    const int64_t n = Dim(), b = Dim();
+    bool ok = Check("aten.index_select.default", {G(Randn({n, b})), N(Indices({6}, b))},
+                    {Ref(0), Int(1), Ref(1)});
+    Check("aten.index_select.default", {G(Randn({n})), N(Indices({3}, n))},
+          {Ref(0), Int(0), Ref(1)});
+    return ok;
+  };
+  c["aten.index_add.default"] = [] {
+    const int64_t n = Dim(), b = Dim();
+    return Check("aten.index_add.default", {G(Randn({n, b})), N(Indices({5}, n)), G(Randn({5, b}))},
+                 {Ref(0), Int(0), Ref(1), Ref(2)}, {Kwarg("alpha", Float(-2.0))});
+  };
+  c["aten.flip.default"] = [] {
+    const int64_t n = Dim(), b = Dim();
+    bool ok = Check("aten.flip.default", {G(Randn({n, b, 3}))}, {Ref(0), Ints({0, 2})});
+    Check("aten.flip.default", {G(Transposed(n, b))}, {Ref(0), Ints({-1})});
+    return ok;
+  };
+  c["aten.cumsum.default"] = [] {
+    const int64_t n = Dim(), b = Dim();
+    bool ok = Check("aten.cumsum.default", {G(Randn({n, b}))}, {Ref(0), Int(1)});
+    Check("aten.cumsum.default", {G(Randn({n, b}))}, {Ref(0), Int(-2)},
+          {Kwarg("dtype", DType(v1::FLOAT64))});
+    return ok;
+  };
+  // Distinct values (randn): the order, and so the gradient, is unique.
+  c["aten.sort.default"] = [] {
+    const int64_t n = Dim(), b = Dim();
+    bool ok = Check("aten.sort.default", {G(Randn({n, b}))}, {Ref(0)});
+    Check("aten.sort.default", {G(Randn({n, b}))}, {Ref(0), Int(0), Bool(true)});
+    return ok;
+  };
+  c["aten.topk.default"] = [] {
+    const int64_t n = Dim(), b = Dim(3, 6);
+    bool ok = Check("aten.topk.default", {G(Randn({n, b}))}, {Ref(0), Int(2)});
+    Check("aten.topk.default", {G(Randn({b, n}))}, {Ref(0), Int(2), Int(0), Bool(false)});
     return ok;
   };
 }

@@ -184,6 +184,15 @@ constexpr const char* kSchemas[] = {
     "constant_pad_nd(Tensor self, SymInt[] pad, Scalar value=0) -> Tensor",
     "index.Tensor(Tensor self, Tensor?[] indices) -> Tensor",
     "gather(Tensor self, int dim, Tensor index, *, bool sparse_grad=False) -> Tensor",
+    "scatter_add(Tensor self, int dim, Tensor index, Tensor src) -> Tensor",
+    "index_select(Tensor self, int dim, Tensor index) -> Tensor",
+    "index_add(Tensor self, int dim, Tensor index, Tensor source, *, Scalar alpha=1) -> Tensor",
+    "index_put(Tensor self, Tensor?[] indices, Tensor values, bool accumulate=False) -> Tensor",
+    "flip(Tensor self, int[] dims) -> Tensor",
+    "cumsum(Tensor self, int dim, *, ScalarType? dtype=None) -> Tensor",
+    "sort(Tensor self, int dim=-1, bool descending=False) -> (Tensor values, Tensor indices)",
+    "topk(Tensor self, SymInt k, int dim=-1, bool largest=True, bool sorted=True) -> "
+    "(Tensor values, Tensor indices)",
 
     // Matmul, convolution, pooling, embedding.
     "mm(Tensor self, Tensor mat2) -> Tensor",
@@ -237,6 +246,9 @@ constexpr const char* kSchemas[] = {
     "native_layer_norm_backward(Tensor grad_out, Tensor input, SymInt[] normalized_shape, Tensor "
     "mean, "
     "Tensor rstd, Tensor? weight, Tensor? bias, bool[3] output_mask) -> (Tensor, Tensor, Tensor)",
+    "native_group_norm_backward(Tensor grad_out, Tensor input, Tensor mean, Tensor rstd, "
+    "Tensor? weight, SymInt N, SymInt C, SymInt HxW, int group, bool[3] output_mask) -> "
+    "(Tensor, Tensor, Tensor)",
     "native_batch_norm_backward(Tensor grad_out, Tensor input, Tensor? weight, Tensor? "
     "running_mean, "
     "Tensor? running_var, Tensor? save_mean, Tensor? save_invstd, bool train, float eps, "

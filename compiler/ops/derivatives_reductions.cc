@@ -382,6 +382,29 @@ void RegisterNormalization(Registry* r) {
   Def(r, "aten.native_batch_norm.default", BatchNormRule(std::nullopt), stats);
   Def(r, "aten._native_batch_norm_legit_functional.default", BatchNormRule(std::nullopt), stats);
   Def(r, "aten._native_batch_norm_legit_no_training.default", BatchNormRule(false), stats);
+  // native_group_norm: native_group_norm_backward with the saved mean and
+  // rstd (outputs 1 and 2), which carry no gradient of their own.
+  Def(r, "aten.native_group_norm.default", [](Ctx& c) -> absl::Status {
+    if (c.grad_output(1) != kNoValue || c.grad_output(2) != kNoValue) {
+      return absl::UnimplementedError(
+          absl::StrCat("derivative of ", c.call().Where(),
+                       ": a gradient through the mean or rstd (outputs 1 and 2) is not supported"));
+    }
+    if (c.grad_output(0) == kNoValue) return absl::OkStatus();
+    const bool mask[3] = {c.NeedsGrad("input"), c.NeedsGrad("weight"), c.NeedsGrad("bias")};
+    if (!mask[0] && !mask[1] && !mask[2]) return absl::OkStatus();
+    ASSIGN_OR_RETURN(
+        std::vector<ValueId> gs,
+        c.OpN("aten.native_group_norm_backward.default",
+              {Ref(c.grad_output(0)), Arg(c, "input"), Ref(c.output(1)), Ref(c.output(2)),
+               Arg(c, "weight"), Arg(c, "N"), Arg(c, "C"), Arg(c, "HxW"), Arg(c, "group"),
+               Argument{"", std::vector<bool>{mask[0], mask[1], mask[2]}}}));
+    const char* params[3] = {"input", "weight", "bias"};
+    for (int i = 0; i < 3; ++i) {
+      if (mask[i]) RETURN_IF_ERROR(SetReduced(c, params[i], gs[i]));
+    }
+    return absl::OkStatus();
+  });
 
   Def(r, "aten.nll_loss_forward.default", SelfRule([](Ctx& c, ValueId g) -> Val {
         return c.Op("aten.nll_loss_backward.default",

@@ -270,16 +270,19 @@ void RegisterViews(Registry* r) {
         for (ir::SymInt& p : pad) p = SymSub(ir::SymInt{int64_t{0}}, p);
         return c.Op("aten.constant_pad_nd.default", {Ref(g), SizesArg(pad)});
       }));
-  // index.Tensor with one index tensor on dimension 0: index_put's
-  // accumulation is embedding_dense_backward over self viewed as [N, rest].
+  // index.Tensor: the gradient accumulated into zeros at the indices
+  // (index_put with accumulate, as libtorch's index_backward). With one
+  // integer index tensor on dimension 0 that accumulation is
+  // embedding_dense_backward over self viewed as [N, rest].
   Def(r, "aten.index.Tensor", SelfRule([](Ctx& c, ValueId g) -> Val {
         ASSIGN_OR_RETURN(const ir::TensorMeta m, MetaOf(c, "self"));
         ASSIGN_OR_RETURN(std::vector<ValueId> indices, c.call().Tensors("indices"));
         if (indices.size() != 1 || indices[0] == kNoValue || m.sizes.empty() ||
             (c.meta(indices[0]).dtype != v1::INT64 && c.meta(indices[0]).dtype != v1::INT32)) {
-          return absl::UnimplementedError(
-              absl::StrCat("derivative of ", c.call().Where(),
-                           ": only one integer index tensor on dimension 0 is supported"));
+          ASSIGN_OR_RETURN(ValueId self, c.call().Tensor("self"));
+          ASSIGN_OR_RETURN(ValueId zeros, ZerosLike(c, self));
+          return c.Op("aten.index_put.default",
+                      {Ref(zeros), Arg(c, "indices"), Ref(g), ir::Bool(true)});
         }
         const std::vector<ir::SymInt> rest(m.sizes.begin() + 1, m.sizes.end());
         std::vector<ir::SymInt> flat = c.meta(indices[0]).sizes;
@@ -291,6 +294,86 @@ void RegisterViews(Registry* r) {
         return Reshape(c, g, m.sizes);
       }),
       {"indices"});
+  // index_put: values take the gradient at the indices (summed back over
+  // their broadcast); self the rest of it, all of it when accumulating.
+  Def(r, "aten.index_put.default",
+      ParamRule({{"self",
+                  [](Ctx& c, ValueId g) -> Val {
+                    ASSIGN_OR_RETURN(bool accumulate, c.call().Bool("accumulate"));
+                    if (accumulate) return g;
+                    ASSIGN_OR_RETURN(ValueId values, c.call().Tensor("values"));
+                    ASSIGN_OR_RETURN(ValueId zeros, ZerosLike(c, values));
+                    return c.Op("aten.index_put.default",
+                                {Ref(g), Arg(c, "indices"), Ref(zeros), ir::Bool(false)});
+                  }},
+                 {"values",
+                  [](Ctx& c, ValueId g) {
+                    return c.Op("aten.index.Tensor", {Ref(g), Arg(c, "indices")});
+                  }}}),
+      {"indices"});
+  // gather: the gradient added into zeros where it was read from.
+  Def(r, "aten.gather.default", SelfRule([](Ctx& c, ValueId g) -> Val {
+        ASSIGN_OR_RETURN(ValueId self, c.call().Tensor("self"));
+        ASSIGN_OR_RETURN(ValueId zeros, ZerosLike(c, self));
+        return c.Op("aten.scatter_add.default",
+                    {Ref(zeros), Arg(c, "dim"), Arg(c, "index"), Ref(g)});
+      }),
+      {"index"});
+  // scatter_add: self passes the gradient on; src reads it back where it
+  // was added.
+  Def(r, "aten.scatter_add.default",
+      ParamRule({{"self", Identity()},
+                 {"src",
+                  [](Ctx& c, ValueId g) {
+                    return c.Op("aten.gather.default", {Ref(g), Arg(c, "dim"), Arg(c, "index")});
+                  }}}),
+      {"index"});
+  // index_select: the gradient added back into zeros at the index;
+  // index_add: self passes it on, source reads it back at the index.
+  Def(r, "aten.index_select.default", SelfRule([](Ctx& c, ValueId g) -> Val {
+        ASSIGN_OR_RETURN(ValueId self, c.call().Tensor("self"));
+        ASSIGN_OR_RETURN(ValueId zeros, ZerosLike(c, self));
+        return c.Op("aten.index_add.default", {Ref(zeros), Arg(c, "dim"), Arg(c, "index"), Ref(g)});
+      }),
+      {"index"});
+  Def(r, "aten.index_add.default",
+      ParamRule({{"self", Identity()},
+                 {"source",
+                  [](Ctx& c, ValueId g) -> Val {
+                    ASSIGN_OR_RETURN(ValueId picked,
+                                     c.Op("aten.index_select.default",
+                                          {Ref(g), Arg(c, "dim"), Arg(c, "index")}));
+                    return MaybeMultiply(c, picked, "alpha");
+                  }}}),
+      {"index"});
+  Def(r, "aten.flip.default", SelfRule([](Ctx& c, ValueId g) {
+        return c.Op("aten.flip.default", {Ref(g), Arg(c, "dims")});
+      }));
+  // cumsum: the gradient summed from the end (flip, cumsum, flip).
+  Def(r, "aten.cumsum.default", SelfRule([](Ctx& c, ValueId g) -> Val {
+        ASSIGN_OR_RETURN(const ir::TensorMeta m, MetaOf(c, "self"));
+        if (m.sizes.empty()) return g;
+        ASSIGN_OR_RETURN(int64_t dim, c.call().Int("dim"));
+        ASSIGN_OR_RETURN(dim, WrapDim(dim, Rank(m)));
+        ASSIGN_OR_RETURN(ValueId r, c.Op("aten.flip.default", {Ref(g), ir::Ints({dim})}));
+        ASSIGN_OR_RETURN(r, c.Op("aten.cumsum.default", {Ref(r), ir::Int(dim)}));
+        return c.Op("aten.flip.default", {Ref(r), ir::Ints({dim})});
+      }));
+  // sort and topk: the values' gradient goes back to where each value came
+  // from (the indices output), zeros elsewhere.
+  for (const char* target : {"aten.sort.default", "aten.topk.default"}) {
+    Def(r, target, [](Ctx& c) -> absl::Status {
+      if (!c.NeedsGrad("self") || c.grad_output(0) == kNoValue) return absl::OkStatus();
+      ASSIGN_OR_RETURN(ValueId self, c.call().Tensor("self"));
+      ASSIGN_OR_RETURN(const ir::TensorMeta m, MetaOf(c, "self"));
+      if (m.sizes.empty()) return SetReduced(c, "self", c.grad_output(0));
+      ASSIGN_OR_RETURN(ValueId zeros, ZerosLike(c, self));
+      ASSIGN_OR_RETURN(ValueId g,
+                       c.Op("aten.scatter_add.default",
+                            {Ref(zeros), Arg(c, "dim"), Ref(c.output(1)), Ref(c.grad_output(0))}));
+      return SetReduced(c, "self", g);
+    });
+  }
 }
 
 }  // namespace kiln::ops::derivatives_internal

@@ -58,6 +58,24 @@ absl::StatusOr<Metas> BatchNormBackward(const OpCall& c) {
   return Metas{NewTensor(input->dtype, input->sizes, *input), param, param};
 }
 
+// native_group_norm_backward: the input's gradient, and the weight's and
+// the bias's of [C] (unrequested ones keep the metadata they would have).
+absl::StatusOr<Metas> GroupNormBackward(const OpCall& c) {
+  ASSIGN_OR_RETURN(const TensorMeta* grad, c.Meta("grad_out"));
+  ASSIGN_OR_RETURN(const TensorMeta* input, c.Meta("input"));
+  if (!SizesCompatible(grad->sizes, input->sizes)) {
+    return ArgError(c, "grad_out",
+                    absl::StrCat("has sizes ", SizesToString(grad->sizes), ", but 'input' has ",
+                                 SizesToString(input->sizes)));
+  }
+  RETURN_IF_ERROR(BoolsArg(c, "output_mask").status());
+  ASSIGN_OR_RETURN(std::vector<SymInt> channels, c.SymInts("C"));
+  ASSIGN_OR_RETURN(const TensorMeta* weight, OptMeta(c, "weight"));
+  const TensorMeta param = weight != nullptr ? NewTensor(weight->dtype, weight->sizes, *weight)
+                                             : NewTensor(input->dtype, channels, *input);
+  return Metas{NewTensor(input->dtype, input->sizes, *input), param, param};
+}
+
 // Backward ops whose result is shaped like one argument.
 ShapeRule Like(std::string name) {
   return [name](const OpCall& c) -> absl::StatusOr<Metas> {
@@ -122,6 +140,7 @@ void RegisterBackward(Definer& def) {
   def("aten._softmax_backward_data.default", kReduction, SoftmaxBackward);
   def("aten._log_softmax_backward_data.default", kReduction, SoftmaxBackward);
   def("aten.native_layer_norm_backward.default", kReduction, LayerNormBackward);
+  def("aten.native_group_norm_backward.default", kExpensive, GroupNormBackward);
   def("aten.native_batch_norm_backward.default", kReduction, BatchNormBackward,
       {"running_mean", "running_var"});
   def("aten.convolution_backward.default", kExpensive, ConvolutionBackward);

@@ -488,6 +488,145 @@ absl::StatusOr<Metas> Gather(const OpCall& c) {
   return Metas{NewTensor(self->dtype, index->sizes, *self)};
 }
 
+// scatter_add(self, dim, index, src): self's metadata; `src` adds into it
+// at `index` along `dim`, so index and src have self's rank and self's dtype.
+absl::StatusOr<Metas> ScatterAdd(const OpCall& c) {
+  ASSIGN_OR_RETURN(const TensorMeta* self, c.Meta("self"));
+  ASSIGN_OR_RETURN(const TensorMeta* index, c.Meta("index"));
+  ASSIGN_OR_RETURN(const TensorMeta* src, c.Meta("src"));
+  RETURN_IF_ERROR(DimArg(c, "dim", Rank(*self)).status());
+  if (index->dtype != v1::INT64) {
+    return ArgError(c, "index",
+                    absl::StrCat("should have dtype INT64, got ", v1::DType_Name(index->dtype)));
+  }
+  if (src->dtype != self->dtype) {
+    return ArgError(c, "src",
+                    absl::StrCat("has dtype ", v1::DType_Name(src->dtype), ", but 'self' has ",
+                                 v1::DType_Name(self->dtype)));
+  }
+  for (const auto& [name, m] : {std::pair{"index", index}, std::pair{"src", src}}) {
+    if (Rank(*m) != Rank(*self)) {
+      return ArgError(c, name,
+                      absl::StrCat("has sizes ", SizesToString(m->sizes), ", but 'self' has ",
+                                   SizesToString(self->sizes), " (ranks differ)"));
+    }
+  }
+  return Metas{NewTensor(self->dtype, self->sizes, *self)};
+}
+
+// The integer index of index_select and index_add: one dimension at most.
+absl::Status VectorIndex(const OpCall& c, const TensorMeta& index) {
+  RETURN_IF_ERROR(ExpectIndexDType(c, "index", index));
+  if (Rank(index) > 1) {
+    return ArgError(
+        c, "index",
+        absl::StrCat("should have at most one dimension, got sizes ", SizesToString(index.sizes)));
+  }
+  return absl::OkStatus();
+}
+
+// index_select(self, dim, index): `dim` takes the index's length.
+absl::StatusOr<Metas> IndexSelect(const OpCall& c) {
+  ASSIGN_OR_RETURN(const TensorMeta* self, c.Meta("self"));
+  ASSIGN_OR_RETURN(const TensorMeta* index, c.Meta("index"));
+  ASSIGN_OR_RETURN(int64_t dim, DimArg(c, "dim", Rank(*self)));
+  RETURN_IF_ERROR(VectorIndex(c, *index));
+  SymSizes sizes = self->sizes;
+  if (!sizes.empty()) sizes[dim] = index->sizes.empty() ? SymInt{int64_t{1}} : index->sizes[0];
+  return Metas{NewTensor(self->dtype, std::move(sizes), *self)};
+}
+
+// index_add(self, dim, index, source, alpha): self's metadata; `source` is
+// self with `dim` of the index's length.
+absl::StatusOr<Metas> IndexAdd(const OpCall& c) {
+  ASSIGN_OR_RETURN(const TensorMeta* self, c.Meta("self"));
+  ASSIGN_OR_RETURN(const TensorMeta* index, c.Meta("index"));
+  ASSIGN_OR_RETURN(const TensorMeta* source, c.Meta("source"));
+  RETURN_IF_ERROR(DimArg(c, "dim", Rank(*self)).status());
+  RETURN_IF_ERROR(VectorIndex(c, *index));
+  if (source->dtype != self->dtype || Rank(*source) != Rank(*self)) {
+    return ArgError(c, "source",
+                    absl::StrCat("has dtype ", v1::DType_Name(source->dtype), " and sizes ",
+                                 SizesToString(source->sizes), ", but 'self' has ",
+                                 v1::DType_Name(self->dtype), " and ", SizesToString(self->sizes)));
+  }
+  return Metas{NewTensor(self->dtype, self->sizes, *self)};
+}
+
+// index_put(self, indices, values, accumulate): self's metadata; `values`
+// (of self's dtype) broadcast to the indexed shape, which Index checks.
+absl::StatusOr<Metas> IndexPut(const OpCall& c) {
+  ASSIGN_OR_RETURN(const TensorMeta* self, c.Meta("self"));
+  ASSIGN_OR_RETURN(const TensorMeta* values, c.Meta("values"));
+  RETURN_IF_ERROR(Index(c).status());
+  if (values->dtype != self->dtype) {
+    return ArgError(c, "values",
+                    absl::StrCat("has dtype ", v1::DType_Name(values->dtype), ", but 'self' has ",
+                                 v1::DType_Name(self->dtype)));
+  }
+  return Metas{NewTensor(self->dtype, self->sizes, *self)};
+}
+
+// flip(self, dims): self's sizes, each of `dims` reversed, a new tensor.
+absl::StatusOr<Metas> Flip(const OpCall& c) {
+  ASSIGN_OR_RETURN(const TensorMeta* self, c.Meta("self"));
+  ASSIGN_OR_RETURN(std::vector<int64_t> dims, c.Ints("dims"));
+  std::vector<bool> seen(std::max<int64_t>(Rank(*self), 1), false);
+  for (int64_t d : dims) {
+    ASSIGN_OR_RETURN(int64_t w, At(c, "argument 'dims'", WrapDim(d, Rank(*self))));
+    if (seen[w]) return ArgError(c, "dims", absl::StrCat("names dimension ", d, " twice"));
+    seen[w] = true;
+  }
+  return Metas{NewTensor(self->dtype, self->sizes, *self)};
+}
+
+// cumsum(self, dim, dtype): self's sizes in `dtype`, else self's dtype
+// (integers and bools as INT64, as ATen sums them).
+absl::StatusOr<Metas> Cumsum(const OpCall& c) {
+  ASSIGN_OR_RETURN(const TensorMeta* self, c.Meta("self"));
+  RETURN_IF_ERROR(DimArg(c, "dim", Rank(*self)).status());
+  ASSIGN_OR_RETURN(std::optional<v1::DType> dtype, c.DType("dtype"));
+  v1::DType out = self->dtype;
+  if (dtype.has_value()) {
+    out = *dtype;
+  } else if (out != v1::FLOAT32 && out != v1::FLOAT64 && out != v1::FLOAT16 &&
+             out != v1::BFLOAT16) {
+    out = v1::INT64;
+  }
+  return Metas{NewTensor(out, self->sizes, *self)};
+}
+
+// sort(self, dim, descending) -> (values, indices): self's sizes; the
+// indices INT64.
+absl::StatusOr<Metas> Sort(const OpCall& c) {
+  ASSIGN_OR_RETURN(const TensorMeta* self, c.Meta("self"));
+  RETURN_IF_ERROR(DimArg(c, "dim", Rank(*self)).status());
+  return Metas{NewTensor(self->dtype, self->sizes, *self),
+               NewTensor(v1::INT64, self->sizes, *self)};
+}
+
+// topk(self, k, dim, largest, sorted) -> (values, indices): self's sizes
+// with `dim` of size k, at most its size.
+absl::StatusOr<Metas> Topk(const OpCall& c) {
+  ASSIGN_OR_RETURN(const TensorMeta* self, c.Meta("self"));
+  ASSIGN_OR_RETURN(int64_t dim, DimArg(c, "dim", Rank(*self)));
+  ASSIGN_OR_RETURN(std::vector<ir::SymInt> k, c.SymInts("k"));
+  if (k.size() != 1) return ArgError(c, "k", "should be one size");
+  SymSizes sizes = self->sizes;
+  if (k[0].is_constant() && k[0].constant() < 0) {
+    return ArgError(c, "k", absl::StrCat("is ", k[0].constant(), ", below 0"));
+  }
+  if (!sizes.empty()) {
+    if (k[0].is_constant() && sizes[dim].is_constant() && k[0].constant() > sizes[dim].constant()) {
+      return ArgError(c, "k",
+                      absl::StrCat("is ", k[0].constant(), ", more than dimension ", dim,
+                                   " of 'self' ", SizesToString(self->sizes), " holds"));
+    }
+    sizes[dim] = k[0];
+  }
+  return Metas{NewTensor(self->dtype, sizes, *self), NewTensor(v1::INT64, sizes, *self)};
+}
+
 }  // namespace
 
 void RegisterExtern(Definer& def) {
@@ -506,6 +645,14 @@ void RegisterExtern(Definer& def) {
   def("aten.embedding.default", kExpensive, Embedding, {"indices"});
   def("aten.index.Tensor", kExpensive, Index, {"indices"});
   def("aten.gather.default", kExpensive, Gather, {"index"});
+  def("aten.scatter_add.default", kExpensive, ScatterAdd, {"index"});
+  def("aten.index_put.default", kExpensive, IndexPut, {"indices"});
+  def("aten.index_select.default", kExpensive, IndexSelect, {"index"});
+  def("aten.index_add.default", kExpensive, IndexAdd, {"index"});
+  def("aten.flip.default", kExpensive, Flip);
+  def("aten.cumsum.default", kExpensive, Cumsum);
+  def("aten.sort.default", kExpensive, Sort);
+  def("aten.topk.default", kExpensive, Topk);
 }
 
 }  // namespace kiln::ops::shape_rules_internal

@@ -417,6 +417,12 @@ class TrainingGraphCases:
         x = torch.randn(4, 6, 8)
         self.check_training("amax of tanh", lambda x: torch.tanh(x).amax(-1, keepdim=True), (x,))
 
+    def test_indexing_and_ordering_ops(self):
+        self.check_training("indexing", _Indexing(), (torch.randn(6, 7),))
+
+    def test_group_and_instance_norm_with_upsampling(self):
+        self.check_training("group norm", _Norms(), (torch.randn(2, 4, 5, 5),))
+
     def test_outputs_that_are_views(self):
         # Their gradients come in whatever layout autograd makes (expanded
         # for a sum, contiguous for a weighted sum, not the output's own);
@@ -424,6 +430,42 @@ class TrainingGraphCases:
         x = torch.randn(4, 6, 8)
         self.check_training("transposed output", lambda x: torch.relu(x).transpose(-1, -2), (x,))
         self.check_training("strided slice output", lambda x: (x * 2)[..., ::2], (x,))
+
+
+class _Indexing(nn.Module):
+    """Gradients through the indexing and ordering ops torch decomposes a
+    classifier's loss, an upsampling and a top-k selection into."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("target", torch.tensor([3, 0, 5, 1, 5, 2]))
+        self.register_buffer("rows", torch.tensor([4, 0, 4, 2]))
+        self.register_buffer("spread", torch.tensor([[0, 1, 2, 3, 0, 1, 2],
+                                                     [5, 5, 4, 4, 3, 3, 2]]))
+
+    def forward(self, x):
+        loss = F.cross_entropy(x, self.target, reduction="none")  # gather
+        picked = x.index_select(0, self.rows) * 2  # index_select
+        top = torch.topk(x, 3, dim=1).values.sum(1)
+        ranked = torch.sort(x, dim=0, descending=True).values[:2]
+        spread = torch.zeros(6, 7).scatter_add(0, self.spread, x[:2] * 3)
+        return (loss.sum() + picked.sum(0) * top.sum() + torch.cumsum(ranked, 1).flip(1).sum(0)
+                + spread.sum(0))
+
+
+class _Norms(nn.Module):
+    """Group norm, instance norm and nearest upsampling (index with two
+    index tensors)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(4, 8, 3, padding=1)
+        self.group = nn.GroupNorm(2, 8)
+
+    def forward(self, x):
+        y = self.group(self.conv(x))
+        y = F.interpolate(F.silu(y), scale_factor=2, mode="nearest")
+        return F.instance_norm(y) * 0.5 + y
 
 
 class TrainingTest(TrainingGraphCases, unittest.TestCase):

@@ -208,6 +208,7 @@ def _functional_variant(op):
 _EXTRA_DECOMPOSITIONS = (
     torch.ops.aten._native_batch_norm_legit_functional.default,
     torch.ops.aten._native_batch_norm_legit.default,
+    torch.ops.aten._native_batch_norm_legit.no_stats,
     torch.ops.aten._native_batch_norm_legit_no_training.default,
 )
 _DECOMPOSITIONS = None
