@@ -77,6 +77,20 @@ void AddMatmulCases(std::map<std::string, Case>& c) {
           {Ref(0), Ints({2, 2}), Ints({2, 1}), Ints({0, 1}), Ints({1, 1}), Bool(true)});
     return ok;
   };
+  c["aten._adaptive_avg_pool2d.default"] = [] {
+    const int64_t n = Dim(1, 3), ch = Dim(1, 3), h = Dim(4, 7), w = Dim(4, 7);
+    const std::string t = "aten._adaptive_avg_pool2d.default";
+    bool ok = Check(t, {G(Randn({n, ch, h, w}))}, {Ref(0), Ints({3, 2})});
+    Check(t, {G(Randn({ch, h, w}))}, {Ref(0), Ints({h - 1, 1})});
+    return ok;
+  };
+  c["aten.adaptive_max_pool2d.default"] = [] {
+    const int64_t n = Dim(1, 3), ch = Dim(1, 3), h = Dim(4, 7), w = Dim(4, 7);
+    const std::string t = "aten.adaptive_max_pool2d.default";
+    bool ok = Check(t, {G(Randn({n, ch, h, w}))}, {Ref(0), Ints({2, 3})});
+    Check(t, {G(Randn({ch, h, w}))}, {Ref(0), Ints({1, w - 1})});
+    return ok;
+  };
   c["aten.avg_pool2d.default"] = [] {
     const int64_t n = Dim(1, 3), ch = Dim(1, 3), h = Dim(4, 7), w = Dim(4, 7);
     const std::string t = "aten.avg_pool2d.default";

@@ -117,6 +117,15 @@ void AddReductionCases(std::map<std::string, Case>& c) {
   }
 
   // Normalization.
+  c["aten.binary_cross_entropy.default"] = [] {
+    const int64_t a = Dim(), b = Dim();
+    const std::string t = "aten.binary_cross_entropy.default";
+    auto prob = [](at::IntArrayRef s) { return at::rand(s, at::kDouble) * 0.98 + 0.01; };
+    bool ok = Check(t, {G(prob({a, b})), N(prob({a, b}))}, {Ref(0), Ref(1)});
+    Check(t, {G(prob({a, b})), N(prob({a, b})), N(prob({b}))}, {Ref(0), Ref(1), Ref(2), Int(0)});
+    Check(t, {G(prob({a})), N(prob({a}))}, {Ref(0), Ref(1), NoneArg(), Int(2)});
+    return ok;
+  };
   c["aten.native_group_norm.default"] = [] {
     const int64_t n = Dim(1, 3), hw = Dim(2, 6);
     const std::string t = "aten.native_group_norm.default";

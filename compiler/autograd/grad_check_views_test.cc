@@ -233,6 +233,24 @@ void AddViewCases(std::map<std::string, Case>& c) {
     Check("aten.sort.default", {G(Randn({n, b}))}, {Ref(0), Int(0), Bool(true)});
     return ok;
   };
+  c["aten.cummax.default"] = [] {
+    const int64_t n = Dim(), b = Dim(3, 6);
+    bool ok = Check("aten.cummax.default", {G(Randn({n, b}))}, {Ref(0), Int(1)});
+    Check("aten.cummax.default", {G(Randn({n, b}))}, {Ref(0), Int(0)});
+    return ok;
+  };
+  c["aten.median.dim"] = [] {
+    const int64_t n = Dim(), b = Dim(3, 6);
+    bool ok = Check("aten.median.dim", {G(Randn({n, b}))}, {Ref(0), Int(1)});
+    Check("aten.median.dim", {G(Randn({n, b}))}, {Ref(0), Int(0), Bool(true)});
+    return ok;
+  };
+  c["aten.kthvalue.default"] = [] {
+    const int64_t n = Dim(), b = Dim(3, 6);
+    bool ok = Check("aten.kthvalue.default", {G(Randn({n, b}))}, {Ref(0), Int(2)});
+    Check("aten.kthvalue.default", {G(Randn({b, n}))}, {Ref(0), Int(1), Int(0), Bool(true)});
+    return ok;
+  };
   c["aten.topk.default"] = [] {
     const int64_t n = Dim(), b = Dim(3, 6);
     bool ok = Check("aten.topk.default", {G(Randn({n, b}))}, {Ref(0), Int(2)});

@@ -154,6 +154,8 @@ constexpr const char* kSchemas[] = {
     "Tensor running_mean, Tensor running_var, float momentum, float eps) -> (Tensor, Tensor, "
     "Tensor)",
     "native_dropout(Tensor input, float p, bool? train) -> (Tensor, Tensor)",
+    "binary_cross_entropy(Tensor self, Tensor target, Tensor? weight=None, int reduction=1) -> "
+    "Tensor",
     "nll_loss_forward(Tensor self, Tensor target, Tensor? weight, int reduction, SymInt "
     "ignore_index) "
     "-> (Tensor output, Tensor total_weight)",
@@ -190,6 +192,10 @@ constexpr const char* kSchemas[] = {
     "index_put(Tensor self, Tensor?[] indices, Tensor values, bool accumulate=False) -> Tensor",
     "flip(Tensor self, int[] dims) -> Tensor",
     "cumsum(Tensor self, int dim, *, ScalarType? dtype=None) -> Tensor",
+    "cummax(Tensor self, int dim) -> (Tensor values, Tensor indices)",
+    "median.dim(Tensor self, int dim, bool keepdim=False) -> (Tensor values, Tensor indices)",
+    "kthvalue(Tensor self, SymInt k, int dim=-1, bool keepdim=False) -> (Tensor values, "
+    "Tensor indices)",
     "sort(Tensor self, int dim=-1, bool descending=False) -> (Tensor values, Tensor indices)",
     "topk(Tensor self, SymInt k, int dim=-1, bool largest=True, bool sorted=True) -> "
     "(Tensor values, Tensor indices)",
@@ -227,6 +233,8 @@ constexpr const char* kSchemas[] = {
     "SymInt[] dilation, bool transposed, SymInt[] output_padding, SymInt groups) -> Tensor",
     "max_pool2d_with_indices(Tensor self, int[2] kernel_size, int[2] stride=[], int[2] padding=0, "
     "int[2] dilation=1, bool ceil_mode=False) -> (Tensor, Tensor)",
+    "_adaptive_avg_pool2d(Tensor self, SymInt[2] output_size) -> Tensor",
+    "adaptive_max_pool2d(Tensor self, int[2] output_size) -> (Tensor, Tensor)",
     "avg_pool2d(Tensor self, int[2] kernel_size, int[2] stride=[], int[2] padding=0, "
     "bool ceil_mode=False, bool count_include_pad=True, int? divisor_override=None) -> Tensor",
     "embedding(Tensor weight, Tensor indices, SymInt padding_idx=-1, bool "
@@ -246,6 +254,10 @@ constexpr const char* kSchemas[] = {
     "native_layer_norm_backward(Tensor grad_out, Tensor input, SymInt[] normalized_shape, Tensor "
     "mean, "
     "Tensor rstd, Tensor? weight, Tensor? bias, bool[3] output_mask) -> (Tensor, Tensor, Tensor)",
+    "_adaptive_avg_pool2d_backward(Tensor grad_output, Tensor self) -> Tensor",
+    "binary_cross_entropy_backward(Tensor grad_output, Tensor self, Tensor target, "
+    "Tensor? weight=None, int reduction=1) -> Tensor",
+    "adaptive_max_pool2d_backward(Tensor grad_output, Tensor self, Tensor indices) -> Tensor",
     "native_group_norm_backward(Tensor grad_out, Tensor input, Tensor mean, Tensor rstd, "
     "Tensor? weight, SymInt N, SymInt C, SymInt HxW, int group, bool[3] output_mask) -> "
     "(Tensor, Tensor, Tensor)",

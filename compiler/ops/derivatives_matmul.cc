@@ -153,6 +153,13 @@ void RegisterMatmulAndConvolution(Registry* r) {
             {Ref(g), Arg(c, "self"), Arg(c, "kernel_size"), Arg(c, "stride"), Arg(c, "padding"),
              Arg(c, "ceil_mode"), Arg(c, "count_include_pad"), Arg(c, "divisor_override")});
       }));
+  Def(r, "aten._adaptive_avg_pool2d.default", SelfRule([](Ctx& c, ValueId g) {
+        return c.Op("aten._adaptive_avg_pool2d_backward.default", {Ref(g), Arg(c, "self")});
+      }));
+  Def(r, "aten.adaptive_max_pool2d.default", SelfRule([](Ctx& c, ValueId g) {
+        return c.Op("aten.adaptive_max_pool2d_backward.default",
+                    {Ref(g), Arg(c, "self"), Ref(c.output(1))});
+      }));
   // Memory-efficient attention: ATen's backward from the output and the
   // log-sum-exp the forward computed (the attention rewrite asks for it in
   // training graphs); the RNG's seed and offset pass through (no dropout).

@@ -412,6 +412,22 @@ void RegisterNormalization(Registry* r) {
                      Arg(c, "reduction"), Arg(c, "ignore_index"), Ref(c.output(1))});
       }),
       {"target", "weight"});
+  // binary_cross_entropy: ATen's backward, (self - target) / max(self (1 -
+  // self), eps) scaled, which a decomposition's log would make NaN at 0
+  // and 1. The target's gradient is not supported.
+  Def(r, "aten.binary_cross_entropy.default",
+      [](Ctx& c) -> absl::Status {
+        if (c.NeedsGrad("target")) {
+          return absl::UnimplementedError(absl::StrCat(
+              "derivative of ", c.call().Where(), ": a gradient for 'target' is not supported"));
+        }
+        if (!c.NeedsGrad("self") || c.grad_output(0) == kNoValue) return absl::OkStatus();
+        ASSIGN_OR_RETURN(ValueId g, c.Op("aten.binary_cross_entropy_backward.default",
+                                         {Ref(c.grad_output(0)), Arg(c, "self"), Arg(c, "target"),
+                                          Arg(c, "weight"), Arg(c, "reduction")}));
+        return SetReduced(c, "self", g);
+      },
+      {"weight"});
   // native_dropout: scale 1/(1-p) when training; libtorch uses scale 1 when
   // `train` is None, though the forward then drops (kept for agreement).
   Def(r, "aten.native_dropout.default", [](Ctx& c) -> absl::Status {

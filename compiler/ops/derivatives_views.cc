@@ -359,9 +359,10 @@ void RegisterViews(Registry* r) {
         ASSIGN_OR_RETURN(r, c.Op("aten.cumsum.default", {Ref(r), ir::Int(dim)}));
         return c.Op("aten.flip.default", {Ref(r), ir::Ints({dim})});
       }));
-  // sort and topk: the values' gradient goes back to where each value came
-  // from (the indices output), zeros elsewhere.
-  for (const char* target : {"aten.sort.default", "aten.topk.default"}) {
+  // sort, topk and cummax: the values' gradient goes back to where each
+  // value came from (the indices output), zeros elsewhere (cummax's
+  // repeated indices add up).
+  for (const char* target : {"aten.sort.default", "aten.topk.default", "aten.cummax.default"}) {
     Def(r, target, [](Ctx& c) -> absl::Status {
       if (!c.NeedsGrad("self") || c.grad_output(0) == kNoValue) return absl::OkStatus();
       ASSIGN_OR_RETURN(ValueId self, c.call().Tensor("self"));
@@ -371,6 +372,28 @@ void RegisterViews(Registry* r) {
       ASSIGN_OR_RETURN(ValueId g,
                        c.Op("aten.scatter_add.default",
                             {Ref(zeros), Arg(c, "dim"), Ref(c.output(1)), Ref(c.grad_output(0))}));
+      return SetReduced(c, "self", g);
+    });
+  }
+  // median.dim and kthvalue: value_selecting_reduction_backward, the
+  // gradient put back at the index each value came from.
+  for (const char* target : {"aten.median.dim", "aten.kthvalue.default"}) {
+    Def(r, target, [](Ctx& c) -> absl::Status {
+      if (!c.NeedsGrad("self") || c.grad_output(0) == kNoValue) return absl::OkStatus();
+      ASSIGN_OR_RETURN(ValueId self, c.call().Tensor("self"));
+      ASSIGN_OR_RETURN(const ir::TensorMeta m, MetaOf(c, "self"));
+      if (m.sizes.empty()) return SetReduced(c, "self", c.grad_output(0));
+      ASSIGN_OR_RETURN(int64_t dim, c.call().Int("dim"));
+      ASSIGN_OR_RETURN(dim, WrapDim(dim, Rank(m)));
+      ASSIGN_OR_RETURN(bool keepdim, c.call().Bool("keepdim"));
+      ValueId g = c.grad_output(0), indices = c.output(1);
+      if (!keepdim) {
+        ASSIGN_OR_RETURN(g, Unsqueeze(c, g, dim));
+        ASSIGN_OR_RETURN(indices, Unsqueeze(c, indices, dim));
+      }
+      ASSIGN_OR_RETURN(ValueId zeros, ZerosLike(c, self));
+      ASSIGN_OR_RETURN(
+          g, c.Op("aten.scatter_add.default", {Ref(zeros), ir::Int(dim), Ref(indices), Ref(g)}));
       return SetReduced(c, "self", g);
     });
   }

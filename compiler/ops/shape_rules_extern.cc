@@ -405,6 +405,37 @@ absl::StatusOr<Metas> AvgPool2d(const OpCall& c) {
   return Metas{PoolOut(self->dtype, sizes, *self)};
 }
 
+// _adaptive_avg_pool2d and adaptive_max_pool2d: [N,] C, H, W pooled to
+// `output_size` [H', W'].
+absl::StatusOr<SymSizes> AdaptivePool2dSizes(const OpCall& c, const TensorMeta& self) {
+  RETURN_IF_ERROR(ExpectRank(c, "self", self, {3, 4}));
+  ASSIGN_OR_RETURN(SymSizes out, c.SymInts("output_size"));
+  if (out.size() != 2) {
+    return ArgError(c, "output_size", absl::StrCat("should have 2 sizes, got ", out.size()));
+  }
+  for (const SymInt& s : out) {
+    if (s.is_constant() && s.constant() <= 0) {
+      return ArgError(c, "output_size",
+                      absl::StrCat("should be positive, got ", SizesToString(out)));
+    }
+  }
+  SymSizes sizes(self.sizes.begin(), self.sizes.end() - 2);
+  sizes.insert(sizes.end(), out.begin(), out.end());
+  return sizes;
+}
+
+absl::StatusOr<Metas> AdaptiveAvgPool2d(const OpCall& c) {
+  ASSIGN_OR_RETURN(const TensorMeta* self, c.Meta("self"));
+  ASSIGN_OR_RETURN(SymSizes sizes, AdaptivePool2dSizes(c, *self));
+  return Metas{PoolOut(self->dtype, sizes, *self)};
+}
+
+absl::StatusOr<Metas> AdaptiveMaxPool2d(const OpCall& c) {
+  ASSIGN_OR_RETURN(const TensorMeta* self, c.Meta("self"));
+  ASSIGN_OR_RETURN(SymSizes sizes, AdaptivePool2dSizes(c, *self));
+  return Metas{PoolOut(self->dtype, sizes, *self), PoolOut(v1::INT64, sizes, *self)};
+}
+
 absl::Status ExpectIndexDType(const OpCall& c, const std::string& name, const TensorMeta& m) {
   if (m.dtype == v1::INT64 || m.dtype == v1::INT32) return absl::OkStatus();
   return ArgError(c, name,
@@ -596,6 +627,31 @@ absl::StatusOr<Metas> Cumsum(const OpCall& c) {
   return Metas{NewTensor(out, self->sizes, *self)};
 }
 
+// cummax(self, dim) -> (values, indices): self's sizes; the indices INT64.
+absl::StatusOr<Metas> Cummax(const OpCall& c) {
+  ASSIGN_OR_RETURN(const TensorMeta* self, c.Meta("self"));
+  RETURN_IF_ERROR(DimArg(c, "dim", Rank(*self)).status());
+  return Metas{NewTensor(self->dtype, self->sizes, *self),
+               NewTensor(v1::INT64, self->sizes, *self)};
+}
+
+// median.dim and kthvalue: `dim` reduced (kept as 1 with keepdim); the
+// indices INT64.
+absl::StatusOr<Metas> SelectAlongDim(const OpCall& c) {
+  ASSIGN_OR_RETURN(const TensorMeta* self, c.Meta("self"));
+  ASSIGN_OR_RETURN(int64_t dim, DimArg(c, "dim", Rank(*self)));
+  ASSIGN_OR_RETURN(bool keepdim, c.Bool("keepdim"));
+  SymSizes sizes = self->sizes;
+  if (!sizes.empty()) {
+    if (keepdim) {
+      sizes[dim] = SymInt{int64_t{1}};
+    } else {
+      sizes.erase(sizes.begin() + dim);
+    }
+  }
+  return Metas{NewTensor(self->dtype, sizes, *self), NewTensor(v1::INT64, sizes, *self)};
+}
+
 // sort(self, dim, descending) -> (values, indices): self's sizes; the
 // indices INT64.
 absl::StatusOr<Metas> Sort(const OpCall& c) {
@@ -642,6 +698,8 @@ void RegisterExtern(Definer& def) {
   def("aten.convolution.default", kExpensive, Convolution);
   def("aten.max_pool2d_with_indices.default", kExpensive, MaxPool2d);
   def("aten.avg_pool2d.default", kExpensive, AvgPool2d);
+  def("aten._adaptive_avg_pool2d.default", kExpensive, AdaptiveAvgPool2d);
+  def("aten.adaptive_max_pool2d.default", kExpensive, AdaptiveMaxPool2d);
   def("aten.embedding.default", kExpensive, Embedding, {"indices"});
   def("aten.index.Tensor", kExpensive, Index, {"indices"});
   def("aten.gather.default", kExpensive, Gather, {"index"});
@@ -651,6 +709,9 @@ void RegisterExtern(Definer& def) {
   def("aten.index_add.default", kExpensive, IndexAdd, {"index"});
   def("aten.flip.default", kExpensive, Flip);
   def("aten.cumsum.default", kExpensive, Cumsum);
+  def("aten.cummax.default", kExpensive, Cummax);
+  def("aten.median.dim", kExpensive, SelectAlongDim);
+  def("aten.kthvalue.default", kExpensive, SelectAlongDim);
   def("aten.sort.default", kExpensive, Sort);
   def("aten.topk.default", kExpensive, Topk);
 }

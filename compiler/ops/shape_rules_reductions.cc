@@ -237,6 +237,30 @@ absl::StatusOr<Metas> NllLossForward(const OpCall& c) {
   return Metas{NewTensor(self->dtype, std::move(sizes), *self), NewTensor(self->dtype, {}, *self)};
 }
 
+// binary_cross_entropy(self, target, weight, reduction): the loss per
+// element (reduction 0) or its mean or sum; target of self's sizes and
+// dtype.
+absl::StatusOr<Metas> BinaryCrossEntropy(const OpCall& c) {
+  ASSIGN_OR_RETURN(const TensorMeta* self, c.Meta("self"));
+  ASSIGN_OR_RETURN(const TensorMeta* target, c.Meta("target"));
+  if (!SizesCompatible(target->sizes, self->sizes) || target->dtype != self->dtype) {
+    return ArgError(c, "target",
+                    absl::StrCat("has sizes ", SizesToString(target->sizes), " and dtype ",
+                                 v1::DType_Name(target->dtype), ", but 'self' has ",
+                                 SizesToString(self->sizes), " and ", v1::DType_Name(self->dtype)));
+  }
+  if (!IsFloating(self->dtype)) {
+    return ArgError(c, "self",
+                    absl::StrCat("should be floating, got ", v1::DType_Name(self->dtype)));
+  }
+  ASSIGN_OR_RETURN(int64_t reduction, c.Int("reduction"));
+  if (reduction < 0 || reduction > 2) {
+    return ArgError(c, "reduction",
+                    absl::StrCat("is ", reduction, "; expected 0 (none), 1 (mean) or 2 (sum)"));
+  }
+  return Metas{NewTensor(self->dtype, reduction == 0 ? self->sizes : SymSizes{}, *self)};
+}
+
 }  // namespace
 
 absl::StatusOr<Metas> NativeDropout(const OpCall& c) {
@@ -271,6 +295,7 @@ void RegisterNormalization(Definer& def) {
   def("aten._native_batch_norm_legit_no_training.default", kReduction,
       BatchNorm(/*has_training=*/false, false, /*functional=*/false), buffers);
   def("aten.nll_loss_forward.default", kReduction, NllLossForward, {"target", "weight"});
+  def("aten.binary_cross_entropy.default", kExpensive, BinaryCrossEntropy, {"weight"});
 }
 
 }  // namespace kiln::ops::shape_rules_internal

@@ -204,12 +204,33 @@ def _functional_variant(op):
 # fuses its statistics and normalization into generated kernels, and
 # differentiates them itself, instead of calling ATen's batch norm kernels
 # (on a GPU, ATen's bfloat16 batch norm backward alone took longer than the
-# whole step's convolutions).
+# whole step's convolutions). Likewise the activations, losses and shape
+# ops below that the core table keeps whole (F.elu, F.softplus, F.mish,
+# F.normalize, Tensor.repeat, torch.roll, ...): their decompositions are
+# pointwise ops, reductions and views that kilnd fuses and differentiates,
+# where the op whole would run through ATen and refuse a gradient. (Those
+# whose decompositions reach torch's prims, such as atan2 or trunc, stay
+# whole; trunc is floor and ceil, below.) kilnd differentiates the ops a
+# decomposition gives, not autograd's formula for the op, so a decomposition
+# must not compute an infinity its where() then discards: its gradient
+# would be 0 * inf, NaN. elu, softplus and the vector norm have such
+# decompositions in torch and get their own below; binary_cross_entropy
+# (in the core table) stays whole, differentiated by ATen's backward.
+_A = torch.ops.aten
 _EXTRA_DECOMPOSITIONS = (
-    torch.ops.aten._native_batch_norm_legit_functional.default,
-    torch.ops.aten._native_batch_norm_legit.default,
-    torch.ops.aten._native_batch_norm_legit.no_stats,
-    torch.ops.aten._native_batch_norm_legit_no_training.default,
+    _A._native_batch_norm_legit_functional.default,
+    _A._native_batch_norm_legit.default,
+    _A._native_batch_norm_legit.no_stats,
+    _A._native_batch_norm_legit_no_training.default,
+    _A.repeat.default, _A.roll.default, _A.addmv.default,
+    _A.addcmul.default, _A.addcdiv.default, _A.lerp.Scalar, _A.lerp.Tensor, _A.frac.default,
+    _A.sgn.default, _A.logit.default, _A.nan_to_num.default, _A.tril.default,
+    _A.triu.default, _A.pixel_shuffle.default, _A.reflection_pad2d.default,
+    _A.replication_pad2d.default, _A.celu.default, _A.selu.default, _A.mish.default,
+    _A.glu.default, _A.hardsigmoid.default, _A.hardswish.default, _A.softshrink.default,
+    _A.hardshrink.default, _A.threshold.default, _A.log_sigmoid_forward.default,
+    _A.mse_loss.default, _A.huber_loss.default, _A.smooth_l1_loss.default,
+    _A.soft_margin_loss.default, _A.binary_cross_entropy_with_logits.default,
 )
 _DECOMPOSITIONS = None
 
@@ -219,6 +240,81 @@ def _var_mean(x, dim=None, *, correction=None, keepdim=False):
     dims = list(range(x.dim())) if dim is None else dim
     return (torch.ops.aten.var.correction(x, dims, correction=correction, keepdim=keepdim),
             torch.ops.aten.mean.dim(x, dims, keepdim))
+
+
+def _clamp_tensor(x, min=None, max=None):
+    """aten.clamp.Tensor as maximum and minimum, which kilnd fuses and
+    differentiates (at a tie with a bound the gradient splits, where
+    clamp's backward gives it to x)."""
+    if min is not None:
+        x = torch.ops.aten.maximum.default(x, min)
+    if max is not None:
+        x = torch.ops.aten.minimum.default(x, max)
+    return x
+
+
+def _elu(x, alpha=1.0, scale=1.0, input_scale=1.0):
+    """aten.elu with its exponential taken of x where x <= 0 and of 0
+    elsewhere: the branch where() drops stays finite for large x."""
+    positive = torch.ops.aten.gt.Scalar(x, 0)
+    neg = torch.ops.aten.where.self(positive, torch.ops.aten.zeros_like.default(x), x)
+    curve = torch.ops.aten.mul.Scalar(
+        torch.ops.aten.expm1.default(torch.ops.aten.mul.Scalar(neg, input_scale)),
+        alpha * scale)
+    return torch.ops.aten.where.self(positive, torch.ops.aten.mul.Scalar(x, scale), curve)
+
+
+def _softplus(x, beta=1.0, threshold=20.0):
+    """aten.softplus with its exponential taken of min(beta * x,
+    threshold): finite where where() keeps x itself."""
+    scaled = torch.ops.aten.mul.Scalar(x, beta)
+    capped = torch.ops.aten.clamp.default(scaled, None, threshold)
+    curve = torch.ops.aten.div.Scalar(
+        torch.ops.aten.log1p.default(torch.ops.aten.exp.default(capped)), beta)
+    return torch.ops.aten.where.self(torch.ops.aten.gt.Scalar(scaled, threshold), x, curve)
+
+
+def _vector_norm(x, ord=2, dim=None, keepdim=False, *, dtype=None):
+    """aten.linalg_vector_norm as a reduction, 16-bit inputs in float32.
+    A zero vector's norm of order 2 (or p) takes its root of 1 and is set
+    to 0 after, so that its gradient is 0, as ATen's backward gives, and
+    not 0 * inf."""
+    if x.is_complex():
+        return decomposition_table[torch.ops.aten.linalg_vector_norm.default](
+            x, ord, dim, keepdim, dtype=dtype)
+    aten = torch.ops.aten
+    out_dtype = dtype or x.dtype
+    acc = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else out_dtype
+    if x.dtype != acc:
+        x = aten._to_copy.default(x, dtype=acc)
+    dims = list(range(x.dim())) if not dim else list(dim)
+    if ord == 0:
+        r = aten.sum.dim_IntList(aten._to_copy.default(aten.ne.Scalar(x, 0), dtype=acc), dims,
+                                 keepdim)
+    elif ord in (float("inf"), float("-inf")):
+        reduce = aten.amax.default if ord > 0 else aten.amin.default
+        r = reduce(aten.abs.default(x), dims, keepdim)
+    elif ord == 1:
+        r = aten.sum.dim_IntList(aten.abs.default(x), dims, keepdim)
+    else:
+        powered = aten.mul.Tensor(x, x) if ord == 2 else aten.pow.Tensor_Scalar(
+            aten.abs.default(x), ord)
+        total = aten.sum.dim_IntList(powered, dims, keepdim)
+        zero = aten.eq.Scalar(total, 0)
+        safe = aten.where.self(zero, aten.ones_like.default(total), total)
+        root = aten.sqrt.default(safe) if ord == 2 else aten.pow.Tensor_Scalar(safe, 1.0 / ord)
+        r = aten.where.self(zero, aten.zeros_like.default(root), root)
+    return r if r.dtype == out_dtype else aten._to_copy.default(r, dtype=out_dtype)
+
+
+def _trunc(x):
+    """aten.trunc as floor and ceil (torch's own decomposition reaches a
+    prim)."""
+    if not x.is_floating_point():
+        return torch.ops.aten.clone.default(x)
+    return torch.ops.aten.where.self(torch.ops.aten.lt.Scalar(x, 0),
+                                     torch.ops.aten.ceil.default(x),
+                                     torch.ops.aten.floor.default(x))
 
 
 # torch.export's core-ATen table is the post-autograd table plus an entry per
@@ -256,6 +352,13 @@ def _decompositions():
             if op in decomposition_table:
                 table[op] = decomposition_table[op]
         table[torch.ops.aten.var_mean.correction] = _var_mean
+        table[torch.ops.aten.clamp.Tensor] = _clamp_tensor
+        table[torch.ops.aten.trunc.default] = _trunc
+        table[torch.ops.aten.elu.default] = _elu
+        table[torch.ops.aten.softplus.default] = _softplus
+        table[torch.ops.aten.linalg_vector_norm.default] = _vector_norm
+        # kilnd differentiates it with ATen's backward (see above).
+        table.pop(torch.ops.aten.binary_cross_entropy.default, None)
         _DECOMPOSITIONS = table
     return _DECOMPOSITIONS
 
@@ -651,9 +754,45 @@ def lower(gm, example_inputs, name="graph"):
     return lowered
 
 
+def _writes_intermediate(fx):
+    """Whether an in-place op of `fx` writes to a value that is not a graph
+    input."""
+    for node in fx.nodes:
+        op = node.target
+        if node.op != "call_function" or not isinstance(op, torch._ops.OpOverload) \
+                or not op._schema.is_mutable:
+            continue
+        for i, a in enumerate(op._schema.arguments):
+            if a.alias_info is None or not a.alias_info.is_write:
+                continue
+            written = node.args[i] if i < len(node.args) else node.kwargs.get(a.name)
+            if not (isinstance(written, torch.fx.Node) and written.op == "placeholder"):
+                return True
+    return False
+
+
+def _functionalized(fx, fakes, fake_mode):
+    """`fx` traced again through functionalization. The in-place ops a
+    composite kernel or a decomposition runs beneath the first trace's
+    functionalization (rms_norm's add_ of its epsilon, cross_entropy's
+    copy_ of its smoothed loss) reach the graph as they are; called from
+    the graph, they meet functionalization first and become their
+    out-of-place forms, decomposed as the first trace would have."""
+    module = fx.owning_module or torch.fx.GraphModule(torch.nn.Module(), fx)
+
+    def run(*args):
+        return torch.fx.Interpreter(module).run(*args)
+
+    with fake_mode, enable_python_dispatcher():
+        return make_fx(torch.func.functionalize(run, remove="mutations"),
+                       decomposition_table=_decompositions())(*fakes).graph
+
+
 def _lower(gm, placeholders, fakes, fake_mode, name):
     grad = torch.is_grad_enabled()
     fx = _trace(gm, fakes, fake_mode)
+    if _writes_intermediate(fx):
+        fx = _functionalized(fx, fakes, fake_mode)
     traced_placeholders = [n for n in fx.nodes if n.op == "placeholder"]
     writes = _mutations(fx, traced_placeholders)
     output_node = next(n for n in fx.nodes if n.op == "output")
