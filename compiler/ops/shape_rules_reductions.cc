@@ -202,11 +202,17 @@ ShapeRule BatchNorm(bool has_training, bool training_default, bool functional) {
   };
 }
 
+// native_group_norm: the mean and rstd [N, group] in the input's dtype on
+// every device, float32 only for a 16-bit input with a float32 weight
+// (ATen's param_scalar_type).
 absl::StatusOr<Metas> GroupNorm(const OpCall& c) {
   ASSIGN_OR_RETURN(const TensorMeta* input, c.Meta("input"));
   ASSIGN_OR_RETURN(SymInt n, SymIntArg(c, "N"));
   ASSIGN_OR_RETURN(int64_t group, c.Int("group"));
-  const v1::DType stats = StatsDType(*input);
+  ASSIGN_OR_RETURN(const TensorMeta* weight, OptMeta(c, "weight"));
+  const bool mixed = (input->dtype == v1::FLOAT16 || input->dtype == v1::BFLOAT16) &&
+                     weight != nullptr && weight->dtype == v1::FLOAT32;
+  const v1::DType stats = mixed ? v1::FLOAT32 : input->dtype;
   return Metas{NewTensor(input->dtype, input->sizes, *input),
                NewTensor(stats, {n, SymInt{group}}, *input),
                NewTensor(stats, {n, SymInt{group}}, *input)};

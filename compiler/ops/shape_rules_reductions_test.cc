@@ -155,6 +155,31 @@ TEST(ShapeRules, LayerNormBackwardGivesEveryOutput) {
   EXPECT_EQ(Str((*r)[2].sizes), "[8]");
 }
 
+TEST(ShapeRules, GroupNormStatisticsTakeTheInputsDTypeOnEveryDevice) {
+  Env env;
+  // As ATen's param_scalar_type: float32 only for a 16-bit input with a
+  // float32 weight.
+  for (const char* device : {"cpu", "cuda"}) {
+    auto x = env.In(Meta(v1::BFLOAT16, ToSymSizes({2, 8, 5}), device));
+    auto w16 = env.In(Meta(v1::BFLOAT16, ToSymSizes({8}), device));
+    auto w32 = env.In(Meta(v1::FLOAT32, ToSymSizes({8}), device));
+    for (auto [w, want] : {std::pair{w16, v1::BFLOAT16}, std::pair{w32, v1::FLOAT32}}) {
+      auto r = env.Infer("aten.native_group_norm.default",
+                         {ir::Ref(x), ir::Ref(w), ir::Ref(w), ir::Int(2), ir::Int(8), ir::Int(5),
+                          ir::Int(2), ir::Float(1e-5)});
+      ASSERT_TRUE(r.ok()) << r.status();
+      EXPECT_EQ((*r)[0].dtype, v1::BFLOAT16) << device;
+      EXPECT_EQ((*r)[1].dtype, want) << device;
+      EXPECT_EQ(Str((*r)[2].sizes), "[2, 2]");
+    }
+    auto r = env.Infer("aten.native_group_norm.default",
+                       {ir::Ref(x), ir::NoneArg(), ir::NoneArg(), ir::Int(2), ir::Int(8),
+                        ir::Int(5), ir::Int(2), ir::Float(1e-5)});
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ((*r)[2].dtype, v1::BFLOAT16) << device;
+  }
+}
+
 TEST(ShapeRules, BatchNormVariants) {
   Env env;
   auto x = env.In(v1::FLOAT32, {2, 8, 4, 4});

@@ -650,7 +650,54 @@ class ConvNet(torch.nn.Module):
         return self.fc(y.mean((2, 3)))
 
 
+class CausalLM(torch.nn.Module):
+    """A language model's step: RMSNorm (nn.RMSNorm), causal SDPA, a SiLU
+    MLP, and the per-token cross-entropy with label smoothing against
+    targets of its own (cross_entropy's gather and in-place copy)."""
+
+    def __init__(self, d=128, heads=4, vocab=500, tokens=4 * 32):
+        super().__init__()
+        self.norm1, self.norm2 = torch.nn.RMSNorm(d), torch.nn.RMSNorm(d)
+        self.qkv, self.proj = torch.nn.Linear(d, 3 * d), torch.nn.Linear(d, d)
+        self.up, self.down = torch.nn.Linear(d, 4 * d), torch.nn.Linear(4 * d, d)
+        self.head = torch.nn.Linear(d, vocab, bias=False)
+        self.heads = heads
+        self.register_buffer("target", torch.randint(0, vocab, (tokens,)))
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.norm1(x)).split(d, -1)
+        q, k, v = (z.view(b, t, self.heads, -1).transpose(1, 2) for z in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(y.transpose(1, 2).reshape(b, t, d))
+        x = x + self.down(F.silu(self.up(self.norm2(x))))
+        logits = self.head(x).reshape(b * t, -1)
+        return F.cross_entropy(logits, self.target, reduction="none", label_smoothing=0.1)
+
+
+class UpsampleNet(torch.nn.Module):
+    """Group norm, nearest upsampling (index with two index tensors),
+    instance norm, ELU and Mish, adaptive average and max pooling to sizes
+    that do not divide the input's, and a cumulative sum."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 16, 3, padding=1)
+        self.group = torch.nn.GroupNorm(4, 16)
+        self.fc = torch.nn.Linear(16 * 3 * 5 + 16 * 2 * 2, 10)
+
+    def forward(self, x):
+        y = F.elu(self.group(self.conv(x)))
+        y = F.instance_norm(F.interpolate(y, scale_factor=2, mode="nearest"))
+        y = F.mish(y)
+        avg = F.adaptive_avg_pool2d(y, (3, 5)).flatten(1)
+        top = F.adaptive_max_pool2d(y, (2, 2)).flatten(1)
+        return torch.cumsum(self.fc(torch.cat([avg, top], 1)), 1)
+
+
 MODELS = {
+    "causal_lm": (CausalLM, (4, 32, 128)),
+    "upsample_net": (UpsampleNet, (4, 3, 15, 17)),
     "mlp": (MLP, (64, 256)),
     "rmsnorm": (RMSNorm, (256, 512)),
     "attention": (Attention, (4, 64, 256)),

@@ -147,6 +147,12 @@ def _sym_proto(value, out):
     return out
 
 
+# Results that ATen's CUDA kernel returns on the host where the fake
+# tensors put them on the device: memory-efficient attention's RNG seed and
+# offset without dropout (kilnd's shape rule says where they are).
+_HOST_RESULTS = {torch.ops.aten._scaled_dot_product_efficient_attention.default: (2, 3)}
+
+
 def _meta(val, requires_grad):
     meta = graph_pb2.TensorMeta(dtype=tracer._dtype(val.dtype), requires_grad=requires_grad)
     for s in val.shape:
@@ -788,9 +794,25 @@ def _functionalized(fx, fakes, fake_mode):
                        decomposition_table=_decompositions())(*fakes).graph
 
 
+# Fused attention kernels with integer results (the sequence lengths), which
+# a graph cannot carry, and which SDPA picks for 16-bit CUDA tensors.
+_INT_RESULT_ATTENTION = (
+    torch.ops.aten._scaled_dot_product_cudnn_attention.default,
+    torch.ops.aten._scaled_dot_product_flash_attention.default,
+)
+
+
 def _lower(gm, placeholders, fakes, fake_mode, name):
     grad = torch.is_grad_enabled()
     fx = _trace(gm, fakes, fake_mode)
+    if any(n.target in _INT_RESULT_ATTENTION for n in fx.nodes):
+        # Traced again with SDPA choosing among memory-efficient attention
+        # (whose results are tensors, and which kilnd differentiates) and
+        # the math form: the graph compiles rather than runs eagerly.
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        with sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]):
+            fx = _trace(gm, fakes, fake_mode)
     if _writes_intermediate(fx):
         fx = _functionalized(fx, fakes, fake_mode)
     traced_placeholders = [n for n in fx.nodes if n.op == "placeholder"]
@@ -862,7 +884,10 @@ def _lower(gm, placeholders, fakes, fake_mode, name):
             for user in users:
                 names[user] = value_name
                 requires_grad[user] = differentiable(r)
-            pn.outputs.add(name=value_name).meta.CopyFrom(_meta(r, differentiable(r)))
+            meta = pn.outputs.add(name=value_name).meta
+            meta.CopyFrom(_meta(r, differentiable(r)))
+            if i in _HOST_RESULTS.get(node.target, ()):
+                meta.device.type, meta.device.index = "cpu", -1
 
     outputs = list(user_outputs) + [value for _, value in writes]
     for leaf in outputs:

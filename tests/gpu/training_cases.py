@@ -1,0 +1,154 @@
+"""Training cases written as users write them, beyond the suite's models:
+torch.compile with the kiln backend against eager CUDA, float32 and
+bfloat16, outputs and the gradients of inputs and parameters.
+
+    KILN_SERVER=127.0.0.1:50151 python3 tests/gpu/training_cases.py
+
+(tests/gpu/run.sh --run="python3 tests/gpu/training_cases.py" starts kilnd
+and runs it.) A case passes when kiln compiled every graph (none ran
+eagerly) and matched eager. Prints a line per case; exits 1 if any failed.
+"""
+
+import os
+import sys
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import kiln
+
+DEVICE = "cuda"
+TOL = {torch.float32: 2e-4, torch.bfloat16: 3e-2}
+
+
+class GPT(nn.Module):
+    """Token and position embeddings (the head's weight tied to the
+    token embedding), causal SDPA, RMSNorm, and the cross-entropy loss."""
+
+    def __init__(self, vocab=100, d=64, heads=4, layers=2, tokens=16):
+        super().__init__()
+        self.tok, self.pos = nn.Embedding(vocab, d), nn.Embedding(tokens, d)
+        self.heads = heads
+        self.blocks = nn.ModuleList([nn.ModuleDict(dict(
+            ln1=nn.LayerNorm(d), qkv=nn.Linear(d, 3 * d), proj=nn.Linear(d, d),
+            ln2=nn.RMSNorm(d), fc=nn.Linear(d, 4 * d), out=nn.Linear(4 * d, d)))
+            for _ in range(layers)])
+        self.lnf = nn.LayerNorm(d)
+        self.head = nn.Linear(d, vocab, bias=False)
+        self.head.weight = self.tok.weight
+
+    def forward(self, idx, target):
+        b, t = idx.shape
+        x = self.tok(idx) + self.pos(torch.arange(t, device=idx.device))
+        for blk in self.blocks:
+            q, k, v = blk["qkv"](blk["ln1"](x)).split(x.shape[-1], -1)
+            q, k, v = (z.view(b, t, self.heads, -1).transpose(1, 2) for z in (q, k, v))
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            x = x + blk["proj"](y.transpose(1, 2).reshape(b, t, -1))
+            x = x + blk["out"](F.gelu(blk["fc"](blk["ln2"](x))))
+        logits = self.head(self.lnf(x))
+        return F.cross_entropy(logits.view(-1, logits.size(-1)).float(), target.view(-1))
+
+
+def activations(x):
+    return (F.softplus(x) + F.mish(x) + F.elu(x) + F.selu(x) + F.celu(x) + F.logsigmoid(x)
+            + F.hardsigmoid(x) + F.relu6(x) + F.glu(x.repeat(1, 2), -1) + F.leaky_relu(x, 0.2)
+            + F.hardswish(x) + torch.trunc(x) * x)
+
+
+def losses(x, y, target):
+    return (F.mse_loss(x, y) + F.l1_loss(x, y) + F.smooth_l1_loss(x, y) + F.huber_loss(x, y)
+            + F.binary_cross_entropy_with_logits(x, y.sigmoid())
+            + F.kl_div(F.log_softmax(x, -1), F.softmax(y, -1), reduction="batchmean")
+            + F.cosine_similarity(x, y).sum()
+            + F.binary_cross_entropy(x.float().sigmoid(), target.float()))
+
+
+def norms(x):
+    return (F.normalize(x, dim=-1).sum() + torch.linalg.vector_norm(x, dim=1).sum() + x.norm()
+            + x.std(0).sum() + torch.logsumexp(x, 0).sum() + x.amin(0).sum())
+
+
+def indexing(x):
+    rows = torch.arange(3, device=x.device) * 2 % x.shape[0]
+    spread = (torch.arange(x.shape[1], device=x.device) * 5 % 6).unsqueeze(0)
+    scattered = torch.zeros(6, x.shape[1], device=x.device, dtype=x.dtype)
+    return (x.index_select(0, rows).sum(0) * torch.topk(x, 2, 1).values.sum()
+            + torch.sort(x, 0)[0][:2].sum(0) + torch.cumsum(x, 1).flip(1).sum(0)
+            + torch.cummax(x, 1).values.sum(0) + torch.median(x, 1).values.sum()
+            + torch.roll(x, 1, 0).sum(0) + scattered.scatter_add(0, spread, x[:1]).sum(0))
+
+
+def pads(x):
+    return (F.pad(x, (1, 2, 1, 0), mode="reflect").sum()
+            + F.pad(x, (1, 1, 2, 2), mode="replicate").sum()
+            + F.adaptive_max_pool2d(x, (2, 3)).sum())
+
+
+def cases(dtype):
+    def rand(*shape):
+        return torch.randn(*shape, device=DEVICE, dtype=dtype, requires_grad=True)
+
+    target = torch.rand(4, 6, device=DEVICE, dtype=dtype)
+    norm_layers = nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1), nn.GroupNorm(2, 8), nn.SiLU(), nn.Upsample(scale_factor=2),
+        nn.InstanceNorm2d(8), nn.AdaptiveAvgPool2d((3, 5)), nn.Flatten(), nn.Linear(120, 4))
+    tokens = torch.randint(0, 100, (2, 16), device=DEVICE)
+    return {
+        "gpt": (GPT().to(DEVICE, dtype),
+                lambda: (tokens, torch.randint(0, 100, (2, 16), device=DEVICE))),
+        "activations": (activations, lambda: (rand(4, 6),)),
+        "losses": (losses, lambda: (rand(4, 6), rand(4, 6), target)),
+        "norms": (norms, lambda: (rand(4, 6),)),
+        "indexing": (indexing, lambda: (rand(4, 6),)),
+        "norm_layers": (norm_layers.to(DEVICE, dtype), lambda: (rand(2, 3, 7, 9),)),
+        "pads": (pads, lambda: (rand(1, 2, 5, 5),)),
+    }
+
+
+def run(fn, args):
+    """fn's output and the gradients of its inputs and parameters."""
+    args = tuple(t.detach().clone().requires_grad_(t.requires_grad) for t in args)
+    params = list(fn.parameters()) if isinstance(fn, nn.Module) else []
+    for p in params:
+        p.grad = None
+    out = fn(*args)
+    out.float().sum().backward()
+    return out, [t.grad for t in args if t.requires_grad] + [p.grad for p in params]
+
+
+def main():
+    failed = 0
+    for dtype in (torch.float32, torch.bfloat16):
+        tol = TOL[dtype]
+        for name, (fn, make) in cases(dtype).items():
+            torch._dynamo.reset()
+            backend = kiln.backend(os.environ["KILN_SERVER"], on_unavailable="raise")
+            torch.manual_seed(1)
+            args = make()
+            try:
+                got, got_grads = run(torch.compile(fn, backend=backend), args)
+                got_grads = [g.clone() for g in got_grads]
+                want, want_grads = run(fn, args)
+            except Exception as e:  # a refusal names the node and the op
+                failed += 1
+                print(f"{name} {dtype}: ERROR {type(e).__name__}: {str(e)[:500]}", flush=True)
+                continue
+
+            def close(a, b):
+                scale = max(1.0, b.float().abs().max().item())
+                return torch.allclose(a.float(), b.float(), atol=tol * scale, rtol=tol)
+
+            ok = (close(got, want) and len(got_grads) == len(want_grads)
+                  and all(a is not None and close(a, b) for a, b in zip(got_grads, want_grads))
+                  and backend.stats["eager"] == 0)
+            failed += not ok
+            print(f"{name} {dtype}: {'OK' if ok else 'FAILED'} {backend.stats} "
+                  f"{[why[:120] for _, why in backend.unsupported]}", flush=True)
+    print("failed:", failed)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
