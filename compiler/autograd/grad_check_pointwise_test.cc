@@ -28,6 +28,39 @@ void AddPointwiseCases(std::map<std::string, Case>& c) {
     c[t] = [t] { return Unary(t, Positive); };
   }
   c["aten.reciprocal.default"] = [] { return Unary("aten.reciprocal.default", AwayFromZero); };
+  // The math ATen runs: each on its domain.
+  for (const char* t : {"aten.sinh.default", "aten.cosh.default", "aten.atan.default",
+                        "aten.asinh.default", "aten.exp2.default"}) {
+    c[t] = [t] { return Unary(t, Randn); };
+  }
+  auto inside_one = [](at::IntArrayRef s) { return at::rand(s, at::kDouble) * 1.8 - 0.9; };
+  for (const char* t : {"aten.asin.default", "aten.acos.default", "aten.atanh.default",
+                        "aten.erfinv.default", "aten.tan.default"}) {
+    c[t] = [t, inside_one] { return Unary(t, inside_one); };
+  }
+  c["aten.acosh.default"] = [] {
+    return Unary("aten.acosh.default", [](at::IntArrayRef s) { return Positive(s) + 1.1; });
+  };
+  for (const char* t : {"aten.log2.default", "aten.log10.default"}) {
+    c[t] = [t] { return Unary(t, Positive); };
+  }
+  for (const char* t : {"aten.atan2.default", "aten.hypot.default"}) {
+    c[t] = [t] {
+      const int64_t a = Dim(), b = Dim();
+      bool ok = Check(t, {G(Randn({a, b})), G(AwayFromZero({a, b}))}, {Ref(0), Ref(1)});
+      Check(t, {G(Randn({a, b})), N(AwayFromZero({b}))}, {Ref(0), Ref(1)});
+      return ok;
+    };
+  }
+  for (const char* t : {"aten.fmod.Tensor", "aten.remainder.Tensor"}) {
+    c[t] = [t] {
+      const int64_t a = Dim(), b = Dim();
+      return Check(t, {G(Randn({a, b}) * 3), G(Positive({a, b}) + 0.5)}, {Ref(0), Ref(1)});
+    };
+  }
+  for (const char* t : {"aten.fmod.Scalar", "aten.remainder.Scalar"}) {
+    c[t] = [t] { return Check(t, {G(Randn({Dim(), Dim()}) * 3)}, {Ref(0), Float(0.7)}); };
+  }
   c["aten.gelu.default"] = [] {
     Unary("aten.gelu.default", Randn);
     return Check("aten.gelu.default", {G(Transposed(Dim(), Dim()))}, {Ref(0)},

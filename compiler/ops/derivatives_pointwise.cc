@@ -2,12 +2,14 @@
 // pow, arithmetic (with summing back over broadcast dimensions), maximum and
 // minimum, where and masked_fill.
 #include <cmath>
+#include <functional>
 #include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "compiler/ops/derivative.h"
 #include "compiler/ops/derivatives_internal.h"
@@ -70,6 +72,120 @@ void RegisterPointwise(Registry* r) {
         ASSIGN_OR_RETURN(ValueId n, Neg(c, sin));
         return Mul(c, g, n);
       }));
+  // The math ATen runs for kiln (shape_rules_extern.cc), libtorch's
+  // formulas: each a function of self (or of the result) times the grad.
+  auto of_self = [](std::function<Val(Ctx&, ValueId)> f) {
+    return SelfRule([f](Ctx& c, ValueId g) -> Val {
+      ASSIGN_OR_RETURN(ValueId self, Tensor(c, "self"));
+      ASSIGN_OR_RETURN(ValueId d, f(c, self));
+      return Mul(c, g, d);
+    });
+  };
+  auto unary = [](Ctx& c, const char* op, ValueId x) { return c.Op(op, {Ref(x)}); };
+  // 1 - x^2 (or x^2 + s): the argument of asin's, acos's, asinh's and
+  // atanh's derivatives.
+  auto square_plus = [](Ctx& c, ValueId x, double s, bool negate) -> Val {
+    ASSIGN_OR_RETURN(ValueId sq, Mul(c, x, x));
+    if (negate) return c.Op("aten.rsub.Scalar", {Ref(sq), ir::Float(s)});
+    return AddScalar(c, sq, ir::Float(s));
+  };
+  Def(r, "aten.sinh.default",
+      of_self([unary](Ctx& c, ValueId x) { return unary(c, "aten.cosh.default", x); }));
+  Def(r, "aten.cosh.default",
+      of_self([unary](Ctx& c, ValueId x) { return unary(c, "aten.sinh.default", x); }));
+  // tan: 1 + tan(x)^2, from the result.
+  Def(r, "aten.tan.default", SelfRule([](Ctx& c, ValueId g) -> Val {
+        ASSIGN_OR_RETURN(ValueId sq, Mul(c, c.output(0), c.output(0)));
+        ASSIGN_OR_RETURN(sq, AddScalar(c, sq, ir::Int(1)));
+        return Mul(c, g, sq);
+      }));
+  Def(r, "aten.atan.default", of_self([square_plus](Ctx& c, ValueId x) -> Val {
+        ASSIGN_OR_RETURN(ValueId d, square_plus(c, x, 1.0, false));
+        return c.Op("aten.reciprocal.default", {Ref(d)});
+      }));
+  Def(r, "aten.asin.default", of_self([square_plus](Ctx& c, ValueId x) -> Val {
+        ASSIGN_OR_RETURN(ValueId d, square_plus(c, x, 1.0, true));
+        return c.Op("aten.rsqrt.default", {Ref(d)});
+      }));
+  Def(r, "aten.acos.default", of_self([square_plus](Ctx& c, ValueId x) -> Val {
+        ASSIGN_OR_RETURN(ValueId d, square_plus(c, x, 1.0, true));
+        ASSIGN_OR_RETURN(d, c.Op("aten.rsqrt.default", {Ref(d)}));
+        return Neg(c, d);
+      }));
+  Def(r, "aten.asinh.default", of_self([square_plus](Ctx& c, ValueId x) -> Val {
+        ASSIGN_OR_RETURN(ValueId d, square_plus(c, x, 1.0, false));
+        return c.Op("aten.rsqrt.default", {Ref(d)});
+      }));
+  // acosh: 1 / (sqrt(x - 1) sqrt(x + 1)).
+  Def(r, "aten.acosh.default", of_self([](Ctx& c, ValueId x) -> Val {
+        ASSIGN_OR_RETURN(ValueId lo, AddScalar(c, x, ir::Int(-1)));
+        ASSIGN_OR_RETURN(ValueId hi, AddScalar(c, x, ir::Int(1)));
+        ASSIGN_OR_RETURN(lo, c.Op("aten.rsqrt.default", {Ref(lo)}));
+        ASSIGN_OR_RETURN(hi, c.Op("aten.rsqrt.default", {Ref(hi)}));
+        return Mul(c, lo, hi);
+      }));
+  Def(r, "aten.atanh.default", of_self([square_plus](Ctx& c, ValueId x) -> Val {
+        ASSIGN_OR_RETURN(ValueId d, square_plus(c, x, 1.0, true));
+        return c.Op("aten.reciprocal.default", {Ref(d)});
+      }));
+  for (auto [op, ln] : {std::pair{"aten.log2.default", M_LN2}, {"aten.log10.default", M_LN10}}) {
+    const double scale = ln;
+    Def(r, op, of_self([scale](Ctx& c, ValueId x) -> Val {
+          ASSIGN_OR_RETURN(ValueId d, MulScalar(c, x, ir::Float(scale)));
+          return c.Op("aten.reciprocal.default", {Ref(d)});
+        }));
+  }
+  Def(r, "aten.exp2.default", SelfRule([](Ctx& c, ValueId g) -> Val {
+        ASSIGN_OR_RETURN(ValueId d, MulScalar(c, c.output(0), ir::Float(M_LN2)));
+        return Mul(c, g, d);
+      }));
+  // erfinv: sqrt(pi) / 2 * exp(erfinv(x)^2), from the result.
+  Def(r, "aten.erfinv.default", SelfRule([](Ctx& c, ValueId g) -> Val {
+        ASSIGN_OR_RETURN(ValueId sq, Mul(c, c.output(0), c.output(0)));
+        ASSIGN_OR_RETURN(sq, c.Op("aten.exp.default", {Ref(sq)}));
+        ASSIGN_OR_RETURN(sq, MulScalar(c, sq, ir::Float(0.5 * std::sqrt(M_PI))));
+        return Mul(c, g, sq);
+      }));
+  // atan2(self, other): other / (self^2 + other^2) and -self / (...).
+  auto atan2_part = [](bool self_part) {
+    return [self_part](Ctx& c, ValueId g) -> Val {
+      ASSIGN_OR_RETURN(ValueId y, Tensor(c, "self"));
+      ASSIGN_OR_RETURN(ValueId x, Tensor(c, "other"));
+      ASSIGN_OR_RETURN(ValueId yy, Mul(c, y, y));
+      ASSIGN_OR_RETURN(ValueId xx, Mul(c, x, x));
+      ASSIGN_OR_RETURN(ValueId den, Add(c, yy, xx));
+      ASSIGN_OR_RETURN(ValueId num, self_part ? Mul(c, g, x) : Mul(c, g, y));
+      ASSIGN_OR_RETURN(ValueId q, Div(c, num, den));
+      return self_part ? Val(q) : Neg(c, q);
+    };
+  };
+  Def(r, "aten.atan2.default",
+      ParamRule({{"self", atan2_part(true)}, {"other", atan2_part(false)}}));
+  // hypot: self / result and other / result.
+  auto hypot_part = [](const char* param) {
+    return [param](Ctx& c, ValueId g) -> Val {
+      ASSIGN_OR_RETURN(ValueId v, Tensor(c, param));
+      ASSIGN_OR_RETURN(ValueId q, Div(c, v, c.output(0)));
+      return Mul(c, g, q);
+    };
+  };
+  Def(r, "aten.hypot.default",
+      ParamRule({{"self", hypot_part("self")}, {"other", hypot_part("other")}}));
+  // fmod and remainder: self passes the gradient on; other takes minus it
+  // times self / other rounded toward zero (fmod) or down (remainder).
+  for (auto [base, mode] : {std::pair{"fmod", "trunc"}, {"remainder", "floor"}}) {
+    const std::string rounding = mode;
+    Def(r, absl::StrCat("aten.", base, ".Tensor"),
+        ParamRule({{"self", Identity()},
+                   {"other", [rounding](Ctx& c, ValueId g) -> Val {
+                      ASSIGN_OR_RETURN(
+                          ValueId q, c.Op("aten.div.Tensor_mode", {Arg(c, "self"), Arg(c, "other")},
+                                          {ir::Kwarg("rounding_mode", Argument{"", rounding})}));
+                      ASSIGN_OR_RETURN(q, Mul(c, g, q));
+                      return Neg(c, q);
+                    }}}));
+    Def(r, absl::StrCat("aten.", base, ".Scalar"), SelfRule(Identity()));
+  }
   Def(r, "aten.tanh.default", SelfRule([](Ctx& c, ValueId g) {
         return c.Op("aten.tanh_backward.default", {Ref(g), Ref(c.output(0))});
       }));

@@ -709,6 +709,21 @@ void RegisterExtern(Definer& def) {
   def("aten.index_add.default", kExpensive, IndexAdd, {"index"});
   def("aten.flip.default", kExpensive, Flip);
   def("aten.cumsum.default", kExpensive, Cumsum);
+  // Elementwise math that runs through ATen (no generated form): the
+  // transcendental ones give floats, fmod and remainder the promoted dtype.
+  const Elementwise to_float{{"self"}, {}, Out::kIntToFloat};
+  for (const char* op : {"sinh", "cosh", "tan", "atan", "asin", "acos", "asinh", "acosh", "atanh",
+                         "log2", "log10", "exp2", "erfinv"}) {
+    def(absl::StrCat("aten.", op, ".default"), kExpensive, to_float);
+  }
+  for (const char* op : {"atan2", "hypot"}) {
+    def(absl::StrCat("aten.", op, ".default"), kExpensive,
+        Elementwise{{"self", "other"}, {}, Out::kIntToFloat});
+  }
+  for (const char* op : {"fmod", "remainder"}) {
+    def(absl::StrCat("aten.", op, ".Tensor"), kExpensive, Elementwise{{"self", "other"}, {}});
+    def(absl::StrCat("aten.", op, ".Scalar"), kExpensive, Elementwise{{"self"}, {"self", "other"}});
+  }
   def("aten.cummax.default", kExpensive, Cummax);
   def("aten.median.dim", kExpensive, SelectAlongDim);
   def("aten.kthvalue.default", kExpensive, SelectAlongDim);

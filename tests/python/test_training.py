@@ -426,6 +426,17 @@ class TrainingGraphCases:
     def test_decomposed_activations_losses_and_shape_ops(self):
         self.check_training("activations", _Activations(), (torch.randn(4, 8),))
 
+    def test_math_ops_that_run_through_aten(self):
+        def math(x, y):
+            u = torch.tanh(x) * 0.9
+            return (torch.atan2(x, y) + torch.hypot(x, y) + torch.sinh(x) * torch.cosh(u)
+                    + torch.tan(u) + torch.asin(u) + torch.acos(u) + torch.atanh(u)
+                    + torch.asinh(x) + torch.erfinv(u) + torch.log2(y.abs() + 1)
+                    + torch.log10(y.abs() + 1) + torch.exp2(u) + torch.fmod(x * 3, y.abs() + 1)
+                    + torch.remainder(x * 3, 0.7))
+
+        self.check_training("math", math, (torch.randn(4, 6), torch.randn(4, 6)))
+
     def test_outputs_that_are_views(self):
         # Their gradients come in whatever layout autograd makes (expanded
         # for a sum, contiguous for a weighted sum, not the output's own);
