@@ -77,6 +77,13 @@ void AddMatmulCases(std::map<std::string, Case>& c) {
           {Ref(0), Ints({2, 2}), Ints({2, 1}), Ints({0, 1}), Ints({1, 1}), Bool(true)});
     return ok;
   };
+  c["aten.max_pool3d_with_indices.default"] = [] {
+    const int64_t n = Dim(1, 3), ch = Dim(1, 3), d = Dim(4, 6), h = Dim(4, 6), w = Dim(4, 6);
+    const std::string t = "aten.max_pool3d_with_indices.default";
+    bool ok = Check(t, {G(Randn({n, ch, d, h, w}))}, {Ref(0), Ints({2, 2, 2})});
+    Check(t, {G(Randn({ch, d, h, w}))}, {Ref(0), Ints({3}), Ints({1, 2, 1}), Ints({1})});
+    return ok;
+  };
   c["aten._adaptive_avg_pool2d.default"] = [] {
     const int64_t n = Dim(1, 3), ch = Dim(1, 3), h = Dim(4, 7), w = Dim(4, 7);
     const std::string t = "aten._adaptive_avg_pool2d.default";

@@ -252,6 +252,8 @@ constexpr const char* kSchemas[] = {
     "SymInt[] dilation, bool transposed, SymInt[] output_padding, SymInt groups) -> Tensor",
     "max_pool2d_with_indices(Tensor self, int[2] kernel_size, int[2] stride=[], int[2] padding=0, "
     "int[2] dilation=1, bool ceil_mode=False) -> (Tensor, Tensor)",
+    "max_pool3d_with_indices(Tensor self, int[3] kernel_size, int[3] stride=[], int[3] padding=0, "
+    "int[3] dilation=1, bool ceil_mode=False) -> (Tensor, Tensor)",
     "_adaptive_avg_pool2d(Tensor self, SymInt[2] output_size) -> Tensor",
     "adaptive_max_pool2d(Tensor self, int[2] output_size) -> (Tensor, Tensor)",
     "avg_pool2d(Tensor self, int[2] kernel_size, int[2] stride=[], int[2] padding=0, "
@@ -273,6 +275,8 @@ constexpr const char* kSchemas[] = {
     "native_layer_norm_backward(Tensor grad_out, Tensor input, SymInt[] normalized_shape, Tensor "
     "mean, "
     "Tensor rstd, Tensor? weight, Tensor? bias, bool[3] output_mask) -> (Tensor, Tensor, Tensor)",
+    "max_pool3d_with_indices_backward(Tensor grad_output, Tensor self, int[3] kernel_size, "
+    "int[3] stride, int[3] padding, int[3] dilation, bool ceil_mode, Tensor indices) -> Tensor",
     "_adaptive_avg_pool2d_backward(Tensor grad_output, Tensor self) -> Tensor",
     "binary_cross_entropy_backward(Tensor grad_output, Tensor self, Tensor target, "
     "Tensor? weight=None, int reduction=1) -> Tensor",

@@ -147,6 +147,11 @@ void RegisterMatmulAndConvolution(Registry* r) {
                     {Ref(g), Arg(c, "self"), Arg(c, "kernel_size"), Arg(c, "stride"),
                      Arg(c, "padding"), Arg(c, "dilation"), Arg(c, "ceil_mode"), Ref(c.output(1))});
       }));
+  Def(r, "aten.max_pool3d_with_indices.default", SelfRule([](Ctx& c, ValueId g) {
+        return c.Op("aten.max_pool3d_with_indices_backward.default",
+                    {Ref(g), Arg(c, "self"), Arg(c, "kernel_size"), Arg(c, "stride"),
+                     Arg(c, "padding"), Arg(c, "dilation"), Arg(c, "ceil_mode"), Ref(c.output(1))});
+      }));
   Def(r, "aten.avg_pool2d.default", SelfRule([](Ctx& c, ValueId g) {
         return c.Op(
             "aten.avg_pool2d_backward.default",

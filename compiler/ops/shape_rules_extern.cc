@@ -335,31 +335,34 @@ absl::StatusOr<Metas> Convolution(const OpCall& c) {
 }
 
 // max_pool2d_with_indices and avg_pool2d: [N, C, H, W] or [C, H, W].
-absl::StatusOr<SymSizes> Pool2dSizes(const OpCall& c, const TensorMeta& self, bool has_dilation) {
-  RETURN_IF_ERROR(ExpectRank(c, "self", self, {3, 4}));
+absl::StatusOr<SymSizes> PoolSizes(const OpCall& c, const TensorMeta& self, int spatial,
+                                   bool has_dilation) {
+  RETURN_IF_ERROR(ExpectRank(c, "self", self, {spatial + 1, spatial + 2}));
   ASSIGN_OR_RETURN(std::vector<int64_t> kernel, c.Ints("kernel_size"));
   ASSIGN_OR_RETURN(std::vector<int64_t> stride, c.Ints("stride"));
   ASSIGN_OR_RETURN(std::vector<int64_t> padding, c.Ints("padding"));
-  std::vector<int64_t> dilation = {1, 1};
+  std::vector<int64_t> dilation(spatial, 1);
   if (has_dilation) {
     ASSIGN_OR_RETURN(dilation, c.Ints("dilation"));
   }
   ASSIGN_OR_RETURN(bool ceil_mode, c.Bool("ceil_mode"));
   if (stride.empty()) stride = kernel;
-  auto two = [&](std::vector<int64_t>& v, const char* name) -> absl::Status {
-    if (v.size() == 1) v.push_back(v[0]);
-    if (v.size() != 2) {
-      return ArgError(c, name, absl::StrCat("should have 1 or 2 entries, got ", v.size()));
+  // One entry stands for every spatial dimension.
+  auto fill = [&](std::vector<int64_t>& v, const char* name) -> absl::Status {
+    if (v.size() == 1) v.assign(spatial, v[0]);
+    if (v.size() != static_cast<size_t>(spatial)) {
+      return ArgError(c, name,
+                      absl::StrCat("should have 1 or ", spatial, " entries, got ", v.size()));
     }
     return absl::OkStatus();
   };
-  RETURN_IF_ERROR(two(kernel, "kernel_size"));
-  RETURN_IF_ERROR(two(stride, "stride"));
-  RETURN_IF_ERROR(two(padding, "padding"));
-  RETURN_IF_ERROR(two(dilation, "dilation"));
+  RETURN_IF_ERROR(fill(kernel, "kernel_size"));
+  RETURN_IF_ERROR(fill(stride, "stride"));
+  RETURN_IF_ERROR(fill(padding, "padding"));
+  RETURN_IF_ERROR(fill(dilation, "dilation"));
   SymSizes sizes = self.sizes;
-  const size_t h = sizes.size() - 2;
-  for (size_t i = 0; i < 2; ++i) {
+  const size_t h = sizes.size() - spatial;
+  for (size_t i = 0; i < static_cast<size_t>(spatial); ++i) {
     if (kernel[i] <= 0 || stride[i] <= 0 || dilation[i] <= 0) {
       return ArgError(c,
                       kernel[i] <= 0   ? "kernel_size"
@@ -395,13 +398,19 @@ absl::StatusOr<SymSizes> Pool2dSizes(const OpCall& c, const TensorMeta& self, bo
 
 absl::StatusOr<Metas> MaxPool2d(const OpCall& c) {
   ASSIGN_OR_RETURN(const TensorMeta* self, c.Meta("self"));
-  ASSIGN_OR_RETURN(SymSizes sizes, Pool2dSizes(c, *self, /*has_dilation=*/true));
+  ASSIGN_OR_RETURN(SymSizes sizes, PoolSizes(c, *self, 2, /*has_dilation=*/true));
+  return Metas{PoolOut(self->dtype, sizes, *self), PoolOut(v1::INT64, sizes, *self)};
+}
+
+absl::StatusOr<Metas> MaxPool3d(const OpCall& c) {
+  ASSIGN_OR_RETURN(const TensorMeta* self, c.Meta("self"));
+  ASSIGN_OR_RETURN(SymSizes sizes, PoolSizes(c, *self, 3, /*has_dilation=*/true));
   return Metas{PoolOut(self->dtype, sizes, *self), PoolOut(v1::INT64, sizes, *self)};
 }
 
 absl::StatusOr<Metas> AvgPool2d(const OpCall& c) {
   ASSIGN_OR_RETURN(const TensorMeta* self, c.Meta("self"));
-  ASSIGN_OR_RETURN(SymSizes sizes, Pool2dSizes(c, *self, /*has_dilation=*/false));
+  ASSIGN_OR_RETURN(SymSizes sizes, PoolSizes(c, *self, 2, /*has_dilation=*/false));
   return Metas{PoolOut(self->dtype, sizes, *self)};
 }
 
@@ -698,6 +707,7 @@ void RegisterExtern(Definer& def) {
   def("aten.convolution.default", kExpensive, Convolution);
   def("aten.max_pool2d_with_indices.default", kExpensive, MaxPool2d);
   def("aten.avg_pool2d.default", kExpensive, AvgPool2d);
+  def("aten.max_pool3d_with_indices.default", kExpensive, MaxPool3d);
   def("aten._adaptive_avg_pool2d.default", kExpensive, AdaptiveAvgPool2d);
   def("aten.adaptive_max_pool2d.default", kExpensive, AdaptiveMaxPool2d);
   def("aten.embedding.default", kExpensive, Embedding, {"indices"});
