@@ -437,6 +437,15 @@ class TrainingGraphCases:
 
         self.check_training("math", math, (torch.randn(4, 6), torch.randn(4, 6)))
 
+    def test_tensors_made_from_literals_are_inputs_of_the_graph(self):
+        # Two functions alike but for their literals share one graph: the
+        # literals are inputs the call passes, never part of the key.
+        def scale(values):
+            return lambda x: torch.relu(x) * torch.tensor(values)
+
+        for values in ([1.0, 2.0, 3.0], [-4.0, 0.5, 6.0]):
+            self.check_training(f"literal {values}", scale(values), (torch.randn(4, 3),))
+
     def test_outputs_that_are_views(self):
         # Their gradients come in whatever layout autograd makes (expanded
         # for a sum, contiguous for a weighted sum, not the output's own);
@@ -776,15 +785,18 @@ class TrainingTest(TrainingGraphCases, unittest.TestCase):
     def test_compile_never_runs_a_graph_eagerly(self):
         x = torch.randn(4, 8, requires_grad=True)
 
-        # No kiln.v1.Graph form (a tensor constant): kiln.lower.Unsupported,
-        # naming the reason, not an eager fallback.
-        def with_constant(x):
-            return x * torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0])
+        # No kiln.v1.Graph form (a size through a float: sym_float is no ATen
+        # op): kiln.lower.Unsupported, naming the reason, not an eager
+        # fallback.
+        def through_float(x):
+            return x.view(-1)[: int(x.shape[0] ** 0.5)] * 2
 
+        y = torch.randn(9, 2)
+        torch._dynamo.mark_dynamic(y, 0)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
-            with self.assertRaisesRegex(kiln_lower.Unsupported, "ran eagerly.*tensor constant"):
-                kiln.compile(with_constant, x, client=self.client)
+            with self.assertRaisesRegex(kiln_lower.Unsupported, "ran eagerly.*sym_float"):
+                kiln.compile(through_float, y, client=self.client)
         # No tensor operation at all: no graph, nothing for kilnd to compile.
         with self.assertRaisesRegex(ValueError, "nothing to compile in <lambda>"):
             kiln.compile(lambda x: x.shape[0] * 2, x, client=self.client)

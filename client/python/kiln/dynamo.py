@@ -468,6 +468,7 @@ class _Compiled:
         self.lowered = lowered
         self.fn = fn
         self._tensor_args = lowered.tensor_args
+        self._constants = list(lowered.constants)
         self._num_outputs = lowered.num_outputs
         self._mutations = lowered.mutations
         self._position = {arg: k for k, arg in enumerate(self._tensor_args)}
@@ -484,7 +485,7 @@ class _Compiled:
                           if artifact.autograd.forward.inputs[k].value.name in saved}
 
     def __call__(self, *args):
-        primals = [args[i] for i in self._tensor_args]
+        primals = [args[i] for i in self._tensor_args] + self._constants
         if self._mutations and self._kept and torch.is_grad_enabled():
             # The graph reads a copy of each input it writes that autograd
             # may keep: the copy-back below must not change a saved tensor.
@@ -653,8 +654,8 @@ def _signature(lowered, example_inputs):
     from kiln.v1 import guards_pb2
 
     sig = guards_pb2.InputSignature(client_guard_digest=lowered.guards.client_guard_digest)
-    for pos, ph in zip(lowered.tensor_args, lowered.graph.inputs):
-        t = example_inputs[pos]
+    values = [example_inputs[pos] for pos in lowered.tensor_args] + list(lowered.constants)
+    for t, ph in zip(values, lowered.graph.inputs):
         entry = sig.inputs.add(dtype=ph.value.meta.dtype,
                                sizes=[_hint(s, lowered.shape_env) for s in t.shape],
                                strides=[_hint(s, lowered.shape_env) for s in t.stride()],

@@ -61,7 +61,8 @@ Lowered = collections.namedtuple("Lowered", [
     "num_outputs",     # Dynamo's outputs (the first outputs of the graph)
     "mutations",       # [(argument position, graph output index)]: copy back
     "shape_env",       # Dynamo's ShapeEnv, or None
-])
+    "constants",       # tensors the graph made from literals: its last inputs
+], defaults=((),))
 
 
 # Functions of sizes, as sympy and torch's ShapeEnv spell them, that kilnd's
@@ -755,7 +756,7 @@ def lower(gm, example_inputs, name="graph"):
             return cached
         cache_stats["misses"] += 1
     lowered = _lower(gm, placeholders, fakes, fake_mode, name)
-    if path is not None:
+    if path is not None and not lowered.constants:  # the cache keeps no tensor data
         _write_cached(path, lowered)
     return lowered
 
@@ -830,6 +831,7 @@ def _lower(gm, placeholders, fakes, fake_mode, name):
         if node.op == "call_function":
             taken.reserve(node.name)
     tensor_args = []
+    constants = []
     requires_grad = {}
     for i, (node, dynamo_node, fake) in enumerate(zip(traced_placeholders, placeholders, fakes)):
         if not isinstance(fake, torch.Tensor):
@@ -847,7 +849,24 @@ def _lower(gm, placeholders, fakes, fake_mode, name):
         if node.op in ("placeholder", "output") or _is_size(node):
             continue
         if node.op == "get_attr":
-            raise Unsupported(f"the graph holds a tensor constant ('{node.target}')")
+            # A tensor made from a literal (torch.tensor([...])): an input
+            # of the graph, which the call passes, so that its values are
+            # never part of a key.
+            value = getattr(fx.owning_module, node.target, None) if fx.owning_module else None
+            if not isinstance(value, torch.Tensor):
+                raise Unsupported(f"the graph holds a constant ('{node.target}') that is not "
+                                  "a tensor")
+            devices = sorted({ph.value.meta.device.type for ph in graph.inputs})
+            if devices and value.device.type not in devices:
+                raise Unsupported(f"the graph holds a tensor constant ('{node.target}') on "
+                                  f"{value.device.type}, its inputs on {', '.join(devices)}")
+            names[node] = taken.unique(node.target.lstrip("_"))
+            requires_grad[node] = False
+            ph = graph.inputs.add(kind=graph_pb2.Placeholder.USER_INPUT)
+            ph.value.name = names[node]
+            ph.value.meta.CopyFrom(_meta(value, False))
+            constants.append(value)
+            continue
         if node.target is operator.getitem:
             continue
         where = f"node '{node.name}'"
@@ -899,4 +918,4 @@ def _lower(gm, placeholders, fakes, fake_mode, name):
     _check_bound_symbols(graph)
     shape_env = fake_mode.shape_env
     return Lowered(graph, _guards(graph, shape_env), tensor_args, len(user_outputs), mutations,
-                   shape_env)
+                   shape_env, tuple(constants))
