@@ -162,6 +162,14 @@ absl::Status CatRule(Ctx& c) {
   return absl::OkStatus();
 }
 
+// Zeros like self with `g` added at `index` along `dim`: the gradient of
+// an op that read self there (gather, sort, topk, ...).
+Val ScatterIntoZeros(Ctx& c, Argument dim, Argument index, ValueId g) {
+  ASSIGN_OR_RETURN(ValueId self, c.call().Tensor("self"));
+  ASSIGN_OR_RETURN(ValueId zeros, ZerosLike(c, self));
+  return c.Op("aten.scatter_add.default", {Ref(zeros), std::move(dim), std::move(index), Ref(g)});
+}
+
 }  // namespace
 
 void RegisterViews(Registry* r) {
@@ -312,11 +320,8 @@ void RegisterViews(Registry* r) {
                   }}}),
       {"indices"});
   // gather: the gradient added into zeros where it was read from.
-  Def(r, "aten.gather.default", SelfRule([](Ctx& c, ValueId g) -> Val {
-        ASSIGN_OR_RETURN(ValueId self, c.call().Tensor("self"));
-        ASSIGN_OR_RETURN(ValueId zeros, ZerosLike(c, self));
-        return c.Op("aten.scatter_add.default",
-                    {Ref(zeros), Arg(c, "dim"), Arg(c, "index"), Ref(g)});
+  Def(r, "aten.gather.default", SelfRule([](Ctx& c, ValueId g) {
+        return ScatterIntoZeros(c, Arg(c, "dim"), Arg(c, "index"), g);
       }),
       {"index"});
   // scatter_add: self passes the gradient on; src reads it back where it
@@ -365,13 +370,10 @@ void RegisterViews(Registry* r) {
   for (const char* target : {"aten.sort.default", "aten.topk.default", "aten.cummax.default"}) {
     Def(r, target, [](Ctx& c) -> absl::Status {
       if (!c.NeedsGrad("self") || c.grad_output(0) == kNoValue) return absl::OkStatus();
-      ASSIGN_OR_RETURN(ValueId self, c.call().Tensor("self"));
       ASSIGN_OR_RETURN(const ir::TensorMeta m, MetaOf(c, "self"));
       if (m.sizes.empty()) return SetReduced(c, "self", c.grad_output(0));
-      ASSIGN_OR_RETURN(ValueId zeros, ZerosLike(c, self));
       ASSIGN_OR_RETURN(ValueId g,
-                       c.Op("aten.scatter_add.default",
-                            {Ref(zeros), Arg(c, "dim"), Ref(c.output(1)), Ref(c.grad_output(0))}));
+                       ScatterIntoZeros(c, Arg(c, "dim"), Ref(c.output(1)), c.grad_output(0)));
       return SetReduced(c, "self", g);
     });
   }
@@ -380,7 +382,6 @@ void RegisterViews(Registry* r) {
   for (const char* target : {"aten.median.dim", "aten.kthvalue.default"}) {
     Def(r, target, [](Ctx& c) -> absl::Status {
       if (!c.NeedsGrad("self") || c.grad_output(0) == kNoValue) return absl::OkStatus();
-      ASSIGN_OR_RETURN(ValueId self, c.call().Tensor("self"));
       ASSIGN_OR_RETURN(const ir::TensorMeta m, MetaOf(c, "self"));
       if (m.sizes.empty()) return SetReduced(c, "self", c.grad_output(0));
       ASSIGN_OR_RETURN(int64_t dim, c.call().Int("dim"));
@@ -391,9 +392,7 @@ void RegisterViews(Registry* r) {
         ASSIGN_OR_RETURN(g, Unsqueeze(c, g, dim));
         ASSIGN_OR_RETURN(indices, Unsqueeze(c, indices, dim));
       }
-      ASSIGN_OR_RETURN(ValueId zeros, ZerosLike(c, self));
-      ASSIGN_OR_RETURN(
-          g, c.Op("aten.scatter_add.default", {Ref(zeros), ir::Int(dim), Ref(indices), Ref(g)}));
+      ASSIGN_OR_RETURN(g, ScatterIntoZeros(c, ir::Int(dim), Ref(indices), g));
       return SetReduced(c, "self", g);
     });
   }
