@@ -636,14 +636,6 @@ absl::StatusOr<Metas> Cumsum(const OpCall& c) {
   return Metas{NewTensor(out, self->sizes, *self)};
 }
 
-// cummax(self, dim) -> (values, indices): self's sizes; the indices INT64.
-absl::StatusOr<Metas> Cummax(const OpCall& c) {
-  ASSIGN_OR_RETURN(const TensorMeta* self, c.Meta("self"));
-  RETURN_IF_ERROR(DimArg(c, "dim", Rank(*self)).status());
-  return Metas{NewTensor(self->dtype, self->sizes, *self),
-               NewTensor(v1::INT64, self->sizes, *self)};
-}
-
 // median.dim and kthvalue: `dim` reduced (kept as 1 with keepdim); the
 // indices INT64.
 absl::StatusOr<Metas> SelectAlongDim(const OpCall& c) {
@@ -661,9 +653,9 @@ absl::StatusOr<Metas> SelectAlongDim(const OpCall& c) {
   return Metas{NewTensor(self->dtype, sizes, *self), NewTensor(v1::INT64, sizes, *self)};
 }
 
-// sort(self, dim, descending) -> (values, indices): self's sizes; the
-// indices INT64.
-absl::StatusOr<Metas> Sort(const OpCall& c) {
+// sort(self, dim, descending) and cummax(self, dim) -> (values, indices):
+// self's sizes; the indices INT64.
+absl::StatusOr<Metas> ValuesAndIndicesAlongDim(const OpCall& c) {
   ASSIGN_OR_RETURN(const TensorMeta* self, c.Meta("self"));
   RETURN_IF_ERROR(DimArg(c, "dim", Rank(*self)).status());
   return Metas{NewTensor(self->dtype, self->sizes, *self),
@@ -734,10 +726,10 @@ void RegisterExtern(Definer& def) {
     def(absl::StrCat("aten.", op, ".Tensor"), kExpensive, Elementwise{{"self", "other"}, {}});
     def(absl::StrCat("aten.", op, ".Scalar"), kExpensive, Elementwise{{"self"}, {"self", "other"}});
   }
-  def("aten.cummax.default", kExpensive, Cummax);
+  def("aten.cummax.default", kExpensive, ValuesAndIndicesAlongDim);
   def("aten.median.dim", kExpensive, SelectAlongDim);
   def("aten.kthvalue.default", kExpensive, SelectAlongDim);
-  def("aten.sort.default", kExpensive, Sort);
+  def("aten.sort.default", kExpensive, ValuesAndIndicesAlongDim);
   def("aten.topk.default", kExpensive, Topk);
 }
 
