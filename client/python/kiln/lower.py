@@ -33,6 +33,7 @@ guards to Dynamo's shape environment. KILN_LOWER_CACHE=0 turns the cache off.
 
 import base64
 import collections
+import contextlib
 import hashlib
 import json
 import operator
@@ -633,25 +634,24 @@ def _functionalized(fx, fakes, fake_mode):
                        decomposition_table=decompositions.table())(*fakes).graph
 
 
-# Fused attention kernels with integer results (the sequence lengths), which
-# a graph cannot carry, and which SDPA picks for 16-bit CUDA tensors.
-_INT_RESULT_ATTENTION = (
-    torch.ops.aten._scaled_dot_product_cudnn_attention.default,
-    torch.ops.aten._scaled_dot_product_flash_attention.default,
-)
+def _attention_choices(fakes):
+    """Where the graph's tensors are on CUDA, a context in which SDPA
+    chooses between memory-efficient attention (whose results are tensors,
+    and which kilnd differentiates) and the math form: the fused kernels it
+    would pick for 16-bit tensors, cuDNN's and flash attention, return
+    integers (the sequence lengths), which a graph cannot carry, and the
+    graph would run eagerly."""
+    if not any(isinstance(f, torch.Tensor) and f.is_cuda for f in fakes):
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
 
 
 def _lower(gm, placeholders, fakes, fake_mode, name):
     grad = torch.is_grad_enabled()
-    fx = _trace(gm, fakes, fake_mode)
-    if any(n.target in _INT_RESULT_ATTENTION for n in fx.nodes):
-        # Traced again with SDPA choosing among memory-efficient attention
-        # (whose results are tensors, and which kilnd differentiates) and
-        # the math form: the graph compiles rather than runs eagerly.
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-
-        with sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]):
-            fx = _trace(gm, fakes, fake_mode)
+    with _attention_choices(fakes):
+        fx = _trace(gm, fakes, fake_mode)
     if _writes_intermediate(fx):
         fx = _functionalized(fx, fakes, fake_mode)
     traced_placeholders = [n for n in fx.nodes if n.op == "placeholder"]
