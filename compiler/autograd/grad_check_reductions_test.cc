@@ -97,15 +97,17 @@ void AddReductionCases(std::map<std::string, Case>& c) {
     Check("aten.prod.dim_int", {G(AwayFromZero({b, a}).t())}, {Ref(0), Int(1)});
     return ok;
   };
-  c["aten.max.dim"] = [] {
-    const int64_t a = Dim(), b = Dim(), d = Dim();
-    bool ok = true;
-    for (bool keep : {false, true}) {
-      ok = Check("aten.max.dim", {G(Randn({a, b, d}))}, {Ref(0), Int(1), Bool(keep)}) && ok;
-      Check("aten.max.dim", {G(Transposed(a, b))}, {Ref(0), Int(-1), Bool(keep)});
-    }
-    return ok;
-  };
+  for (const char* t : {"aten.max.dim", "aten.min.dim"}) {
+    c[t] = [t] {
+      const int64_t a = Dim(), b = Dim(), d = Dim();
+      bool ok = true;
+      for (bool keep : {false, true}) {
+        ok = Check(t, {G(Randn({a, b, d}))}, {Ref(0), Int(1), Bool(keep)}) && ok;
+        ok = Check(t, {G(Transposed(a, b))}, {Ref(0), Int(-1), Bool(keep)}) && ok;
+      }
+      return ok;
+    };
+  }
   for (const char* t : {"aten._softmax.default", "aten._log_softmax.default"}) {
     c[t] = [t] {
       const int64_t a = Dim(), b = Dim(), d = Dim();

@@ -131,11 +131,13 @@ constexpr const char* kSchemas[] = {
     "amax(Tensor self, int[1] dim=[], bool keepdim=False) -> Tensor",
     "amin(Tensor self, int[1] dim=[], bool keepdim=False) -> Tensor",
     "max.dim(Tensor self, int dim, bool keepdim=False) -> (Tensor values, Tensor indices)",
+    "min.dim(Tensor self, int dim, bool keepdim=False) -> (Tensor values, Tensor indices)",
     "var.correction(Tensor self, int[1]? dim=None, *, Scalar? correction=None, bool keepdim=False) "
     "-> Tensor",
     "var_mean.correction(Tensor self, int[1]? dim=None, *, Scalar? correction=None, "
     "bool keepdim=False) -> (Tensor, Tensor)",
     "argmax(Tensor self, int? dim=None, bool keepdim=False) -> Tensor",
+    "argmin(Tensor self, int? dim=None, bool keepdim=False) -> Tensor",
     "prod.dim_int(Tensor self, int dim, bool keepdim=False, *, ScalarType? dtype=None) -> Tensor",
     "_softmax(Tensor self, int dim, bool half_to_float) -> Tensor",
     "_log_softmax(Tensor self, int dim, bool half_to_float) -> Tensor",

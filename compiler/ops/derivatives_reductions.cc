@@ -247,6 +247,36 @@ DerivativeRule BatchNormRule(std::optional<bool> training) {
   };
 }
 
+// max.dim and min.dim: value_selecting_reduction_backward, the scatter of
+// grad to the indices spelled grad * (arange == indices).
+absl::Status ValueSelectingRule(Ctx& c) {
+  if (!c.NeedsGrad("self") || c.grad_output(0) == kNoValue) return absl::OkStatus();
+  ASSIGN_OR_RETURN(const ir::TensorMeta m, MetaOf(c, "self"));
+  const int64_t rank = Rank(m);
+  ValueId g = c.grad_output(0);
+  ValueId indices = c.output(1);
+  if (rank > 0) {
+    ASSIGN_OR_RETURN(int64_t dim, c.call().Int("dim"));
+    ASSIGN_OR_RETURN(dim, WrapDim(dim, rank));
+    ASSIGN_OR_RETURN(bool keepdim, c.call().Bool("keepdim"));
+    ASSIGN_OR_RETURN(g, RestoreReducedDims(c, g, {dim}, keepdim));
+    ASSIGN_OR_RETURN(indices, RestoreReducedDims(c, indices, {dim}, keepdim));
+    std::vector<Argument> kwargs = {ir::Kwarg("dtype", Argument{"", v1::INT64})};
+    if (!m.device_type.empty()) {
+      kwargs.push_back(
+          ir::Kwarg("device", Argument{"", ir::Device{m.device_type, m.device_index}}));
+    }
+    ASSIGN_OR_RETURN(ValueId iota,
+                     c.Op("aten.arange.default", {SymIntArg(m.sizes[dim])}, std::move(kwargs)));
+    std::vector<ir::SymInt> shape(rank, ir::SymInt{int64_t{1}});
+    shape[dim] = m.sizes[dim];
+    ASSIGN_OR_RETURN(iota, c.Op("aten.view.default", {Ref(iota), SizesArg(shape)}));
+    ASSIGN_OR_RETURN(ValueId hit, c.Op("aten.eq.Tensor", {Ref(iota), Ref(indices)}));
+    ASSIGN_OR_RETURN(g, Mul(c, g, hit));
+  }
+  return SetReduced(c, "self", g);
+}
+
 }  // namespace
 
 void RegisterCopiesAndReductions(Registry* r) {
@@ -334,35 +364,9 @@ void RegisterCopiesAndReductions(Registry* r) {
         ASSIGN_OR_RETURN(ValueId q, Div(c, result, self));
         return Mul(c, g, q);
       }));
-  // max.dim: value_selecting_reduction_backward; the scatter of grad to the
-  // indices is spelled grad * (arange == indices).
-  Def(r, "aten.max.dim", [](Ctx& c) -> absl::Status {
-    if (!c.NeedsGrad("self") || c.grad_output(0) == kNoValue) return absl::OkStatus();
-    ASSIGN_OR_RETURN(const ir::TensorMeta m, MetaOf(c, "self"));
-    const int64_t rank = Rank(m);
-    ValueId g = c.grad_output(0);
-    ValueId indices = c.output(1);
-    if (rank > 0) {
-      ASSIGN_OR_RETURN(int64_t dim, c.call().Int("dim"));
-      ASSIGN_OR_RETURN(dim, WrapDim(dim, rank));
-      ASSIGN_OR_RETURN(bool keepdim, c.call().Bool("keepdim"));
-      ASSIGN_OR_RETURN(g, RestoreReducedDims(c, g, {dim}, keepdim));
-      ASSIGN_OR_RETURN(indices, RestoreReducedDims(c, indices, {dim}, keepdim));
-      std::vector<Argument> kwargs = {ir::Kwarg("dtype", Argument{"", v1::INT64})};
-      if (!m.device_type.empty()) {
-        kwargs.push_back(
-            ir::Kwarg("device", Argument{"", ir::Device{m.device_type, m.device_index}}));
-      }
-      ASSIGN_OR_RETURN(ValueId iota,
-                       c.Op("aten.arange.default", {SymIntArg(m.sizes[dim])}, std::move(kwargs)));
-      std::vector<ir::SymInt> shape(rank, ir::SymInt{int64_t{1}});
-      shape[dim] = m.sizes[dim];
-      ASSIGN_OR_RETURN(iota, c.Op("aten.view.default", {Ref(iota), SizesArg(shape)}));
-      ASSIGN_OR_RETURN(ValueId hit, c.Op("aten.eq.Tensor", {Ref(iota), Ref(indices)}));
-      ASSIGN_OR_RETURN(g, Mul(c, g, hit));
-    }
-    return SetReduced(c, "self", g);
-  });
+  // max.dim, min.dim: value_selecting_reduction_backward.
+  Def(r, "aten.max.dim", ValueSelectingRule);
+  Def(r, "aten.min.dim", ValueSelectingRule);
   Def(r, "aten._softmax.default", SelfRule([](Ctx& c, ValueId g) -> Val {
         ASSIGN_OR_RETURN(const ir::TensorMeta m, MetaOf(c, "self"));
         return c.Op("aten._softmax_backward_data.default",

@@ -88,7 +88,7 @@ absl::StatusOr<Metas> Argmax(const OpCall& c) {
   return Metas{NewTensor(v1::INT64, std::move(sizes), *self)};
 }
 
-// prod.dim_int, max.dim: one int dim.
+// prod.dim_int, max.dim, min.dim: one int dim.
 ShapeRule ReduceOneDim(Acc acc, bool with_indices) {
   return [acc, with_indices](const OpCall& c) -> absl::StatusOr<Metas> {
     ASSIGN_OR_RETURN(const TensorMeta* self, c.Meta("self"));
@@ -284,8 +284,10 @@ void RegisterReductions(Definer& def) {
   def("aten.var.correction", kReduction, ReduceDims(Acc::kReal));
   def("aten.var_mean.correction", kReduction, VarMean);
   def("aten.argmax.default", kReduction, Argmax);
+  def("aten.argmin.default", kReduction, Argmax);
   def("aten.prod.dim_int", kReduction, ReduceOneDim(Acc::kIntToInt64, false));
   def("aten.max.dim", kReduction, ReduceOneDim(Acc::kSame, true));
+  def("aten.min.dim", kReduction, ReduceOneDim(Acc::kSame, true));
   def("aten._softmax.default", kReduction, Softmax);
   def("aten._log_softmax.default", kReduction, Softmax);
 }
