@@ -128,7 +128,8 @@ std::string CoreOpset(const Registry& registry, const std::vector<std::string>& 
       "results; a graph in which a gradient must flow through it is refused with "
       "INVALID_ARGUMENT naming the node and the op. This table is what kilnd does with an "
       "op it is sent; the torch.compile backend decomposes some before they are sent (batch "
-      "norm, ELU, softplus, `repeat`, reflection padding, ...: README, torch.compile).\n\n"
+      "norm, ELU, softplus, `repeat`, reflection padding, `embedding_bag`, `cumprod`, ...: "
+      "README, torch.compile).\n\n"
       "| core op | shape rule | derivative | how kiln serves it |\n|---|---|---|---|\n");
   for (const std::string& t : core) {
     const OpDef* op = registry.Find(t);

@@ -261,7 +261,7 @@ class TorchCompileTest(SharedKilnd, unittest.TestCase):
                              if first_step == "compile" else
                              any(s.startswith("begin compile") for s in steps), steps)
 
-        def refused(x):  # cumprod has no derivative rule: kilnd refuses the gradient
+        def refused(x):  # lgamma has no derivative rule: kilnd refuses the gradient
             return torch.cumprod(x, 0).lgamma()
 
         torch._dynamo.reset()
@@ -271,8 +271,9 @@ class TorchCompileTest(SharedKilnd, unittest.TestCase):
         self.assertRegex(logs.records[-1].getMessage(), r"^begin compile '\w+'$")
 
     def test_core_ops_without_a_rule_run_as_externs_and_refuse_gradients_by_name(self):
-        # cumprod and lgamma are ATen ops the registry has no rule for
-        # (docs/ops.md, the core opset table).
+        # lgamma is an ATen op the registry has no rule for (docs/ops.md,
+        # the core opset table); cumprod, which the lowering decomposes,
+        # runs before it.
         def f(x):
             return torch.cumprod(x, 0).lgamma() + x
 
@@ -750,7 +751,7 @@ class TorchCompileServerTest(unittest.TestCase):
         self.assertEqual(len(be.loaded), 1)
 
     def test_suppress_errors_runs_a_refused_graph_eagerly(self):
-        def f(x):  # cumprod has no derivative rule: kilnd refuses the gradient
+        def f(x):  # lgamma has no derivative rule: kilnd refuses the gradient
             return torch.cumprod(x, 0).lgamma()
 
         x = torch.randn(4, 3, requires_grad=True)

@@ -426,6 +426,9 @@ class TrainingGraphCases:
     def test_decomposed_activations_losses_and_shape_ops(self):
         self.check_training("activations", _Activations(), (torch.randn(4, 8),))
 
+    def test_bags_samplers_scans_and_slice_assignment(self):
+        self.check_training("bags and scans", _BagsAndScans(), (torch.randn(6, 8),))
+
     def test_math_ops_that_run_through_aten(self):
         def math(x, y):
             u = torch.tanh(x) * 0.9
@@ -523,6 +526,33 @@ class _Activations(nn.Module):
                   + F.pad(shaped.reshape(1, 1, 4, 8), (2, 1, 1, 2), mode="reflect").sum()
                   + F.pad(shaped.reshape(1, 1, 4, 8), (1, 1, 0, 2), mode="replicate").sum())
         return shaped * losses + pooled
+
+
+class _BagsAndScans(nn.Module):
+    """Ops the lowering decomposes itself: embedding bags in sum and mean
+    (with an empty bag, padding and per-sample weights) into embedding and
+    index_add, cumprod by doubling (its gradient exact at the zeros relu
+    makes) and prod, round half to even; and torch's decompositions of
+    grid_sample, diagonal and a slice assignment's slice_scatter."""
+
+    def __init__(self):
+        super().__init__()
+        self.bags = nn.EmbeddingBag(10, 8, mode="mean", padding_idx=0)
+        self.register_buffer("ids", torch.tensor([3, 0, 7, 7, 1, 9, 2]))
+        self.register_buffer("offsets", torch.tensor([0, 2, 2, 5]))
+        self.register_buffer("grid", torch.linspace(-1.3, 1.2, 2 * 3 * 4 * 2).reshape(2, 3, 4, 2))
+
+    def forward(self, x):
+        mean = self.bags(self.ids, self.offsets)
+        summed = F.embedding_bag(self.ids, self.bags.weight, self.offsets, mode="sum",
+                                 per_sample_weights=x[0, :7])
+        scans = torch.cumprod(torch.relu(x), 1) + torch.cumprod(x * 0.5, 0)
+        y = x * 1
+        y[:, 2:5] = summed[:, :3].sum(0) * mean[:, 5:8].sum(0)
+        sampled = F.grid_sample(y.reshape(2, 3, 2, 4), self.grid, align_corners=False)
+        rounded = torch.round(x * 3) * x
+        return (scans.sum(0) * sampled.sum() + torch.diagonal(y[:, :6], 1).sum()
+                + torch.prod(x[:2, :3] + 2) + x.min(1).values.sum() + rounded.sum(0))
 
 
 class TrainingTest(TrainingGraphCases, unittest.TestCase):
@@ -671,10 +701,10 @@ class TrainingTest(TrainingGraphCases, unittest.TestCase):
         # Through kiln.compile, whose lowering decomposes that backward into
         # index_put (which has a rule), an op the registry does not know.
         with self.assertRaises(kiln.KilnError) as cm:
-            kiln.compile(lambda x: torch.cumprod(x, 0) * 2, torch.randn(4, 3, requires_grad=True),
+            kiln.compile(lambda x: torch.lgamma(x) * 2, torch.randn(4, 3, requires_grad=True),
                          client=self.client)
         self.assertEqual(cm.exception.code, "INVALID_ARGUMENT", cm.exception.message)
-        self.assertIn("aten.cumprod.default", cm.exception.message)
+        self.assertIn("aten.lgamma.default", cm.exception.message)
 
         # The server goes on serving.
         compiled = self.client.compile(load_graph("mlp.json"), backend="aot_eager")

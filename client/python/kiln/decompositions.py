@@ -16,7 +16,8 @@ from torch._decomp import core_aten_decompositions, decomposition_table
 # pointwise ops, reductions and views that kilnd fuses and differentiates,
 # where the op whole would run through ATen and refuse a gradient. (Those
 # whose decompositions reach torch's prims, such as atan2 or trunc, stay
-# whole; trunc is floor and ceil, below.) kilnd differentiates the ops a
+# whole or get kiln's own below: trunc and round in floor and ceil, prod and
+# cumprod in products, embedding_bag in embedding and index_add.) kilnd differentiates the ops a
 # decomposition gives, not autograd's formula for the op, so a decomposition
 # must not compute an infinity its where() then discards: its gradient
 # would be 0 * inf, NaN. elu, softplus and the vector norm have such
@@ -37,6 +38,7 @@ _EXTRA_DECOMPOSITIONS = (
     _A.hardshrink.default, _A.threshold.default, _A.log_sigmoid_forward.default,
     _A.mse_loss.default, _A.huber_loss.default, _A.smooth_l1_loss.default,
     _A.soft_margin_loss.default, _A.binary_cross_entropy_with_logits.default,
+    _A.grid_sampler_2d.default, _A.slice_scatter.default,
 )
 _DECOMPOSITIONS = None
 
@@ -123,6 +125,133 @@ def _trunc(x):
                                      torch.ops.aten.floor.default(x))
 
 
+def _round(x):
+    """aten.round, half to even, from floor: the fraction x - floor(x) is
+    exact, and so is the parity of floor(x). Its gradient is zero, as
+    round's."""
+    aten = torch.ops.aten
+    if not x.is_floating_point():
+        return aten.clone.default(x)
+    down = aten.floor.default(x)
+    frac = aten.sub.Tensor(x, down)
+    up = aten.add.Scalar(down, 1)
+    half = aten.sub.Tensor(down, aten.mul.Scalar(aten.floor.default(aten.mul.Scalar(down, 0.5)), 2))
+    odd = aten.eq.Scalar(half, 1)
+    tie = aten.where.self(odd, up, down)
+    return aten.where.self(aten.gt.Scalar(frac, 0.5), up,
+                           aten.where.self(aten.lt.Scalar(frac, 0.5), down, tie))
+
+
+def _prod(x, *, dtype=None):
+    """aten.prod of every element, as prod.dim_int over the flattened
+    tensor (torch's decomposition reaches a prim)."""
+    flat = torch.ops.aten.view.default(x, [-1]) if x.is_contiguous() \
+        else torch.ops.aten.reshape.default(x, [-1])
+    return torch.ops.aten.prod.dim_int(flat, 0, False, dtype=dtype)
+
+
+def _cumprod(x, dim, *, dtype=None):
+    """aten.cumprod as a scan by doubling: after step k each element holds
+    the product of the 2^k before it and itself, the shifted operand padded
+    with ones. Only multiplications, so that the gradient is exact where
+    inputs are zero (dividing the result by the input is not); log2(n)
+    steps. Sizes that are symbolic keep the op whole."""
+    aten = torch.ops.aten
+    if dtype is not None:
+        x = aten._to_copy.default(x, dtype=dtype)
+    elif not (x.is_floating_point() or x.is_complex()):
+        x = aten._to_copy.default(x, dtype=torch.int64)
+    if x.dim() == 0:
+        return aten.clone.default(x)
+    dim = dim % x.dim()
+    n = x.shape[dim]
+    if not isinstance(n, int):
+        return NotImplemented
+    pad_before = 2 * (x.dim() - 1 - dim)
+    y, k = x, 1
+    if n <= 1:
+        return aten.clone.default(y)
+    while k < n:
+        head = aten.slice.Tensor(y, dim, 0, n - k)
+        pad = [0] * pad_before + [k, 0]
+        y = aten.mul.Tensor(y, aten.constant_pad_nd.default(head, pad, 1))
+        k *= 2
+    return y
+
+
+def _diagonal(x, offset=0, dim1=0, dim2=1):
+    """aten.diagonal as a strided slice of the two dims flattened, moved
+    last (torch's decomposition is an as_strided of the input's own
+    strides, which a value kilnd lays out anew does not keep)."""
+    aten = torch.ops.aten
+    nd = x.dim()
+    d1, d2 = dim1 % nd, dim2 % nd
+    n, m = x.shape[d1], x.shape[d2]
+    if not isinstance(n, int) or not isinstance(m, int) or d1 == d2:
+        return NotImplemented
+    rest = [d for d in range(nd) if d not in (d1, d2)]
+    flat = aten.reshape.default(aten.permute.default(x, rest + [d1, d2]),
+                                [x.shape[d] for d in rest] + [n * m])
+    if offset >= 0:
+        start, count = offset, min(n, m - offset)
+    else:
+        start, count = -offset * m, min(n + offset, m)
+    if count <= 0:
+        return aten.slice.Tensor(flat, -1, 0, 0)
+    return aten.slice.Tensor(flat, -1, start, start + (count - 1) * (m + 1) + 1, m + 1)
+
+
+def _embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=0, sparse=False,
+                   per_sample_weights=None, include_last_offset=False, padding_idx=-1):
+    """aten._embedding_bag in sum (mode 0) and mean (mode 1) as embedding
+    and index_add into the bags, which kilnd differentiates: each index's
+    bag is the count of offsets at or before it, less one. Max (mode 2),
+    scale_grad_by_freq and sparse gradients keep the op whole."""
+    aten = torch.ops.aten
+    if mode not in (0, 1) or scale_grad_by_freq or sparse or indices.dim() != 1 \
+            or offsets.dim() != 1:
+        return NotImplemented
+    n, bags = indices.shape[0], offsets.shape[0] - (1 if include_last_offset else 0)
+    if not isinstance(n, int) or not isinstance(bags, int):
+        return NotImplemented
+    index_dtype = indices.dtype if indices.device.type != "cpu" else offsets.dtype
+    starts = aten.slice.Tensor(offsets, 0, 0, bags)
+    marks = aten.index_add.default(
+        aten.zeros.default([n + 1], dtype=index_dtype, device=indices.device), 0, starts,
+        aten.ones.default([bags], dtype=index_dtype, device=indices.device))
+    bag = aten.sub.Scalar(aten.slice.Tensor(aten.cumsum.default(marks, 0), 0, 0, n), 1)
+    rows = aten.embedding.default(weight, indices, padding_idx)
+    keep = None
+    if padding_idx is not None and padding_idx >= 0:
+        keep = aten.ne.Scalar(indices, padding_idx)
+        rows = aten.mul.Tensor(rows, aten.unsqueeze.default(
+            aten._to_copy.default(keep, dtype=weight.dtype), 1))
+    if per_sample_weights is not None:
+        rows = aten.mul.Tensor(rows, aten.unsqueeze.default(per_sample_weights, 1))
+    out = aten.index_add.default(
+        aten.zeros.default([bags, weight.shape[1]], dtype=weight.dtype, device=weight.device),
+        0, bag, rows)
+    counted = aten.ones.default([n], dtype=index_dtype, device=indices.device) if keep is None \
+        else aten._to_copy.default(keep, dtype=index_dtype)
+    size = aten.index_add.default(
+        aten.zeros.default([bags], dtype=index_dtype, device=indices.device), 0, bag, counted)
+    if mode == 1:
+        divisor = aten.clamp.default(aten._to_copy.default(size, dtype=weight.dtype), 1)
+        out = aten.div.Tensor(out, aten.unsqueeze.default(divisor, 1))
+    # The other results have the sizes ATen's kernels give them (its meta
+    # function): offset2bag each index's bag, bag_size the counts.
+    if indices.device.type != "cpu":
+        size = aten.constant_pad_nd.default(size, [0, offsets.shape[0] - bags], 0)
+        return out, bag, size, aten.zeros.default([0], dtype=index_dtype, device=indices.device)
+    fast = weight.dtype in (torch.float32, torch.float16) and weight.stride(1) == 1 \
+        and (padding_idx is None or padding_idx < 0) \
+        and (per_sample_weights is None or per_sample_weights.stride(0) == 1)
+    offset2bag = bag if mode == 1 or not fast else \
+        aten.zeros.default([0], dtype=index_dtype, device=indices.device)
+    max_indices = aten.zeros.default([bags], dtype=index_dtype, device=indices.device)
+    return out, offset2bag, size, max_indices
+
+
 # torch.export's core-ATen table is the post-autograd table plus an entry per
 # CompositeImplicitAutograd op of every namespace, whose collection costs
 # 70-150 ms per process (the first graph's warm start). Tracing below runs
@@ -161,6 +290,11 @@ def table():
         table[torch.ops.aten.var_mean.correction] = _var_mean
         table[torch.ops.aten.clamp.Tensor] = _clamp_tensor
         table[torch.ops.aten.trunc.default] = _trunc
+        table[torch.ops.aten.round.default] = _round
+        table[torch.ops.aten.prod.default] = _prod
+        table[torch.ops.aten.diagonal.default] = _diagonal
+        table[torch.ops.aten.cumprod.default] = _cumprod
+        table[torch.ops.aten._embedding_bag.default] = _embedding_bag
         table[torch.ops.aten.elu.default] = _elu
         table[torch.ops.aten.softplus.default] = _softplus
         table[torch.ops.aten.linalg_vector_norm.default] = _vector_norm
