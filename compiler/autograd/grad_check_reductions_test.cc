@@ -95,6 +95,15 @@ void AddReductionCases(std::map<std::string, Case>& c) {
     Check("aten.prod.dim_int", {G(AwayFromZero({a, b}))}, {Ref(0), Int(0), Bool(true)});
     Check("aten.prod.dim_int", {G(AwayFromZero({a}))}, {Ref(0), Int(0)});
     Check("aten.prod.dim_int", {G(AwayFromZero({b, a}).t())}, {Ref(0), Int(1)});
+    // Rows with no zero, one zero and two: the gradient at a lone zero is
+    // the product of the rest; every other element's is 0.
+    at::Tensor zeros = AwayFromZero({3, 5});
+    zeros.index_put_({1, 2}, 0.0);
+    zeros.index_put_({2, 0}, 0.0);
+    zeros.index_put_({2, 4}, 0.0);
+    ok = Check("aten.prod.dim_int", {G(zeros)}, {Ref(0), Int(1)}) && ok;
+    ok =
+        Check("aten.prod.dim_int", {G(zeros.t().contiguous())}, {Ref(0), Int(0), Bool(true)}) && ok;
     return ok;
   };
   for (const char* t : {"aten.max.dim", "aten.min.dim"}) {

@@ -350,8 +350,10 @@ void RegisterCopiesAndReductions(Registry* r) {
     if (total == kNoValue) return absl::OkStatus();
     return SetReduced(c, "self", total);
   });
-  // prod: grad * result / self, libtorch's formula for inputs without
-  // zeros (with a zero it takes another path; this one gives NaN there).
+  // prod: grad times the product of the other elements. Where the slice
+  // has no zero that is result / self; where it has one, the zero's is the
+  // product of the rest and every other element's is 0; with two or more,
+  // all are 0 (libtorch's cases, spelled as where()s over the slice).
   Def(r, "aten.prod.dim_int", SelfRule([](Ctx& c, ValueId g) -> Val {
         ASSIGN_OR_RETURN(ValueId self, Tensor(c, "self"));
         const int64_t rank = Rank(c.meta(self));
@@ -361,7 +363,20 @@ void RegisterCopiesAndReductions(Registry* r) {
         ASSIGN_OR_RETURN(bool keepdim, c.call().Bool("keepdim"));
         ASSIGN_OR_RETURN(g, RestoreReducedDims(c, g, {dim}, keepdim));
         ASSIGN_OR_RETURN(ValueId result, RestoreReducedDims(c, c.output(0), {dim}, keepdim));
+        ASSIGN_OR_RETURN(ValueId zero, c.Op("aten.eq.Scalar", {Ref(self), ir::Float(0.0)}));
+        ASSIGN_OR_RETURN(ValueId ones, c.Op("aten.ones_like.default", {Ref(self)}));
+        ASSIGN_OR_RETURN(ValueId nonzero,
+                         c.Op("aten.where.self", {Ref(zero), Ref(ones), Ref(self)}));
+        ASSIGN_OR_RETURN(ValueId rest,
+                         c.Op("aten.prod.dim_int", {Ref(nonzero), ir::Int(dim), ir::Bool(true)}));
+        ASSIGN_OR_RETURN(ValueId zeros, c.Op("aten.sum.dim_IntList",
+                                             {Ref(zero), ir::Ints({dim}), ir::Bool(true)}));
+        ASSIGN_OR_RETURN(ValueId one_zero, c.Op("aten.eq.Scalar", {Ref(zeros), ir::Int(1)}));
+        ASSIGN_OR_RETURN(ValueId none, c.Op("aten.zeros_like.default", {Ref(rest)}));
+        ASSIGN_OR_RETURN(ValueId at_zero,
+                         c.Op("aten.where.self", {Ref(one_zero), Ref(rest), Ref(none)}));
         ASSIGN_OR_RETURN(ValueId q, Div(c, result, self));
+        ASSIGN_OR_RETURN(q, c.Op("aten.where.self", {Ref(zero), Ref(at_zero), Ref(q)}));
         return Mul(c, g, q);
       }));
   // max.dim, min.dim: value_selecting_reduction_backward.

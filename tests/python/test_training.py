@@ -529,11 +529,12 @@ class _Activations(nn.Module):
 
 
 class _BagsAndScans(nn.Module):
-    """Ops the lowering decomposes itself: embedding bags in sum and mean
-    (with an empty bag, padding and per-sample weights) into embedding and
+    """Ops the lowering decomposes: embedding bags in sum and mean (with an
+    empty bag, padding and per-sample weights) into embedding and
     index_add, cumprod by doubling (its gradient exact at the zeros relu
-    makes) and prod, round half to even; and torch's decompositions of
-    grid_sample, diagonal and a slice assignment's slice_scatter."""
+    makes), prod (kilnd's rule takes rows with zeros too), round half to
+    even, diagonal as a strided slice; and torch's decompositions of
+    grid_sample and a slice assignment's slice_scatter."""
 
     def __init__(self):
         super().__init__()
@@ -552,7 +553,8 @@ class _BagsAndScans(nn.Module):
         sampled = F.grid_sample(y.reshape(2, 3, 2, 4), self.grid, align_corners=False)
         rounded = torch.round(x * 3) * x
         return (scans.sum(0) * sampled.sum() + torch.diagonal(y[:, :6], 1).sum()
-                + torch.prod(x[:2, :3] + 2) + x.min(1).values.sum() + rounded.sum(0))
+                + torch.prod(torch.relu(x[:3, :3]), 1).sum() + torch.prod(x[:2, :3] + 2)
+                + x.min(1).values.sum() + rounded.sum(0))
 
 
 class TrainingTest(TrainingGraphCases, unittest.TestCase):
