@@ -86,6 +86,32 @@ def pads(x):
             + F.adaptive_max_pool2d(x, (2, 3)).sum())
 
 
+class BagsAndScans(nn.Module):
+    """Embedding bags (mean with padding, sum with per-sample weights),
+    cumprod over zeros, prod, min along a dim, round, diagonal, grid_sample
+    and a slice assignment: ops the lowering decomposes. Eager CUDA has no
+    16-bit backward for per-sample weights: those are float32 alone."""
+
+    def __init__(self, weighted):
+        super().__init__()
+        self.weighted = weighted
+        self.bags = nn.EmbeddingBag(20, 6, mode="mean", padding_idx=0)
+        self.register_buffer("ids", torch.tensor([3, 0, 7, 7, 1, 9, 2, 19]))
+        self.register_buffer("offsets", torch.tensor([0, 2, 2, 5]))
+
+    def forward(self, x):
+        mean = self.bags(self.ids, self.offsets)
+        summed = F.embedding_bag(self.ids, self.bags.weight, self.offsets, mode="sum",
+                                 per_sample_weights=x[0, :8] if self.weighted else None)
+        y = x * 1
+        y[:, 1:4] = (mean + summed)[:3].sum(1)
+        grid = torch.tanh(x[:2, :8].reshape(1, 2, 4, 2)) * 1.2
+        sampled = F.grid_sample(y[:4].reshape(1, 2, 2, 8), grid, align_corners=False)
+        return (torch.cumprod(torch.relu(x), 1).sum(0) * sampled.sum()
+                + torch.prod(torch.relu(x[:, :3]) + 0.5, 1).sum() + x.min(1).values.sum()
+                + torch.round(x * 3) * x + torch.diagonal(y, 1).sum())
+
+
 def cases(dtype):
     def rand(*shape):
         return torch.randn(*shape, device=DEVICE, dtype=dtype, requires_grad=True)
@@ -104,6 +130,7 @@ def cases(dtype):
         "indexing": (indexing, lambda: (rand(4, 6),)),
         "norm_layers": (norm_layers.to(DEVICE, dtype), lambda: (rand(2, 3, 7, 9),)),
         "pads": (pads, lambda: (rand(1, 2, 5, 5),)),
+        "bags_and_scans": (BagsAndScans(dtype == torch.float32).to(DEVICE, dtype), lambda: (rand(8, 8),)),
     }
 
 
