@@ -108,6 +108,23 @@ void AddMatmulCases(std::map<std::string, Case>& c) {
           {Ref(0), Ints({2, 2}), Ints({1, 1}), Ints({0, 0}), Bool(false), Bool(true), Int(3)});
     return ok;
   };
+  c["aten.avg_pool3d.default"] = [] {
+    const int64_t n = Dim(1, 3), ch = Dim(1, 3), d = Dim(4, 6), h = Dim(4, 6), w = Dim(4, 6);
+    const std::string t = "aten.avg_pool3d.default";
+    bool ok = Check(t, {G(Randn({n, ch, d, h, w}))}, {Ref(0), Ints({2, 2, 2})});
+    ok = Check(t, {G(Randn({ch, d, h, w}))},
+               {Ref(0), Ints({3, 3, 2}), Ints({2, 1, 2}), Ints({1, 1, 0}), Bool(true),
+                Bool(false)}) &&
+         ok;
+    return ok;
+  };
+  c["aten._adaptive_avg_pool3d.default"] = [] {
+    const int64_t n = Dim(1, 3), ch = Dim(1, 3), d = Dim(4, 6), h = Dim(4, 6), w = Dim(4, 6);
+    const std::string t = "aten._adaptive_avg_pool3d.default";
+    bool ok = Check(t, {G(Randn({n, ch, d, h, w}))}, {Ref(0), Ints({3, 2, 1})});
+    ok = Check(t, {G(Randn({ch, d, h, w}))}, {Ref(0), Ints({d - 1, 1, w})}) && ok;
+    return ok;
+  };
   c["aten.embedding.default"] = [] {
     const int64_t v = Dim(4, 8), d = Dim();
     bool ok = Check("aten.embedding.default", {G(Randn({v, d})), N(Indices({3, 5}, v))},

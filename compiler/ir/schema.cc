@@ -257,8 +257,11 @@ constexpr const char* kSchemas[] = {
     "max_pool3d_with_indices(Tensor self, int[3] kernel_size, int[3] stride=[], int[3] padding=0, "
     "int[3] dilation=1, bool ceil_mode=False) -> (Tensor, Tensor)",
     "_adaptive_avg_pool2d(Tensor self, SymInt[2] output_size) -> Tensor",
+    "_adaptive_avg_pool3d(Tensor self, SymInt[3] output_size) -> Tensor",
     "adaptive_max_pool2d(Tensor self, int[2] output_size) -> (Tensor, Tensor)",
     "avg_pool2d(Tensor self, int[2] kernel_size, int[2] stride=[], int[2] padding=0, "
+    "bool ceil_mode=False, bool count_include_pad=True, int? divisor_override=None) -> Tensor",
+    "avg_pool3d(Tensor self, int[3] kernel_size, int[3] stride=[], int[3] padding=0, "
     "bool ceil_mode=False, bool count_include_pad=True, int? divisor_override=None) -> Tensor",
     "embedding(Tensor weight, Tensor indices, SymInt padding_idx=-1, bool "
     "scale_grad_by_freq=False, "
@@ -280,6 +283,7 @@ constexpr const char* kSchemas[] = {
     "max_pool3d_with_indices_backward(Tensor grad_output, Tensor self, int[3] kernel_size, "
     "int[3] stride, int[3] padding, int[3] dilation, bool ceil_mode, Tensor indices) -> Tensor",
     "_adaptive_avg_pool2d_backward(Tensor grad_output, Tensor self) -> Tensor",
+    "_adaptive_avg_pool3d_backward(Tensor grad_output, Tensor self) -> Tensor",
     "binary_cross_entropy_backward(Tensor grad_output, Tensor self, Tensor target, "
     "Tensor? weight=None, int reduction=1) -> Tensor",
     "adaptive_max_pool2d_backward(Tensor grad_output, Tensor self, Tensor indices) -> Tensor",
@@ -298,6 +302,8 @@ constexpr const char* kSchemas[] = {
     "int[2] stride, int[2] padding, int[2] dilation, bool ceil_mode, Tensor indices) -> Tensor",
     "avg_pool2d_backward(Tensor grad_output, Tensor self, int[2] kernel_size, int[2] stride, "
     "int[2] padding, bool ceil_mode, bool count_include_pad, int? divisor_override) -> Tensor",
+    "avg_pool3d_backward(Tensor grad_output, Tensor self, int[3] kernel_size, int[3] stride, "
+    "int[3] padding, bool ceil_mode, bool count_include_pad, int? divisor_override) -> Tensor",
     "embedding_dense_backward(Tensor grad_output, Tensor indices, SymInt num_weights, "
     "SymInt padding_idx, bool scale_grad_by_freq) -> Tensor",
     "native_dropout_backward(Tensor grad_output, Tensor mask, float scale) -> Tensor",

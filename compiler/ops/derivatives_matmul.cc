@@ -152,15 +152,19 @@ void RegisterMatmulAndConvolution(Registry* r) {
                     {Ref(g), Arg(c, "self"), Arg(c, "kernel_size"), Arg(c, "stride"),
                      Arg(c, "padding"), Arg(c, "dilation"), Arg(c, "ceil_mode"), Ref(c.output(1))});
       }));
-  Def(r, "aten.avg_pool2d.default", SelfRule([](Ctx& c, ValueId g) {
-        return c.Op(
-            "aten.avg_pool2d_backward.default",
-            {Ref(g), Arg(c, "self"), Arg(c, "kernel_size"), Arg(c, "stride"), Arg(c, "padding"),
-             Arg(c, "ceil_mode"), Arg(c, "count_include_pad"), Arg(c, "divisor_override")});
-      }));
-  Def(r, "aten._adaptive_avg_pool2d.default", SelfRule([](Ctx& c, ValueId g) {
-        return c.Op("aten._adaptive_avg_pool2d_backward.default", {Ref(g), Arg(c, "self")});
-      }));
+  for (const char* d : {"2d", "3d"}) {
+    const std::string backward = absl::StrCat("aten.avg_pool", d, "_backward.default");
+    Def(r, absl::StrCat("aten.avg_pool", d, ".default"), SelfRule([backward](Ctx& c, ValueId g) {
+          return c.Op(backward, {Ref(g), Arg(c, "self"), Arg(c, "kernel_size"), Arg(c, "stride"),
+                                 Arg(c, "padding"), Arg(c, "ceil_mode"),
+                                 Arg(c, "count_include_pad"), Arg(c, "divisor_override")});
+        }));
+    const std::string adaptive = absl::StrCat("aten._adaptive_avg_pool", d, "_backward.default");
+    Def(r, absl::StrCat("aten._adaptive_avg_pool", d, ".default"),
+        SelfRule([adaptive](Ctx& c, ValueId g) {
+          return c.Op(adaptive, {Ref(g), Arg(c, "self")});
+        }));
+  }
   Def(r, "aten.adaptive_max_pool2d.default", SelfRule([](Ctx& c, ValueId g) {
         return c.Op("aten.adaptive_max_pool2d_backward.default",
                     {Ref(g), Arg(c, "self"), Ref(c.output(1))});

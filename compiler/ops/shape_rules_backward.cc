@@ -148,6 +148,8 @@ void RegisterBackward(Definer& def) {
   def("aten.avg_pool2d_backward.default", kExpensive, PoolBackward);
   def("aten.max_pool3d_with_indices_backward.default", kExpensive, PoolBackward, {"indices"});
   def("aten._adaptive_avg_pool2d_backward.default", kExpensive, PoolBackward);
+  def("aten.avg_pool3d_backward.default", kExpensive, PoolBackward);
+  def("aten._adaptive_avg_pool3d_backward.default", kExpensive, PoolBackward);
   def("aten.binary_cross_entropy_backward.default", kExpensive, Like("self"), {"weight"});
   def("aten.adaptive_max_pool2d_backward.default", kExpensive, PoolBackward, {"indices"});
   def("aten.embedding_dense_backward.default", kExpensive, EmbeddingDenseBackward, {"indices"});

@@ -408,19 +408,22 @@ absl::StatusOr<Metas> MaxPool3d(const OpCall& c) {
   return Metas{PoolOut(self->dtype, sizes, *self), PoolOut(v1::INT64, sizes, *self)};
 }
 
-absl::StatusOr<Metas> AvgPool2d(const OpCall& c) {
-  ASSIGN_OR_RETURN(const TensorMeta* self, c.Meta("self"));
-  ASSIGN_OR_RETURN(SymSizes sizes, PoolSizes(c, *self, 2, /*has_dilation=*/false));
-  return Metas{PoolOut(self->dtype, sizes, *self)};
+// avg_pool2d and avg_pool3d.
+ShapeRule AvgPool(int spatial) {
+  return [spatial](const OpCall& c) -> absl::StatusOr<Metas> {
+    ASSIGN_OR_RETURN(const TensorMeta* self, c.Meta("self"));
+    ASSIGN_OR_RETURN(SymSizes sizes, PoolSizes(c, *self, spatial, /*has_dilation=*/false));
+    return Metas{PoolOut(self->dtype, sizes, *self)};
+  };
 }
 
-// _adaptive_avg_pool2d and adaptive_max_pool2d: [N,] C, H, W pooled to
-// `output_size` [H', W'].
-absl::StatusOr<SymSizes> AdaptivePool2dSizes(const OpCall& c, const TensorMeta& self) {
-  RETURN_IF_ERROR(ExpectRank(c, "self", self, {3, 4}));
+// The adaptive poolings: [N,] C and `spatial` dims pooled to `output_size`.
+absl::StatusOr<SymSizes> AdaptivePoolSizes(const OpCall& c, const TensorMeta& self, int spatial) {
+  RETURN_IF_ERROR(ExpectRank(c, "self", self, {spatial + 1, spatial + 2}));
   ASSIGN_OR_RETURN(SymSizes out, c.SymInts("output_size"));
-  if (out.size() != 2) {
-    return ArgError(c, "output_size", absl::StrCat("should have 2 sizes, got ", out.size()));
+  if (out.size() != static_cast<size_t>(spatial)) {
+    return ArgError(c, "output_size",
+                    absl::StrCat("should have ", spatial, " sizes, got ", out.size()));
   }
   for (const SymInt& s : out) {
     if (s.is_constant() && s.constant() <= 0) {
@@ -428,20 +431,23 @@ absl::StatusOr<SymSizes> AdaptivePool2dSizes(const OpCall& c, const TensorMeta& 
                       absl::StrCat("should be positive, got ", SizesToString(out)));
     }
   }
-  SymSizes sizes(self.sizes.begin(), self.sizes.end() - 2);
+  SymSizes sizes(self.sizes.begin(), self.sizes.end() - spatial);
   sizes.insert(sizes.end(), out.begin(), out.end());
   return sizes;
 }
 
-absl::StatusOr<Metas> AdaptiveAvgPool2d(const OpCall& c) {
-  ASSIGN_OR_RETURN(const TensorMeta* self, c.Meta("self"));
-  ASSIGN_OR_RETURN(SymSizes sizes, AdaptivePool2dSizes(c, *self));
-  return Metas{PoolOut(self->dtype, sizes, *self)};
+// _adaptive_avg_pool2d and _adaptive_avg_pool3d.
+ShapeRule AdaptiveAvgPool(int spatial) {
+  return [spatial](const OpCall& c) -> absl::StatusOr<Metas> {
+    ASSIGN_OR_RETURN(const TensorMeta* self, c.Meta("self"));
+    ASSIGN_OR_RETURN(SymSizes sizes, AdaptivePoolSizes(c, *self, spatial));
+    return Metas{PoolOut(self->dtype, sizes, *self)};
+  };
 }
 
 absl::StatusOr<Metas> AdaptiveMaxPool2d(const OpCall& c) {
   ASSIGN_OR_RETURN(const TensorMeta* self, c.Meta("self"));
-  ASSIGN_OR_RETURN(SymSizes sizes, AdaptivePool2dSizes(c, *self));
+  ASSIGN_OR_RETURN(SymSizes sizes, AdaptivePoolSizes(c, *self, 2));
   return Metas{PoolOut(self->dtype, sizes, *self), PoolOut(v1::INT64, sizes, *self)};
 }
 
@@ -698,9 +704,11 @@ void RegisterExtern(Definer& def) {
   def("aten.addmm.default", kExpensive, Addmm);
   def("aten.convolution.default", kExpensive, Convolution);
   def("aten.max_pool2d_with_indices.default", kExpensive, MaxPool2d);
-  def("aten.avg_pool2d.default", kExpensive, AvgPool2d);
+  def("aten.avg_pool2d.default", kExpensive, AvgPool(2));
+  def("aten.avg_pool3d.default", kExpensive, AvgPool(3));
   def("aten.max_pool3d_with_indices.default", kExpensive, MaxPool3d);
-  def("aten._adaptive_avg_pool2d.default", kExpensive, AdaptiveAvgPool2d);
+  def("aten._adaptive_avg_pool2d.default", kExpensive, AdaptiveAvgPool(2));
+  def("aten._adaptive_avg_pool3d.default", kExpensive, AdaptiveAvgPool(3));
   def("aten.adaptive_max_pool2d.default", kExpensive, AdaptiveMaxPool2d);
   def("aten.embedding.default", kExpensive, Embedding, {"indices"});
   def("aten.index.Tensor", kExpensive, Index, {"indices"});
