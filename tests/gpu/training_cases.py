@@ -130,7 +130,8 @@ def cases(dtype):
         "indexing": (indexing, lambda: (rand(4, 6),)),
         "norm_layers": (norm_layers.to(DEVICE, dtype), lambda: (rand(2, 3, 7, 9),)),
         "pads": (pads, lambda: (rand(1, 2, 5, 5),)),
-        "bags_and_scans": (BagsAndScans(dtype == torch.float32).to(DEVICE, dtype), lambda: (rand(8, 8),)),
+        "bags_and_scans": (BagsAndScans(dtype == torch.float32).to(DEVICE, dtype),
+                           lambda: (rand(8, 8),)),
     }
 
 

@@ -534,7 +534,8 @@ class _BagsAndScans(nn.Module):
     index_add, cumprod by doubling (its gradient exact at the zeros relu
     makes), prod (kilnd's rule takes rows with zeros too), round half to
     even, diagonal as a strided slice; and torch's decompositions of
-    grid_sample and a slice assignment's slice_scatter."""
+    grid_sample and a slice assignment's slice_scatter. min along a dim
+    and the 3-d average poolings have rules."""
 
     def __init__(self):
         super().__init__()
@@ -554,7 +555,9 @@ class _BagsAndScans(nn.Module):
         rounded = torch.round(x * 3) * x
         return (scans.sum(0) * sampled.sum() + torch.diagonal(y[:, :6], 1).sum()
                 + torch.prod(torch.relu(x[:3, :3]), 1).sum() + torch.prod(x[:2, :3] + 2)
-                + x.min(1).values.sum() + rounded.sum(0))
+                + x.min(1).values.sum() + rounded.sum(0)
+                + F.avg_pool3d(x.reshape(1, 1, 2, 3, 8), (1, 2, 2), padding=(0, 1, 0)).sum()
+                + F.adaptive_avg_pool3d(y.reshape(1, 2, 3, 8), (1, 2, 3)).sum())
 
 
 class TrainingTest(TrainingGraphCases, unittest.TestCase):
