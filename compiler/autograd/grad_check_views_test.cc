@@ -200,6 +200,20 @@ void AddViewCases(std::map<std::string, Case>& c) {
                  {G(Randn({n, b})), N(Indices({4, b}, n)), G(Randn({4, b}))},
                  {Ref(0), Int(0), Ref(1), Ref(2)});
   };
+  c["aten.scatter_reduce.two"] = [] {
+    const int64_t n = Dim(), b = Dim();
+    bool ok = true;
+    for (const char* reduce : {"sum", "mean", "amax", "amin"}) {
+      for (bool include_self : {true, false}) {
+        ok = Check("aten.scatter_reduce.two",
+                   {G(Randn({n, b})), N(Indices({5, b}, n)), G(Randn({5, b}))},
+                   {Ref(0), Int(0), Ref(1), Ref(2), Str(reduce)},
+                   {Kwarg("include_self", Bool(include_self))}) &&
+             ok;
+      }
+    }
+    return ok;
+  };
   c["aten.index_select.default"] = [] {
     const int64_t n = Dim(), b = Dim();
     bool ok = Check("aten.index_select.default", {G(Randn({n, b})), N(Indices({6}, b))},

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <string>
 #include <utility>
+#include <variant>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -170,6 +171,73 @@ Val ScatterIntoZeros(Ctx& c, Argument dim, Argument index, ValueId g) {
   return c.Op("aten.scatter_add.default", {Ref(zeros), std::move(dim), std::move(index), Ref(g)});
 }
 
+// scatter_reduce.two: libtorch's scatter_reduce_backward for sum, mean,
+// amax and amin. mean divides by each slot's count (self's element
+// included or not); amax and amin share the gradient evenly among self's
+// element and the sources equal to the result. Where include_self is false,
+// self's elements that sources went into get none.
+absl::Status ScatterReduceRule(Ctx& c) {
+  const ir::Argument* arg = c.call().Find("reduce");
+  const std::string* reduce = arg != nullptr ? std::get_if<std::string>(&arg->kind) : nullptr;
+  if (reduce == nullptr) {
+    return absl::InvalidArgumentError(c.call().Where() + ": 'reduce' should be a string");
+  }
+  ASSIGN_OR_RETURN(bool include_self, c.call().Bool("include_self"));
+  const ValueId g = c.grad_output(0);
+  if (g == kNoValue) return absl::OkStatus();
+  ASSIGN_OR_RETURN(ValueId self, c.call().Tensor("self"));
+  ASSIGN_OR_RETURN(ValueId src, c.call().Tensor("src"));
+  const v1::DType dtype = c.meta(self).dtype;
+  auto gather = [&c](ValueId v) {
+    return c.Op("aten.gather.default", {Ref(v), Arg(c, "dim"), Arg(c, "index")});
+  };
+  auto scatter_add = [&c](ValueId into, ValueId v) {
+    return c.Op("aten.scatter_add.default", {Ref(into), Arg(c, "dim"), Arg(c, "index"), Ref(v)});
+  };
+  auto as_dtype = [&c, dtype](ValueId v) {
+    return c.Op("aten._to_copy.default", {Ref(v)}, {ir::Kwarg("dtype", Argument{"", dtype})});
+  };
+  ValueId grad_self = kNoValue, grad_src = kNoValue;
+  if (*reduce == "sum") {
+    grad_self = g;
+    ASSIGN_OR_RETURN(grad_src, gather(g));
+  } else if (*reduce == "mean") {
+    ASSIGN_OR_RETURN(ValueId count, include_self ? c.Op("aten.ones_like.default", {Ref(self)})
+                                                 : ZerosLike(c, self));
+    ASSIGN_OR_RETURN(ValueId ones, c.Op("aten.ones_like.default", {Ref(src)}));
+    ASSIGN_OR_RETURN(count, scatter_add(count, ones));
+    ASSIGN_OR_RETURN(count, c.Op("aten.clamp.default", {Ref(count), ir::Float(1.0)}));
+    ASSIGN_OR_RETURN(grad_self, Div(c, g, count));
+    ASSIGN_OR_RETURN(grad_src, gather(grad_self));
+  } else if (*reduce == "amax" || *reduce == "amin") {
+    ASSIGN_OR_RETURN(ValueId value, gather(c.output(0)));
+    ASSIGN_OR_RETURN(ValueId self_is, c.Op("aten.eq.Tensor", {Ref(self), Ref(c.output(0))}));
+    ASSIGN_OR_RETURN(self_is, as_dtype(self_is));
+    ASSIGN_OR_RETURN(ValueId src_is, c.Op("aten.eq.Tensor", {Ref(src), Ref(value)}));
+    ASSIGN_OR_RETURN(src_is, as_dtype(src_is));
+    ASSIGN_OR_RETURN(ValueId count, scatter_add(self_is, src_is));
+    ASSIGN_OR_RETURN(ValueId shared, Div(c, g, count));
+    ASSIGN_OR_RETURN(grad_self, Mul(c, self_is, shared));
+    ASSIGN_OR_RETURN(ValueId picked, gather(shared));
+    ASSIGN_OR_RETURN(grad_src, Mul(c, src_is, picked));
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat(c.call().Where(), ": scatter_reduce with reduce='", *reduce,
+                     "' has no derivative rule (sum, mean, amax and amin have)"));
+  }
+  if (!include_self) {
+    ASSIGN_OR_RETURN(ValueId zeros, ZerosLike(c, self));
+    ASSIGN_OR_RETURN(ValueId ones, c.Op("aten.ones_like.default", {Ref(src)}));
+    ASSIGN_OR_RETURN(ValueId hit, scatter_add(zeros, ones));
+    ASSIGN_OR_RETURN(hit, c.Op("aten.gt.Scalar", {Ref(hit), ir::Float(0.0)}));
+    ASSIGN_OR_RETURN(ValueId none, ZerosLike(c, grad_self));
+    ASSIGN_OR_RETURN(grad_self, c.Op("aten.where.self", {Ref(hit), Ref(none), Ref(grad_self)}));
+  }
+  if (c.NeedsGrad("self")) c.SetGrad("self", grad_self);
+  if (c.NeedsGrad("src")) c.SetGrad("src", grad_src);
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 void RegisterViews(Registry* r) {
@@ -333,6 +401,7 @@ void RegisterViews(Registry* r) {
                     return c.Op("aten.gather.default", {Ref(g), Arg(c, "dim"), Arg(c, "index")});
                   }}}),
       {"index"});
+  Def(r, "aten.scatter_reduce.two", ScatterReduceRule, {"index"});
   // index_select: the gradient added back into zeros at the index;
   // index_add: self passes it on, source reads it back at the index.
   Def(r, "aten.index_select.default", SelfRule([](Ctx& c, ValueId g) -> Val {

@@ -534,8 +534,9 @@ absl::StatusOr<Metas> Gather(const OpCall& c) {
   return Metas{NewTensor(self->dtype, index->sizes, *self)};
 }
 
-// scatter_add(self, dim, index, src): self's metadata; `src` adds into it
-// at `index` along `dim`, so index and src have self's rank and self's dtype.
+// scatter_add(self, dim, index, src) and scatter_reduce: self's metadata;
+// `src` goes into it at `index` along `dim`, so index and src have self's
+// rank and self's dtype.
 absl::StatusOr<Metas> ScatterAdd(const OpCall& c) {
   ASSIGN_OR_RETURN(const TensorMeta* self, c.Meta("self"));
   ASSIGN_OR_RETURN(const TensorMeta* index, c.Meta("index"));
@@ -714,6 +715,7 @@ void RegisterExtern(Definer& def) {
   def("aten.index.Tensor", kExpensive, Index, {"indices"});
   def("aten.gather.default", kExpensive, Gather, {"index"});
   def("aten.scatter_add.default", kExpensive, ScatterAdd, {"index"});
+  def("aten.scatter_reduce.two", kExpensive, ScatterAdd, {"index"});
   def("aten.index_put.default", kExpensive, IndexPut, {"indices"});
   def("aten.index_select.default", kExpensive, IndexSelect, {"index"});
   def("aten.index_add.default", kExpensive, IndexAdd, {"index"});
