@@ -88,8 +88,8 @@ def pads(x):
 
 class BagsAndScans(nn.Module):
     """Embedding bags (mean with padding, sum with per-sample weights),
-    cumprod over zeros, prod, min along a dim, round, diagonal, grid_sample
-    and a slice assignment: ops the lowering decomposes. Eager CUDA has no
+    cumprod over zeros, prod, min along a dim, round, diagonal, grid_sample,
+    a slice assignment, scatter_reduce and 3-d pooling. Eager CUDA has no
     16-bit backward for per-sample weights: those are float32 alone."""
 
     def __init__(self, weighted):
@@ -98,6 +98,7 @@ class BagsAndScans(nn.Module):
         self.bags = nn.EmbeddingBag(20, 6, mode="mean", padding_idx=0)
         self.register_buffer("ids", torch.tensor([3, 0, 7, 7, 1, 9, 2, 19]))
         self.register_buffer("offsets", torch.tensor([0, 2, 2, 5]))
+        self.register_buffer("slots", torch.tensor([[0, 2, 0, 1, 1, 2, 0, 0]] * 4))
 
     def forward(self, x):
         mean = self.bags(self.ids, self.offsets)
@@ -109,7 +110,10 @@ class BagsAndScans(nn.Module):
         sampled = F.grid_sample(y[:4].reshape(1, 2, 2, 8), grid, align_corners=False)
         return (torch.cumprod(torch.relu(x), 1).sum(0) * sampled.sum()
                 + torch.prod(torch.relu(x[:, :3]) + 0.5, 1).sum() + x.min(1).values.sum()
-                + torch.round(x * 3) * x + torch.diagonal(y, 1).sum())
+                + torch.round(x * 3) * x + torch.diagonal(y, 1).sum()
+                + x[:3].scatter_reduce(0, self.slots, x[4:] * 2, "amax", include_self=False).sum(0)
+                + x[:3].scatter_reduce(0, self.slots, x[4:], "mean").sum(0)
+                + F.avg_pool3d(x.reshape(1, 2, 4, 8), (2, 2, 2)).sum())
 
 
 def cases(dtype):

@@ -534,14 +534,15 @@ class _BagsAndScans(nn.Module):
     index_add, cumprod by doubling (its gradient exact at the zeros relu
     makes), prod (kilnd's rule takes rows with zeros too), round half to
     even, diagonal as a strided slice; and torch's decompositions of
-    grid_sample and a slice assignment's slice_scatter. min along a dim
-    and the 3-d average poolings have rules."""
+    grid_sample and a slice assignment's slice_scatter. min along a dim,
+    scatter_reduce and the 3-d average poolings have rules."""
 
     def __init__(self):
         super().__init__()
         self.bags = nn.EmbeddingBag(10, 8, mode="mean", padding_idx=0)
         self.register_buffer("ids", torch.tensor([3, 0, 7, 7, 1, 9, 2]))
         self.register_buffer("offsets", torch.tensor([0, 2, 2, 5]))
+        self.register_buffer("slots", torch.tensor([0, 2, 0, 1, 1, 2, 0, 0]).repeat(3, 1) % 3)
         self.register_buffer("grid", torch.linspace(-1.3, 1.2, 2 * 3 * 4 * 2).reshape(2, 3, 4, 2))
 
     def forward(self, x):
@@ -557,7 +558,9 @@ class _BagsAndScans(nn.Module):
                 + torch.prod(torch.relu(x[:3, :3]), 1).sum() + torch.prod(x[:2, :3] + 2)
                 + x.min(1).values.sum() + rounded.sum(0)
                 + F.avg_pool3d(x.reshape(1, 1, 2, 3, 8), (1, 2, 2), padding=(0, 1, 0)).sum()
-                + F.adaptive_avg_pool3d(y.reshape(1, 2, 3, 8), (1, 2, 3)).sum())
+                + F.adaptive_avg_pool3d(y.reshape(1, 2, 3, 8), (1, 2, 3)).sum()
+                + x[:3].scatter_reduce(0, self.slots, x[3:] * 2, "amax", include_self=False)
+                + x[:3].scatter_reduce(0, self.slots, x[3:], "mean").sum(0))
 
 
 class TrainingTest(TrainingGraphCases, unittest.TestCase):
