@@ -16,11 +16,11 @@ from torch._decomp import core_aten_decompositions, decomposition_table
 # pointwise ops, reductions and views that kilnd fuses and differentiates,
 # where the op whole would run through ATen and refuse a gradient. (Those
 # whose decompositions reach torch's prims, such as atan2 or trunc, stay
-# whole or get kiln's own below: trunc and round in floor and ceil, prod and
-# cumprod in products, embedding_bag in embedding and index_add.) kilnd differentiates the ops a
-# decomposition gives, not autograd's formula for the op, so a decomposition
-# must not compute an infinity its where() then discards: its gradient
-# would be 0 * inf, NaN. elu, softplus and the vector norm have such
+# whole or get kiln's own below: trunc and round from floor and ceil, prod
+# and cumprod as products, embedding_bag as embedding and index_add.) kilnd
+# differentiates the ops a decomposition gives, not autograd's formula for
+# the op, so a decomposition must not compute an infinity its where() then
+# discards: its gradient would be 0 * inf, NaN. elu, softplus and the vector norm have such
 # decompositions in torch and get their own below; binary_cross_entropy
 # (in the core table) stays whole, differentiated by ATen's backward.
 _A = torch.ops.aten
@@ -135,8 +135,9 @@ def _round(x):
     down = aten.floor.default(x)
     frac = aten.sub.Tensor(x, down)
     up = aten.add.Scalar(down, 1)
-    half = aten.sub.Tensor(down, aten.mul.Scalar(aten.floor.default(aten.mul.Scalar(down, 0.5)), 2))
-    odd = aten.eq.Scalar(half, 1)
+    parity = aten.sub.Tensor(
+        down, aten.mul.Scalar(aten.floor.default(aten.mul.Scalar(down, 0.5)), 2))
+    odd = aten.eq.Scalar(parity, 1)
     tie = aten.where.self(odd, up, down)
     return aten.where.self(aten.gt.Scalar(frac, 0.5), up,
                            aten.where.self(aten.lt.Scalar(frac, 0.5), down, tie))
