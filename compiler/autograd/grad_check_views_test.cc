@@ -214,6 +214,15 @@ void AddViewCases(std::map<std::string, Case>& c) {
     }
     return ok;
   };
+  c["aten.slice_scatter.default"] = [] {
+    const int64_t n = Dim(4, 8), b = Dim();
+    bool ok = Check("aten.slice_scatter.default", {G(Randn({n, b})), G(Randn({n, 2}))},
+                    {Ref(0), Ref(1), Int(1), Int(0), Int(2)});
+    ok = Check("aten.slice_scatter.default", {G(Randn({n, b})), G(Randn({(n - 1) / 2 + 1, b}))},
+               {Ref(0), Ref(1), Int(0), Int(0), Int(n), Int(2)}) &&
+         ok;
+    return ok;
+  };
   c["aten.index_select.default"] = [] {
     const int64_t n = Dim(), b = Dim();
     bool ok = Check("aten.index_select.default", {G(Randn({n, b})), N(Indices({6}, b))},

@@ -402,6 +402,20 @@ void RegisterViews(Registry* r) {
                   }}}),
       {"index"});
   Def(r, "aten.scatter_reduce.two", ScatterReduceRule, {"index"});
+  // slice_scatter: self's gradient with the slice zeroed; src's, the slice.
+  Def(r, "aten.slice_scatter.default",
+      ParamRule({{"self",
+                  [](Ctx& c, ValueId g) -> Val {
+                    ASSIGN_OR_RETURN(ValueId src, c.call().Tensor("src"));
+                    ASSIGN_OR_RETURN(ValueId zeros, ZerosLike(c, src));
+                    return c.Op("aten.slice_scatter.default",
+                                {Ref(g), Ref(zeros), Arg(c, "dim"), Arg(c, "start"), Arg(c, "end"),
+                                 Arg(c, "step")});
+                  }},
+                 {"src", [](Ctx& c, ValueId g) {
+                    return c.Op("aten.slice.Tensor", {Ref(g), Arg(c, "dim"), Arg(c, "start"),
+                                                      Arg(c, "end"), Arg(c, "step")});
+                  }}}));
   // index_select: the gradient added back into zeros at the index;
   // index_add: self passes it on, source reads it back at the index.
   Def(r, "aten.index_select.default", SelfRule([](Ctx& c, ValueId g) -> Val {

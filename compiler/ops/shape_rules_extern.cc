@@ -561,6 +561,25 @@ absl::StatusOr<Metas> ScatterAdd(const OpCall& c) {
   return Metas{NewTensor(self->dtype, self->sizes, *self)};
 }
 
+// slice_scatter(self, src, dim, start, end, step): self's metadata, src
+// written over the slice; src has self's rank and dtype.
+absl::StatusOr<Metas> SliceScatter(const OpCall& c) {
+  ASSIGN_OR_RETURN(const TensorMeta* self, c.Meta("self"));
+  ASSIGN_OR_RETURN(const TensorMeta* src, c.Meta("src"));
+  RETURN_IF_ERROR(DimArg(c, "dim", Rank(*self)).status());
+  if (Rank(*src) != Rank(*self)) {
+    return ArgError(c, "src",
+                    absl::StrCat("has sizes ", SizesToString(src->sizes), ", but 'self' has ",
+                                 SizesToString(self->sizes), " (ranks differ)"));
+  }
+  if (src->dtype != self->dtype) {
+    return ArgError(c, "src",
+                    absl::StrCat("has dtype ", v1::DType_Name(src->dtype), ", but 'self' has ",
+                                 v1::DType_Name(self->dtype)));
+  }
+  return Metas{NewTensor(self->dtype, self->sizes, *self)};
+}
+
 // The integer index of index_select and index_add: one dimension at most.
 absl::Status VectorIndex(const OpCall& c, const TensorMeta& index) {
   RETURN_IF_ERROR(ExpectIndexDType(c, "index", index));
@@ -716,6 +735,7 @@ void RegisterExtern(Definer& def) {
   def("aten.gather.default", kExpensive, Gather, {"index"});
   def("aten.scatter_add.default", kExpensive, ScatterAdd, {"index"});
   def("aten.scatter_reduce.two", kExpensive, ScatterAdd, {"index"});
+  def("aten.slice_scatter.default", kExpensive, SliceScatter);
   def("aten.index_put.default", kExpensive, IndexPut, {"indices"});
   def("aten.index_select.default", kExpensive, IndexSelect, {"index"});
   def("aten.index_add.default", kExpensive, IndexAdd, {"index"});

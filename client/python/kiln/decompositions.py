@@ -12,7 +12,7 @@ from torch._decomp import core_aten_decompositions, decomposition_table
 # (on a GPU, ATen's bfloat16 batch norm backward alone took longer than the
 # whole step's convolutions). Likewise the activations, losses and shape
 # ops below that the core table keeps whole (F.elu, F.softplus, F.mish,
-# F.normalize, Tensor.repeat, torch.roll, ...): their decompositions are
+# F.normalize, Tensor.repeat, torch.roll, F.grid_sample, ...): their decompositions are
 # pointwise ops, reductions and views that kilnd fuses and differentiates,
 # where the op whole would run through ATen and refuse a gradient. (Those
 # whose decompositions reach torch's prims, such as atan2 or trunc, stay
@@ -38,7 +38,7 @@ _EXTRA_DECOMPOSITIONS = (
     _A.hardshrink.default, _A.threshold.default, _A.log_sigmoid_forward.default,
     _A.mse_loss.default, _A.huber_loss.default, _A.smooth_l1_loss.default,
     _A.soft_margin_loss.default, _A.binary_cross_entropy_with_logits.default,
-    _A.grid_sampler_2d.default, _A.slice_scatter.default,
+    _A.grid_sampler_2d.default,
 )
 _DECOMPOSITIONS = None
 
