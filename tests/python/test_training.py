@@ -533,8 +533,8 @@ class _BagsAndScans(nn.Module):
     empty bag, padding and per-sample weights) into embedding and
     index_add, cumprod by doubling (its gradient exact at the zeros relu
     makes), prod (kilnd's rule takes rows with zeros too), round half to
-    even, diagonal as a strided slice; and torch's decompositions of
-    grid_sample and a slice assignment's slice_scatter. min along a dim,
+    even, diagonal as a strided slice, and grid_sample by torch's
+    decomposition. min along a dim, a slice assignment's slice_scatter,
     scatter_reduce and the 3-d average poolings have rules."""
 
     def __init__(self):
