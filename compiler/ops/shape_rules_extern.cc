@@ -561,8 +561,9 @@ absl::StatusOr<Metas> ScatterAdd(const OpCall& c) {
   return Metas{NewTensor(self->dtype, self->sizes, *self)};
 }
 
-// slice_scatter(self, src, dim, start, end, step): self's metadata, src
-// written over the slice; src has self's rank and dtype.
+// slice_scatter(self, src, dim, start, end, step): a copy of self (ATen
+// clones it, keeping its layout), src written over the slice; src has
+// self's rank and dtype.
 absl::StatusOr<Metas> SliceScatter(const OpCall& c) {
   ASSIGN_OR_RETURN(const TensorMeta* self, c.Meta("self"));
   ASSIGN_OR_RETURN(const TensorMeta* src, c.Meta("src"));
@@ -577,7 +578,7 @@ absl::StatusOr<Metas> SliceScatter(const OpCall& c) {
                     absl::StrCat("has dtype ", v1::DType_Name(src->dtype), ", but 'self' has ",
                                  v1::DType_Name(self->dtype)));
   }
-  return Metas{NewTensor(self->dtype, self->sizes, *self)};
+  return Metas{CopyOf(*self, self->dtype)};
 }
 
 // The integer index of index_select and index_add: one dimension at most.
