@@ -197,15 +197,23 @@ absl::Status ScatterReduceRule(Ctx& c) {
   auto as_dtype = [&c, dtype](ValueId v) {
     return c.Op("aten._to_copy.default", {Ref(v)}, {ir::Kwarg("dtype", Argument{"", dtype})});
   };
+  // How many sources went into each of self's elements (for mean, and for
+  // the mask of those that lose their own value without include_self).
+  ValueId scattered = kNoValue;
+  if (*reduce == "mean" || !include_self) {
+    ASSIGN_OR_RETURN(ValueId zeros, ZerosLike(c, self));
+    ASSIGN_OR_RETURN(ValueId ones, c.Op("aten.ones_like.default", {Ref(src)}));
+    ASSIGN_OR_RETURN(scattered, scatter_add(zeros, ones));
+  }
   ValueId grad_self = kNoValue, grad_src = kNoValue;
   if (*reduce == "sum") {
     grad_self = g;
     ASSIGN_OR_RETURN(grad_src, gather(g));
   } else if (*reduce == "mean") {
-    ASSIGN_OR_RETURN(ValueId count, include_self ? c.Op("aten.ones_like.default", {Ref(self)})
-                                                 : ZerosLike(c, self));
-    ASSIGN_OR_RETURN(ValueId ones, c.Op("aten.ones_like.default", {Ref(src)}));
-    ASSIGN_OR_RETURN(count, scatter_add(count, ones));
+    ValueId count = scattered;
+    if (include_self) {
+      ASSIGN_OR_RETURN(count, AddScalar(c, scattered, ir::Int(1)));
+    }
     ASSIGN_OR_RETURN(count, c.Op("aten.clamp.default", {Ref(count), ir::Float(1.0)}));
     ASSIGN_OR_RETURN(grad_self, Div(c, g, count));
     ASSIGN_OR_RETURN(grad_src, gather(grad_self));
@@ -226,10 +234,7 @@ absl::Status ScatterReduceRule(Ctx& c) {
                      "' has no derivative rule (sum, mean, amax and amin have)"));
   }
   if (!include_self) {
-    ASSIGN_OR_RETURN(ValueId zeros, ZerosLike(c, self));
-    ASSIGN_OR_RETURN(ValueId ones, c.Op("aten.ones_like.default", {Ref(src)}));
-    ASSIGN_OR_RETURN(ValueId hit, scatter_add(zeros, ones));
-    ASSIGN_OR_RETURN(hit, c.Op("aten.gt.Scalar", {Ref(hit), ir::Float(0.0)}));
+    ASSIGN_OR_RETURN(ValueId hit, c.Op("aten.gt.Scalar", {Ref(scattered), ir::Float(0.0)}));
     ASSIGN_OR_RETURN(ValueId none, ZerosLike(c, grad_self));
     ASSIGN_OR_RETURN(grad_self, c.Op("aten.where.self", {Ref(hit), Ref(none), Ref(grad_self)}));
   }

@@ -396,16 +396,13 @@ absl::StatusOr<SymSizes> PoolSizes(const OpCall& c, const TensorMeta& self, int 
   return sizes;
 }
 
-absl::StatusOr<Metas> MaxPool2d(const OpCall& c) {
-  ASSIGN_OR_RETURN(const TensorMeta* self, c.Meta("self"));
-  ASSIGN_OR_RETURN(SymSizes sizes, PoolSizes(c, *self, 2, /*has_dilation=*/true));
-  return Metas{PoolOut(self->dtype, sizes, *self), PoolOut(v1::INT64, sizes, *self)};
-}
-
-absl::StatusOr<Metas> MaxPool3d(const OpCall& c) {
-  ASSIGN_OR_RETURN(const TensorMeta* self, c.Meta("self"));
-  ASSIGN_OR_RETURN(SymSizes sizes, PoolSizes(c, *self, 3, /*has_dilation=*/true));
-  return Metas{PoolOut(self->dtype, sizes, *self), PoolOut(v1::INT64, sizes, *self)};
+// max_pool2d_with_indices and max_pool3d_with_indices: values and indices.
+ShapeRule MaxPool(int spatial) {
+  return [spatial](const OpCall& c) -> absl::StatusOr<Metas> {
+    ASSIGN_OR_RETURN(const TensorMeta* self, c.Meta("self"));
+    ASSIGN_OR_RETURN(SymSizes sizes, PoolSizes(c, *self, spatial, /*has_dilation=*/true));
+    return Metas{PoolOut(self->dtype, sizes, *self), PoolOut(v1::INT64, sizes, *self)};
+  };
 }
 
 // avg_pool2d and avg_pool3d.
@@ -724,10 +721,10 @@ void RegisterExtern(Definer& def) {
   def("aten._flash_attention_backward.default", kExpensive, FlashAttentionBackward);
   def("aten.addmm.default", kExpensive, Addmm);
   def("aten.convolution.default", kExpensive, Convolution);
-  def("aten.max_pool2d_with_indices.default", kExpensive, MaxPool2d);
+  def("aten.max_pool2d_with_indices.default", kExpensive, MaxPool(2));
   def("aten.avg_pool2d.default", kExpensive, AvgPool(2));
   def("aten.avg_pool3d.default", kExpensive, AvgPool(3));
-  def("aten.max_pool3d_with_indices.default", kExpensive, MaxPool3d);
+  def("aten.max_pool3d_with_indices.default", kExpensive, MaxPool(3));
   def("aten._adaptive_avg_pool2d.default", kExpensive, AdaptiveAvgPool(2));
   def("aten._adaptive_avg_pool3d.default", kExpensive, AdaptiveAvgPool(3));
   def("aten.adaptive_max_pool2d.default", kExpensive, AdaptiveMaxPool2d);
