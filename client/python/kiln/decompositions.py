@@ -146,8 +146,7 @@ def _round(x):
 def _prod(x, *, dtype=None):
     """aten.prod of every element, as prod.dim_int over the flattened
     tensor (torch's decomposition reaches a prim)."""
-    flat = torch.ops.aten.view.default(x, [-1]) if x.is_contiguous() \
-        else torch.ops.aten.reshape.default(x, [-1])
+    flat = torch.ops.aten.reshape.default(x, [-1])
     return torch.ops.aten.prod.dim_int(flat, 0, False, dtype=dtype)
 
 
