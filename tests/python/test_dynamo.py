@@ -767,6 +767,41 @@ class TorchCompileServerTest(unittest.TestCase):
         self.assertIn("a gradient must flow through it", said[0])
         self.assertEqual(be.stats["eager"], 1)
 
+    def test_writes_autograd_does_not_see_run_eagerly(self):
+        # Eager differentiates as if these writes had not happened (no_grad
+        # scaling a weight, Embedding's max_norm renormalizing its own);
+        # the graph cannot say so, and it runs eagerly with eager's
+        # gradients.
+        def scaled(x, w):
+            with torch.no_grad():
+                w.mul_(2)
+            return (w * x).sum()
+
+        ids = torch.tensor([[1, 2, 7], [7, 3, 1]])
+        for name, fn, examples in [
+                ("no_grad write", scaled, (torch.randn(5), torch.randn(5))),
+                ("max_norm", lambda e, i: F.embedding(i, e, max_norm=1.0).sum(),
+                 (torch.randn(10, 4) * 3, ids))]:
+            torch._dynamo.reset()
+            be = kiln.backend(self.server.address)
+            args, eager_args = ([a.clone().requires_grad_(a.is_floating_point()) for a in examples]
+                                for _ in range(2))
+            with warnings.catch_warnings(record=True) as seen:
+                warnings.simplefilter("always")
+                out = torch.compile(fn, backend=be)(*args)
+            expected = fn(*eager_args)
+            out.backward()
+            expected.backward()
+            close(self, out, expected, name)
+            for a, e in zip(args, eager_args):
+                close(self, a, e, f"{name}: the written tensor")
+                if e.requires_grad:
+                    close(self, a.grad, e.grad, f"{name}: gradient")
+            said = [str(w.message) for w in seen if "runs eagerly" in str(w.message)]
+            self.assertEqual(len(said), 1, [str(w.message) for w in seen])
+            self.assertIn("where autograd does not see the write", said[0])
+            self.assertEqual(be.stats["eager"], 1, name)
+
     def test_server_down_warns_and_runs_eagerly_or_raises(self):
         address = self.server.address
         self.assertEqual(self.server.stop(), 0)

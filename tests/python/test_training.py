@@ -429,6 +429,9 @@ class TrainingGraphCases:
     def test_bags_samplers_scans_and_slice_assignment(self):
         self.check_training("bags and scans", _BagsAndScans(), (torch.randn(6, 8),))
 
+    def test_detach_and_no_grad_stop_gradients(self):
+        self.check_training("stop gradients", _StopGradients(), (torch.randn(6, 8),))
+
     def test_math_ops_that_run_through_aten(self):
         def math(x, y):
             u = torch.tanh(x) * 0.9
@@ -561,6 +564,27 @@ class _BagsAndScans(nn.Module):
                 + F.adaptive_avg_pool3d(y.reshape(1, 2, 3, 8), (1, 2, 3)).sum()
                 + x[:3].scatter_reduce(0, self.slots, x[3:] * 2, "amax", include_self=False)
                 + x[:3].scatter_reduce(0, self.slots, x[3:], "mean").sum(0))
+
+
+class _StopGradients(nn.Module):
+    """Where eager's autograd stops gradients: `detach()`, `.data`, a
+    no_grad region (a scale, and a buffer updated from activations), and a
+    straight-through estimator (quantization-aware training's rounding)."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(8, 8)
+        self.register_buffer("ema", torch.zeros(8))
+
+    def forward(self, x):
+        h = self.linear(x)
+        with torch.no_grad():
+            scale = h.abs().amax() + 1.0
+            self.ema.mul_(0.9).add_(0.1 * h.mean(0))
+        quantized = h + (torch.round(h * 4) / 4 - h).detach()
+        target = (h.data * 0.5).tanh()
+        return (quantized / scale + (h - target) ** 2 + h * self.ema
+                + h.detach().sigmoid() * x)
 
 
 class TrainingTest(TrainingGraphCases, unittest.TestCase):

@@ -208,18 +208,205 @@ def _functional_variant(op):
     return candidate, mutated
 
 
+# Where eager's autograd stops a gradient, the trace must say so: below
+# autograd, where make_fx records, `detach()` is an alias, and what a
+# no_grad region computes is an ordinary op, so kilnd, which differentiates
+# the ATen graph, would send gradients through both. The trace therefore
+# runs Dynamo's graph through _GradientCuts, which follows autograd's rules
+# (functionalization's tensors carry no autograd state of their own): a
+# value that does not require grad (detached, `.data`, computed under
+# no_grad or inference mode) but is computed from one that does passes
+# through kiln::stop_gradient wherever a grad-mode call or the graph's
+# output uses it; kilnd reads that op as `aten.detach.default`, which it
+# does not differentiate.
+
+
+@torch.library.custom_op("kiln::stop_gradient", mutates_args=())
+def stop_gradient(x: torch.Tensor) -> torch.Tensor:
+    """A copy of `x` that no gradient crosses (kilnd's aten.detach)."""
+    return x.clone()
+
+
+@stop_gradient.register_fake
+def _(x):
+    return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=x.device)
+
+
+_DETACHING_CALLS = (torch._C._autograd._get_data_attr, torch.detach, torch.Tensor.detach,
+                    torch.Tensor.detach_)
+_GRAD_MODE_CALLS = _DETACHING_CALLS + (torch._C._set_grad_enabled,
+                                       torch.autograd.grad_mode._enter_inference_mode)
+
+
+def _may_cut_gradients(gm):
+    """Whether Dynamo's graph `gm` has a call after which autograd may stop
+    a gradient (a detach, `.data`, a grad-mode switch)."""
+    return any(
+        (n.op == "call_function" and n.target in _GRAD_MODE_CALLS)
+        or (n.op == "call_method" and n.target in ("detach", "detach_", "requires_grad_"))
+        for n in gm.graph.nodes)
+
+
+def _detaches(node):
+    return (node.op == "call_function" and node.target in _DETACHING_CALLS) or (
+        node.op == "call_method" and node.target in ("detach", "detach_"))
+
+
+def _differentiable(t):
+    return t.is_floating_point() or t.is_complex()
+
+
+class _TensorSet:
+    """A set of tensors by identity (a tensor's == is elementwise); it
+    holds them, so that no identity is reused while it lives."""
+
+    def __init__(self):
+        self._tensors = {}
+
+    def add(self, t):
+        self._tensors[id(t)] = t
+
+    def discard(self, t):
+        self._tensors.pop(id(t), None)
+
+    def __contains__(self, t):
+        return id(t) in self._tensors
+
+
+class _GradientCuts(torch.fx.Interpreter):
+    """Runs Dynamo's graph for the trace with kiln::stop_gradient where
+    eager's autograd stops gradients (above). `_grad` holds the tensors that
+    require grad by autograd's rules, from the inputs' `requires_grad`;
+    `_derived` those computed from one of them, whether or not autograd
+    follows them."""
+
+    def __init__(self, gm, requires_grad):
+        super().__init__(gm)
+        self._requires_grad = requires_grad
+        self._grad = _TensorSet()
+        self._derived = _TensorSet()
+
+    def run(self, *args, **kwargs):
+        for a, grad in zip(args, self._requires_grad):
+            if isinstance(a, torch.Tensor) and grad:
+                self._grad.add(a)
+                self._derived.add(a)
+        return super().run(*args, **kwargs)
+
+    def _cut(self, value):
+        if isinstance(value, torch.Tensor) and value in self._derived \
+                and value not in self._grad and _differentiable(value):
+            return stop_gradient(value.detach())
+        return value
+
+    def run_node(self, n):
+        with self._set_current_node(n):
+            args, kwargs = self.fetch_args_kwargs_from_env(n)
+            if n.op == "output":
+                return self.output(n.target, *torch.utils._pytree.tree_map(self._cut,
+                                                                           (args, kwargs)))
+            leaves = [a for a in torch.utils._pytree.tree_leaves((args, kwargs))
+                      if isinstance(a, torch.Tensor)]
+            counts = [torch._functionalize_mutation_counter(a) if torch._is_functional_tensor(a)
+                      else None for a in leaves]
+            grad_mode = torch.is_grad_enabled()
+            calls = n.op in ("call_function", "call_method")
+            declared = _written(n, args, kwargs) if calls else []
+            if grad_mode and calls:
+                # What the call writes to stays itself (a cut is a copy).
+                args, kwargs = torch.utils._pytree.tree_map(
+                    lambda a: a if any(a is w for w in declared) else self._cut(a),
+                    (args, kwargs))
+            result = getattr(self, n.op)(n.target, args, kwargs)
+
+            grad = grad_mode and not _detaches(n) and any(a in self._grad for a in leaves)
+            derived = any(a in self._derived for a in leaves)
+            for a, count in zip(leaves, counts):
+                if count is None or torch._functionalize_mutation_counter(a) == count:
+                    continue
+                if a in self._grad and not (grad_mode and any(a is w for w in declared)):
+                    raise Unsupported(
+                        f"node '{n.name}' writes in place to a tensor that requires grad "
+                        "where autograd does not see the write (under no_grad); autograd "
+                        "then differentiates as if the tensor were unwritten, which kiln's "
+                        "graph cannot say")
+                if derived:
+                    self._derived.add(a)
+                if grad and _differentiable(a):
+                    self._grad.add(a)
+            if n.op == "call_method" and n.target == "requires_grad_" and leaves:
+                flag = args[1] if len(args) > 1 else kwargs.get("requires_grad", True)
+                (self._grad.add if flag else self._grad.discard)(leaves[0])
+            if n.op == "call_method" and n.target == "detach_" and leaves:
+                self._grad.discard(leaves[0])
+            for r in torch.utils._pytree.tree_leaves(result):
+                if isinstance(r, torch.Tensor) and not any(r is a for a in leaves):
+                    if derived:
+                        self._derived.add(r)
+                    if grad and _differentiable(r):
+                        self._grad.add(r)
+            return result
+
+
+_IN_PLACE_OPERATORS = {operator.setitem, operator.iadd, operator.isub, operator.imul,
+                       operator.itruediv, operator.ifloordiv, operator.imod, operator.ipow,
+                       operator.iand, operator.ior, operator.ixor, operator.ilshift,
+                       operator.irshift, operator.imatmul}
+
+
+def _written(node, args, kwargs):
+    """The tensors that call `node` may write to: an in-place method's or
+    function's first argument (`x.mul_(2)`, `torch.relu_(x)`, `x[i] = v`,
+    `F.relu(x, inplace=True)`) and `out=`."""
+    written = list(torch.utils._pytree.tree_leaves(kwargs.get("out")))
+    name = node.target if node.op == "call_method" else getattr(node.target, "__name__", "")
+    in_place = (isinstance(name, str) and name.endswith("_") and not name.endswith("__")) \
+        or name == "__setitem__" or node.target in _IN_PLACE_OPERATORS \
+        or kwargs.get("inplace") is True
+    if in_place:
+        first = args[0] if args else kwargs.get("input", kwargs.get("self"))
+        written.append(first)
+    return [w for w in written if isinstance(w, torch.Tensor)]
+
+
+def _functional_graph(run, args):
+    """make_fx's graph of `run` on fake `args`, functionalized, in core
+    ATen. `run` traces in the caller's grad mode; the writes back to the
+    inputs it mutated are traced without it, as eager makes them: a leaf
+    that requires grad is written where the graph wrote it under no_grad
+    (Embedding's renormalization with `max_norm` writes to its weight),
+    which in grad mode autograd would refuse."""
+    grad = torch.is_grad_enabled()
+    functional = torch.func.functionalize(
+        lambda *a: _in_grad_mode(grad, run, a), remove="mutations")
+
+    def traced(*a):
+        with torch.no_grad():
+            return functional(*a)
+
+    return make_fx(traced, decomposition_table=decompositions.table())(*args).graph
+
+
+def _in_grad_mode(grad, run, args):
+    with torch.set_grad_enabled(grad):
+        return run(*args)
+
+
 def _trace(gm, fakes, fake_mode):
     """The FX graph of Dynamo's graph `gm` in core ATen, functionalized."""
-    graph = _trace_repeated_calls(gm, fakes, fake_mode)
-    if graph is not None:
-        return graph
+    grad = torch.is_grad_enabled()
+    if not (grad and _may_cut_gradients(gm)):
+        graph = _trace_repeated_calls(gm, fakes, fake_mode)
+        if graph is not None:
+            return graph
 
     def run(*args):
+        if grad:
+            return _GradientCuts(gm, [getattr(f, "requires_grad", False) for f in fakes]).run(*args)
         return torch.fx.Interpreter(gm).run(*args)
 
     with fake_mode, enable_python_dispatcher():
-        return make_fx(torch.func.functionalize(run, remove="mutations"),
-                       decomposition_table=decompositions.table())(*fakes).graph
+        return _functional_graph(run, fakes)
 
 
 # Deep models repeat their blocks: six GPT-2 blocks are six copies of the
@@ -289,8 +476,7 @@ def _trace_call(node, inputs):
             return getattr(args[0], node.target)(*args[1:], **kwargs)
         return node.target(*args, **kwargs)
 
-    graph = make_fx(torch.func.functionalize(run, remove="mutations"),
-                    decomposition_table=decompositions.table())(*inputs.values()).graph
+    graph = _functional_graph(run, list(inputs.values()))
     for op in graph.nodes:
         if op.op == "get_attr" or (isinstance(op.target, torch._ops.OpOverload)
                                    and op.target._schema.is_mutable):
@@ -630,8 +816,7 @@ def _functionalized(fx, fakes, fake_mode):
         return torch.fx.Interpreter(module).run(*args)
 
     with fake_mode, enable_python_dispatcher():
-        return make_fx(torch.func.functionalize(run, remove="mutations"),
-                       decomposition_table=decompositions.table())(*fakes).graph
+        return _functional_graph(run, fakes)
 
 
 def _attention_choices(fakes):
@@ -711,12 +896,14 @@ def _lower(gm, placeholders, fakes, fake_mode, name):
         if not isinstance(node.target, torch._ops.OpOverload):
             raise Unsupported(f"{where} calls {node.target}, not an ATen operator")
         result = node.meta.get("val")
-        pn = graph.nodes.add(name=node.name, target=tracer._target_name(node.target))
+        stop = node.target is torch.ops.kiln.stop_gradient.default
+        pn = graph.nodes.add(name=node.name, target="aten.detach.default" if stop
+                             else tracer._target_name(node.target))
         tracer.fill_arguments(pn, node, names, where, set_argument=_set_argument)
         # Autograd's rule: a floating-point result of an op with an operand
         # that requires grad requires grad.
         operands = [a for a in node.all_input_nodes if a in requires_grad]
-        node_grad = grad and any(requires_grad[a] for a in operands)
+        node_grad = grad and not stop and any(requires_grad[a] for a in operands)
 
         def differentiable(r):
             return node_grad and (r.is_floating_point() or r.is_complex())
