@@ -802,6 +802,41 @@ class TorchCompileServerTest(unittest.TestCase):
             self.assertIn("where autograd does not see the write", said[0])
             self.assertEqual(be.stats["eager"], 1, name)
 
+    def test_custom_autograd_functions_train_eagerly_and_infer_compiled(self):
+        class Reverse(torch.autograd.Function):  # gradient reversal
+            @staticmethod
+            def forward(ctx, x):
+                return x * 1.0
+
+            @staticmethod
+            def backward(ctx, g):
+                return -0.5 * g
+
+        def f(x, w):
+            return Reverse.apply(x @ w).tanh()
+
+        x, w = torch.randn(4, 5), torch.randn(5, 3)
+        torch._dynamo.reset()
+        be = kiln.backend(self.server.address)
+        with torch.no_grad():
+            close(self, torch.compile(f, backend=be)(x, w), f(x, w), "inference")
+        self.assertEqual((be.stats["compiles"], be.stats["eager"]), (1, 0), be.stats)
+
+        torch._dynamo.reset()
+        be = kiln.backend(self.server.address)
+        args, eager_args = ([x.clone().requires_grad_(), w.clone().requires_grad_()]
+                            for _ in range(2))
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            torch.compile(f, backend=be)(*args).sum().backward()
+        f(*eager_args).sum().backward()
+        for a, e in zip(args, eager_args):
+            close(self, a.grad, e.grad, "the Function's own backward")
+        said = [str(m.message) for m in seen if "runs eagerly" in str(m.message)]
+        self.assertEqual(len(said), 1, [str(m.message) for m in seen])
+        self.assertIn("custom autograd.Function", said[0])
+        self.assertEqual(be.stats["eager"], 1)
+
     def test_server_down_warns_and_runs_eagerly_or_raises(self):
         address = self.server.address
         self.assertEqual(self.server.stop(), 0)

@@ -395,6 +395,11 @@ def _in_grad_mode(grad, run, args):
 def _trace(gm, fakes, fake_mode):
     """The FX graph of Dynamo's graph `gm` in core ATen, functionalized."""
     grad = torch.is_grad_enabled()
+    if grad:
+        for n in gm.graph.nodes:
+            if n.target is torch.ops.higher_order.autograd_function_apply:
+                raise Unsupported(f"node '{n.name}' applies a custom autograd.Function, "
+                                  "whose own backward a kiln graph cannot carry")
     if not (grad and _may_cut_gradients(gm)):
         graph = _trace_repeated_calls(gm, fakes, fake_mode)
         if graph is not None:
