@@ -429,6 +429,10 @@ class TrainingGraphCases:
     def test_bags_samplers_scans_and_slice_assignment(self):
         self.check_training("bags and scans", _BagsAndScans(), (torch.randn(6, 8),))
 
+    def test_max_and_min_of_every_element(self):
+        self.check_training("max and min", lambda x: x.max() * x + x.min().exp(),
+                            (torch.randn(4, 6),))
+
     def test_detach_and_no_grad_stop_gradients(self):
         self.check_training("stop gradients", _StopGradients(), (torch.randn(6, 8),))
 

@@ -150,6 +150,19 @@ def _prod(x, *, dtype=None):
     return torch.ops.aten.prod.dim_int(flat, 0, False, dtype=dtype)
 
 
+def _max(x):
+    """aten.max of every element, as amax over every dim: the same value,
+    and autograd's rule for both shares the gradient evenly among ties
+    (where a NaN is the result, amax's gradient is NaN everywhere, max's
+    goes to the NaNs)."""
+    return torch.ops.aten.amax.default(x, list(range(x.dim())), False)
+
+
+def _min(x):
+    """aten.min of every element, as amin over every dim (see _max)."""
+    return torch.ops.aten.amin.default(x, list(range(x.dim())), False)
+
+
 def _cumprod(x, dim, *, dtype=None):
     """aten.cumprod as a scan by doubling: after step k each element holds
     the product of the 2^k before it and itself, the shifted operand padded
@@ -292,6 +305,8 @@ def table():
         table[torch.ops.aten.trunc.default] = _trunc
         table[torch.ops.aten.round.default] = _round
         table[torch.ops.aten.prod.default] = _prod
+        table[torch.ops.aten.max.default] = _max
+        table[torch.ops.aten.min.default] = _min
         table[torch.ops.aten.diagonal.default] = _diagonal
         table[torch.ops.aten.cumprod.default] = _cumprod
         table[torch.ops.aten._embedding_bag.default] = _embedding_bag
