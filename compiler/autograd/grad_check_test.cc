@@ -299,6 +299,7 @@ TEST(JointGraph, RulesBuildOverSymbolicSizes) {
       {"aten.sum.dim_IntList", {Ref(0), Ints({0})}},
       {"aten.mean.dim", {Ref(0), Ints({0, 1})}},
       {"aten.mean.default", {Ref(0)}},
+      {"aten.var.correction", {Ref(0), Ints({0})}},
       {"aten.amax.default", {Ref(0), Ints({0})}},
       {"aten.expand.default",
        {Ref(0),

@@ -67,6 +67,26 @@ Argument SymIntArg(const ir::SymInt& s) {
   return Argument{"", s};
 }
 
+Val CountOf(Ctx& c, ValueId like, const std::vector<int64_t>& dims, v1::DType dtype) {
+  ASSIGN_OR_RETURN(ValueId ones, c.Op("aten.full_like.default", {Ref(like), ir::Float(1.0)},
+                                      {ir::Kwarg("dtype", Argument{"", dtype})}));
+  return c.Op("aten.sum.dim_IntList", {Ref(ones), ir::Ints(dims), ir::Bool(true)});
+}
+
+Val ScaleByCount(Ctx& c, ValueId a, ValueId like, const std::vector<int64_t>& dims, bool divide) {
+  ir::SymInt n{int64_t{1}};
+  for (int64_t d : dims) n = SymMul(n, c.meta(like).sizes[d]);
+  if (n.is_constant()) {
+    return divide ? DivScalar(c, a, ir::Int(n.constant())) : MulScalar(c, a, ir::Int(n.constant()));
+  }
+  const v1::DType t = c.meta(a).dtype;
+  const v1::DType wide = t == v1::FLOAT64 ? v1::FLOAT64 : v1::FLOAT32;
+  ASSIGN_OR_RETURN(ValueId count, CountOf(c, like, dims, wide));
+  ASSIGN_OR_RETURN(ValueId scaled, divide ? Div(c, a, count) : Mul(c, a, count));
+  if (t == wide) return scaled;
+  return c.Op("aten._to_copy.default", {Ref(scaled)}, {ir::Kwarg("dtype", Argument{"", t})});
+}
+
 Val Expand(Ctx& c, ValueId a, const std::vector<ir::SymInt>& sizes) {
   return c.Op("aten.expand.default", {Ref(a), SizesArg(sizes)});
 }

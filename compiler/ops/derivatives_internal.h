@@ -54,6 +54,16 @@ Val Unsqueeze(Ctx& c, ValueId a, int64_t dim);
 Argument SizesArg(const std::vector<ir::SymInt>& sizes);
 Argument SymIntArg(const ir::SymInt& s);
 
+// The number of elements of `like` over `dims` as a tensor of `dtype`, the
+// dims kept (size 1): ones summed, exact in float32 up to 2^24, as the
+// forward's kernels count a symbolic row. For counts that are symbolic,
+// which a Scalar argument (a number) cannot carry.
+Val CountOf(Ctx& c, ValueId like, const std::vector<int64_t>& dims, v1::DType dtype);
+// `a` times (or, with `divide`, over) the number of elements of `like`
+// over `dims`: a Scalar where the count is a constant, else CountOf in
+// float32 (float64 for float64 `a`); `a` broadcasts against `like` with
+// `dims` kept. The result has `a`'s dtype.
+Val ScaleByCount(Ctx& c, ValueId a, ValueId like, const std::vector<int64_t>& dims, bool divide);
 Val Expand(Ctx& c, ValueId a, const std::vector<ir::SymInt>& sizes);
 
 // The node's argument `name` as bound (defaults included), to pass on.

@@ -74,10 +74,10 @@ Val SumBackward(Ctx& c, ValueId g, const ir::TensorMeta& self, const std::vector
 }
 
 // mean_backward: sum_backward divided by the number of elements reduced.
-Val MeanBackward(Ctx& c, ValueId g, const ir::TensorMeta& self, const std::vector<int64_t>& dims,
-                 bool keepdim) {
-  ASSIGN_OR_RETURN(g, SumBackward(c, g, self, dims, keepdim));
-  return DivScalar(c, g, SymIntArg(ReducedCount(self.sizes, dims)));
+Val MeanBackward(Ctx& c, ValueId g, ValueId self, const std::vector<int64_t>& dims, bool keepdim) {
+  const ir::TensorMeta m = c.meta(self);
+  ASSIGN_OR_RETURN(g, SumBackward(c, g, m, dims, keepdim));
+  return ScaleByCount(c, g, self, dims, /*divide=*/true);
 }
 
 // var_backward: (2 / dof) * grad * (self - mean(self, dims, keepdim=True)).
@@ -90,17 +90,33 @@ Val VarBackward(Ctx& c, ValueId g, ValueId self, const std::vector<int64_t>& dim
   if (!c.call().IsNone("correction")) {
     ASSIGN_OR_RETURN(correction, c.call().Double("correction"));
   }
-  std::optional<std::vector<int64_t>> sizes = ConstantSizes(m.sizes);
-  if (!sizes.has_value()) {
-    return absl::UnimplementedError(
-        absl::StrCat("derivative of ", c.call().Where(), ": var over symbolic sizes"));
-  }
-  double n = 1;
-  for (int64_t d : dims) n *= static_cast<double>((*sizes)[d]);
-  const double dof = n - correction;
+  const ir::SymInt count = ReducedCount(m.sizes, dims);
   ASSIGN_OR_RETURN(g, RestoreReducedDims(c, g, dims, keepdim));
   ASSIGN_OR_RETURN(ValueId mean,
                    c.Op("aten.mean.dim", {Ref(self), ir::Ints(dims), ir::Bool(true)}));
+  if (!count.is_constant()) {
+    // Symbolic sizes are at least 2, so dof = n - correction > 0 for a
+    // correction of at most 1; the count is a tensor (CountOf).
+    if (correction > 1) {
+      return absl::UnimplementedError(absl::StrCat("derivative of ", c.call().Where(),
+                                                   ": var over symbolic sizes with correction ",
+                                                   correction, " (more than 1)"));
+    }
+    const v1::DType t = c.meta(g).dtype;
+    const v1::DType wide = t == v1::FLOAT64 ? v1::FLOAT64 : v1::FLOAT32;
+    ASSIGN_OR_RETURN(ValueId n, CountOf(c, self, dims, wide));
+    ASSIGN_OR_RETURN(ValueId dof, AddScalar(c, n, ir::Float(-correction)));
+    ASSIGN_OR_RETURN(ValueId twice, MulScalar(c, g, ir::Float(2.0)));
+    ASSIGN_OR_RETURN(ValueId scaled, Div(c, twice, dof));
+    if (t != wide) {
+      ASSIGN_OR_RETURN(scaled, c.Op("aten._to_copy.default", {Ref(scaled)},
+                                    {ir::Kwarg("dtype", Argument{"", t})}));
+    }
+    ASSIGN_OR_RETURN(ValueId centered, Sub(c, self, mean));
+    return Mul(c, scaled, centered);
+  }
+  const double n = static_cast<double>(count.constant());
+  const double dof = n - correction;
   if (all && dof <= 0) {
     // No degrees of freedom: NaN where self == mean (inf * 0), inf elsewhere.
     ASSIGN_OR_RETURN(ValueId at_mean, c.Op("aten.eq.Tensor", {Ref(self), Ref(mean)}));
@@ -196,15 +212,14 @@ absl::Status LayerNormRule(Ctx& c) {
       ASSIGN_OR_RETURN(ValueId w, Tensor(c, "weight"));
       ASSIGN_OR_RETURN(ghat, Mul(c, g, w));
     }
-    const Argument n = SymIntArg(ReducedCount(xm.sizes, inner));
     ASSIGN_OR_RETURN(ValueId sum_ghat, sum(ghat, inner, true));
     ASSIGN_OR_RETURN(ValueId ghat_xhat, Mul(c, ghat, xhat));
     ASSIGN_OR_RETURN(ValueId sum_ghat_xhat, sum(ghat_xhat, inner, true));
-    ASSIGN_OR_RETURN(ValueId scaled, MulScalar(c, ghat, n));
+    ASSIGN_OR_RETURN(ValueId scaled, ScaleByCount(c, ghat, x, inner, /*divide=*/false));
     ASSIGN_OR_RETURN(ValueId t, Sub(c, scaled, sum_ghat));
     ASSIGN_OR_RETURN(ValueId u, Mul(c, xhat, sum_ghat_xhat));
     ASSIGN_OR_RETURN(t, Sub(c, t, u));
-    ASSIGN_OR_RETURN(ValueId k, DivScalar(c, rstd, n));
+    ASSIGN_OR_RETURN(ValueId k, ScaleByCount(c, rstd, x, inner, /*divide=*/true));
     ASSIGN_OR_RETURN(ValueId dx, Mul(c, k, t));
     RETURN_IF_ERROR(SetReduced(c, "input", dx));
   }
@@ -307,15 +322,15 @@ void RegisterCopiesAndReductions(Registry* r) {
         return SumBackward(c, g, m, dims, keepdim);
       }));
   Def(r, "aten.mean.default", SelfRule([](Ctx& c, ValueId g) -> Val {
-        ASSIGN_OR_RETURN(const ir::TensorMeta m, MetaOf(c, "self"));
-        ASSIGN_OR_RETURN(std::vector<int64_t> dims, ReductionDims({}, Rank(m)));
-        return MeanBackward(c, g, m, dims, false);
+        ASSIGN_OR_RETURN(ValueId self, Tensor(c, "self"));
+        ASSIGN_OR_RETURN(std::vector<int64_t> dims, ReductionDims({}, Rank(c.meta(self))));
+        return MeanBackward(c, g, self, dims, false);
       }));
   Def(r, "aten.mean.dim", SelfRule([](Ctx& c, ValueId g) -> Val {
-        ASSIGN_OR_RETURN(const ir::TensorMeta m, MetaOf(c, "self"));
-        ASSIGN_OR_RETURN(std::vector<int64_t> dims, DimsParam(c, "dim", Rank(m)));
+        ASSIGN_OR_RETURN(ValueId self, Tensor(c, "self"));
+        ASSIGN_OR_RETURN(std::vector<int64_t> dims, DimsParam(c, "dim", Rank(c.meta(self))));
         ASSIGN_OR_RETURN(bool keepdim, c.call().Bool("keepdim"));
-        return MeanBackward(c, g, m, dims, keepdim);
+        return MeanBackward(c, g, self, dims, keepdim);
       }));
   Def(r, "aten.amax.default", AmaxAminRule());
   Def(r, "aten.amin.default", AmaxAminRule());
@@ -340,7 +355,7 @@ void RegisterCopiesAndReductions(Registry* r) {
                                           ReducesAll(c, "dim", Rank(m))));
     }
     if (c.grad_output(1) != kNoValue) {
-      ASSIGN_OR_RETURN(ValueId gm, MeanBackward(c, c.grad_output(1), m, dims, keepdim));
+      ASSIGN_OR_RETURN(ValueId gm, MeanBackward(c, c.grad_output(1), self, dims, keepdim));
       if (total == kNoValue) {
         total = gm;
       } else {

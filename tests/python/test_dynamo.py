@@ -386,6 +386,32 @@ class TorchCompileTest(SharedKilnd, unittest.TestCase):
         self.assertEqual(be.stats["eager"], 0, be.stats)
         self.assertGreaterEqual(be.stats["compiles"], 1, be.stats)
 
+    def test_reductions_over_symbolic_sizes_train(self):
+        """Their gradients divide by (or scale by) a count of elements that
+        is symbolic: a mean pooled over the sequence, a loss's mean over the
+        batch, a layer norm over a symbolic width, a variance."""
+        fns = {
+            "mean": lambda x: x.mean(1) * 2,
+            "mse_loss": lambda x: F.mse_loss(x.tanh(), torch.zeros_like(x)),
+            "layer_norm": lambda x: F.layer_norm(x, x.shape[-1:]) * x,
+            "var": lambda x: x.var(1) + x.std(-1, keepdim=True).sum(),
+        }
+        for name, fn in fns.items():
+            with self.subTest(fn=name):
+                torch._dynamo.reset()
+                be = self.backend("kiln")
+                compiled = torch.compile(fn, backend=be, dynamic=True)
+                for shape in ((2, 5, 6), (3, 7, 4), (2, 9, 11)):
+                    x = torch.randn(shape, requires_grad=True)
+                    y = x.detach().clone().requires_grad_(True)
+                    out, want = compiled(x), fn(y)
+                    close(self, out, want, f"{name} {shape}")
+                    out.pow(2).sum().backward()
+                    want.pow(2).sum().backward()
+                    close(self, x.grad, y.grad, f"{name} {shape} gradient")
+                self.assertEqual(be.stats["eager"], 0, be.stats)
+                self.assertEqual(be.stats["compiles"], 1, be.stats)
+
     def test_size_expressions_kilnd_reads(self):
         import sympy
 
