@@ -276,8 +276,11 @@ absl::Status PlanExecutor::Impl::CheckSizes(const std::vector<at::Tensor>& in,
                                                        IntsString(t.sizes()), ")"));
       }
     }
+    // The stride of a dim of size 0 or 1 never moves an address, and a
+    // tensor without elements has none to address (autograd's gradient of
+    // an empty output may come with any strides).
+    if (t.numel() == 0) continue;
     for (size_t d = 0; d < want.strides.size(); ++d) {
-      // The stride of a dim of size 0 or 1 never moves an address.
       if (t.size(d) <= 1) continue;
       absl::StatusOr<int64_t> stride = want.strides[d].Evaluate(values, symbols);
       if (!stride.ok()) return Annotate(stride.status(), label());

@@ -412,6 +412,23 @@ class TorchCompileTest(SharedKilnd, unittest.TestCase):
                 self.assertEqual(be.stats["eager"], 0, be.stats)
                 self.assertEqual(be.stats["compiles"], 1, be.stats)
 
+    def test_an_empty_batch_trains(self):
+        # Autograd's gradient of an output without elements comes with
+        # strides of 0, which address nothing.
+        def f(x, w):
+            return F.layer_norm(x @ w, (4,)).softmax(-1)
+
+        be = self.backend("kiln")
+        torch._dynamo.reset()
+        compiled = torch.compile(f, backend=be)
+        x, w = torch.randn(0, 5, requires_grad=True), torch.randn(5, 4, requires_grad=True)
+        out = compiled(x, w)
+        self.assertEqual(tuple(out.shape), (0, 4))
+        out.sum().backward()
+        close(self, w.grad, torch.zeros(5, 4), "the weight's gradient")
+        self.assertEqual(tuple(x.grad.shape), (0, 5))
+        self.assertEqual(be.stats["eager"], 0, be.stats)
+
     def test_size_expressions_kilnd_reads(self):
         import sympy
 
