@@ -429,6 +429,11 @@ class TrainingGraphCases:
     def test_bags_samplers_scans_and_slice_assignment(self):
         self.check_training("bags and scans", _BagsAndScans(), (torch.randn(6, 8),))
 
+    def test_bilinear_layer(self):
+        layer = nn.Bilinear(6, 5, 3)
+        self.check_training("bilinear", lambda x, y: layer(x, y).tanh(),
+                            (torch.randn(2, 4, 6), torch.randn(2, 4, 5)))
+
     def test_max_and_min_of_every_element(self):
         self.check_training("max and min", lambda x: x.max() * x + x.min().exp(),
                             (torch.randn(4, 6),))

@@ -163,6 +163,22 @@ def _min(x):
     return torch.ops.aten.amin.default(x, list(range(x.dim())), False)
 
 
+def _trilinear(i1, i2, i3, expand1, expand2, expand3, sumdim, unroll_dim=1):
+    """aten._trilinear (nn.Bilinear's core): the three inputs unsqueezed at
+    their `expand` dims, multiplied and summed over `sumdim`, as an einsum,
+    which contracts them pairwise by matmuls; a plain broadcast product
+    would hold every term (batch * out * in1 * in2 for a bilinear layer)."""
+    rank = i1.dim() + len(expand1)
+    letters = "abcdefghijklmnopqrstuvwxyz"[:rank]
+
+    def subscript(expand):
+        return "".join(letters[d] for d in range(rank) if d not in expand)
+
+    out = "".join(letters[d] for d in range(rank) if d not in sumdim)
+    equation = f"{subscript(expand1)},{subscript(expand2)},{subscript(expand3)}->{out}"
+    return torch.einsum(equation, i1, i2, i3)
+
+
 def _cumprod(x, dim, *, dtype=None):
     """aten.cumprod as a scan by doubling: after step k each element holds
     the product of the 2^k before it and itself, the shifted operand padded
@@ -306,6 +322,7 @@ def table():
         table[torch.ops.aten.round.default] = _round
         table[torch.ops.aten.prod.default] = _prod
         table[torch.ops.aten.max.default] = _max
+        table[torch.ops.aten._trilinear.default] = _trilinear
         table[torch.ops.aten.min.default] = _min
         table[torch.ops.aten.diagonal.default] = _diagonal
         table[torch.ops.aten.cumprod.default] = _cumprod
