@@ -116,6 +116,32 @@ class BagsAndScans(nn.Module):
                 + F.avg_pool3d(x.reshape(1, 2, 4, 8), (2, 2, 2)).sum())
 
 
+class StopGradients(nn.Module):
+    """detach(), `.data`, a no_grad region (a scale and a buffer updated
+    from activations) and a straight-through estimator; nn.Bilinear and a
+    max over every element."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(8, 8)
+        self.bilinear = nn.Bilinear(8, 8, 4)
+        self.register_buffer("ema", torch.zeros(8))
+
+    def forward(self, x):
+        h = self.linear(x)
+        with torch.no_grad():
+            scale = h.abs().amax() + 1.0
+            self.ema.mul_(0.9).add_(0.1 * h.mean(0))
+        quantized = h + (torch.round(h * 4) / 4 - h).detach()
+        return (quantized / scale + (h - (h.data * 0.5).tanh()) ** 2 + h * self.ema
+                + h.detach().sigmoid() * x + self.bilinear(x, h).sum() * h.max())
+
+
+def reductions_over_symbolic_sizes(x):
+    return (x.mean(1).sum() + F.layer_norm(x, x.shape[-1:]) * x + x.var(1).sum()
+            + F.mse_loss(x.tanh(), torch.zeros_like(x)))
+
+
 def cases(dtype):
     def rand(*shape):
         return torch.randn(*shape, device=DEVICE, dtype=dtype, requires_grad=True)
@@ -136,6 +162,7 @@ def cases(dtype):
         "pads": (pads, lambda: (rand(1, 2, 5, 5),)),
         "bags_and_scans": (BagsAndScans(dtype == torch.float32).to(DEVICE, dtype),
                            lambda: (rand(8, 8),)),
+        "stop_gradients": (StopGradients().to(DEVICE, dtype), lambda: (rand(6, 8),)),
     }
 
 
@@ -150,6 +177,18 @@ def run(fn, args):
     return out, [t.grad for t in args if t.requires_grad] + [p.grad for p in params]
 
 
+def buffers(fn):
+    """The floating-point buffers of module `fn` (state a call may update)."""
+    if not isinstance(fn, nn.Module):
+        return []
+    return [b for b in fn.buffers() if b.is_floating_point()]
+
+
+def close(a, b, tol):
+    scale = max(1.0, b.float().abs().max().item()) if b.numel() else 1.0
+    return torch.allclose(a.float(), b.float(), atol=tol * scale, rtol=tol)
+
+
 def main():
     failed = 0
     for dtype in (torch.float32, torch.bfloat16):
@@ -159,25 +198,48 @@ def main():
             backend = kiln.backend(os.environ["KILN_SERVER"], on_unavailable="raise")
             torch.manual_seed(1)
             args = make()
+            initial = [b.clone() for b in buffers(fn)]
             try:
                 got, got_grads = run(torch.compile(fn, backend=backend), args)
                 got_grads = [g.clone() for g in got_grads]
+                got_buffers = [b.clone() for b in buffers(fn)]
+                for b, value in zip(buffers(fn), initial):  # eager starts where kiln did
+                    b.copy_(value)
                 want, want_grads = run(fn, args)
             except Exception as e:  # a refusal names the node and the op
                 failed += 1
                 print(f"{name} {dtype}: ERROR {type(e).__name__}: {str(e)[:500]}", flush=True)
                 continue
 
-            def close(a, b):
-                scale = max(1.0, b.float().abs().max().item())
-                return torch.allclose(a.float(), b.float(), atol=tol * scale, rtol=tol)
-
-            ok = (close(got, want) and len(got_grads) == len(want_grads)
-                  and all(a is not None and close(a, b) for a, b in zip(got_grads, want_grads))
+            ok = (close(got, want, tol) and len(got_grads) == len(want_grads)
+                  and all(a is not None and close(a, b, tol)
+                          for a, b in zip(got_grads, want_grads))
+                  and all(close(a, b, tol) for a, b in zip(got_buffers, buffers(fn)))
                   and backend.stats["eager"] == 0)
             failed += not ok
             print(f"{name} {dtype}: {'OK' if ok else 'FAILED'} {backend.stats} "
                   f"{[why[:120] for _, why in backend.unsupported]}", flush=True)
+    # dynamic=True: one symbolic graph serves every shape, gradients
+    # through reductions over symbolic sizes; then an empty batch.
+    for dtype in (torch.float32, torch.bfloat16):
+        torch._dynamo.reset()
+        backend = kiln.backend(os.environ["KILN_SERVER"], on_unavailable="raise")
+        compiled = torch.compile(reductions_over_symbolic_sizes, backend=backend, dynamic=True)
+        ok = True
+        for shape in ((2, 5, 6), (3, 7, 12), (2, 9, 33)):
+            x = torch.randn(shape, device=DEVICE, dtype=dtype, requires_grad=True)
+            got, (got_grad,) = run(compiled, (x,))
+            want, (want_grad,) = run(reductions_over_symbolic_sizes, (x,))
+            ok = ok and close(got, want, TOL[dtype]) and close(got_grad, want_grad, TOL[dtype])
+        empty = torch.randn(0, 8, device=DEVICE, dtype=dtype, requires_grad=True)
+        torch._dynamo.reset()
+        got, (got_grad,) = run(torch.compile(lambda x: F.layer_norm(x, (8,)).softmax(-1),
+                                             backend=backend), (empty,))
+        ok = ok and got.shape == (0, 8) and got_grad.shape == (0, 8)
+        ok = ok and backend.stats["eager"] == 0 and backend.stats["graphs"] == 2
+        failed += not ok
+        print(f"symbolic sizes and an empty batch {dtype}: {'OK' if ok else 'FAILED'} "
+              f"{backend.stats}", flush=True)
     print("failed:", failed)
     return 1 if failed else 0
 
