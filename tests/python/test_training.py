@@ -429,6 +429,15 @@ class TrainingGraphCases:
     def test_bags_samplers_scans_and_slice_assignment(self):
         self.check_training("bags and scans", _BagsAndScans(), (torch.randn(6, 8),))
 
+    def test_pairwise_distances(self):
+        # cdist(x, x) has distances of 0, where the root's gradient is 0.
+        def distances(x, y):
+            return (torch.cdist(x, y) + torch.cdist(x, y, p=1) + torch.cdist(x, y, p=3)
+                    + torch.cdist(x, y, p=float("inf")) + torch.cdist(x, y, p=0.5)
+                    + torch.cdist(x, x).sum())
+
+        self.check_training("cdist", distances, (torch.randn(5, 3), torch.randn(7, 3)))
+
     def test_bilinear_layer(self):
         layer = nn.Bilinear(6, 5, 3)
         self.check_training("bilinear", lambda x, y: layer(x, y).tanh(),

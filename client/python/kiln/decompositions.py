@@ -179,6 +179,38 @@ def _trilinear(i1, i2, i3, expand1, expand2, expand3, sumdim, unroll_dim=1):
     return torch.einsum(equation, i1, i2, i3)
 
 
+def _cdist(x1, x2, p, compute_mode=None):
+    """aten._cdist_forward (torch.cdist): the p-norm of every row of x1
+    against every row of x2 from their differences, a reduction kilnd
+    fuses with them (nothing of batch * rows1 * rows2 * features is held).
+    The root's gradient is 0 where a distance is 0, as ATen's backward
+    makes it (a pair of equal rows, cdist(x, x)'s diagonal)."""
+    aten = torch.ops.aten
+    diff = aten.sub.Tensor(aten.unsqueeze.default(x1, -2), aten.unsqueeze.default(x2, -3))
+    if p == 0:
+        return aten.sum.dim_IntList(aten._to_copy.default(aten.ne.Scalar(diff, 0),
+                                                          dtype=x1.dtype), [-1])
+    magnitude = aten.abs.default(diff)
+    if p == float("inf"):
+        return aten.amax.default(magnitude, [-1])
+    if p == 1:
+        return aten.sum.dim_IntList(magnitude, [-1])
+    if p == 2:
+        powered = aten.mul.Tensor(diff, diff)
+    elif p > 1:
+        powered = aten.pow.Tensor_Scalar(magnitude, p)
+    else:  # |d|^p's gradient is infinite at d = 0, where ATen's is 0
+        flat = aten.eq.Scalar(magnitude, 0)
+        lifted = aten.pow.Tensor_Scalar(
+            aten.where.self(flat, aten.full_like.default(magnitude, 1), magnitude), p)
+        powered = aten.where.self(flat, aten.full_like.default(magnitude, 0), lifted)
+    total = aten.sum.dim_IntList(powered, [-1])
+    zero = aten.eq.Scalar(total, 0)
+    safe = aten.where.self(zero, aten.full_like.default(total, 1), total)
+    root = aten.sqrt.default(safe) if p == 2 else aten.pow.Tensor_Scalar(safe, 1.0 / p)
+    return aten.where.self(zero, aten.full_like.default(total, 0), root)
+
+
 def _cumprod(x, dim, *, dtype=None):
     """aten.cumprod as a scan by doubling: after step k each element holds
     the product of the 2^k before it and itself, the shifted operand padded
@@ -323,6 +355,7 @@ def table():
         table[torch.ops.aten.prod.default] = _prod
         table[torch.ops.aten.max.default] = _max
         table[torch.ops.aten._trilinear.default] = _trilinear
+        table[torch.ops.aten._cdist_forward.default] = _cdist
         table[torch.ops.aten.min.default] = _min
         table[torch.ops.aten.diagonal.default] = _diagonal
         table[torch.ops.aten.cumprod.default] = _cumprod
