@@ -240,6 +240,19 @@ void AddReductionCases(std::map<std::string, Case>& c) {
           {Ref(0), Float(p), Bool(false)});
     return ok;
   };
+  c["aten.normal.Tensor_float"] = [] {
+    Options o;
+    o.random = true;
+    o.check_random = [](const std::vector<at::Tensor>& in, const std::vector<at::Tensor>& out,
+                        const JointGraph& jg) {
+      // mean's gradient is autograd's zeros, whatever was drawn.
+      ASSERT_GE(jg.grad_output_index[0], 0);
+      EXPECT_TRUE(at::equal(out[jg.grad_output_index[0]], at::zeros_like(in[0])));
+      EXPECT_FALSE(at::equal(out[0], in[0]));  // it drew
+    };
+    return Check("aten.normal.Tensor_float", {G(Randn({Dim(), Dim()}))}, {Ref(0), Float(0.5)}, {},
+                 o);
+  };
 }
 
 }  // namespace kiln::autograd::grad_check_test

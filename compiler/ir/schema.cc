@@ -50,6 +50,11 @@ constexpr const char* kSchemas[] = {
     "hardtanh(Tensor self, Scalar min_val=-1, Scalar max_val=1) -> Tensor",
     "clamp(Tensor self, Scalar? min=None, Scalar? max=None) -> Tensor",
     "bernoulli.p(Tensor self, float p=0.5, *, Generator? generator=None) -> Tensor",
+    "randn_like(Tensor self, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, "
+    "bool? pin_memory=None, MemoryFormat? memory_format=None) -> Tensor",
+    "rand_like(Tensor self, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, "
+    "bool? pin_memory=None, MemoryFormat? memory_format=None) -> Tensor",
+    "normal.Tensor_float(Tensor mean, float std=1, *, Generator? generator=None) -> Tensor",
 
     // Pointwise, binary and ternary.
     "pow.Tensor_Scalar(Tensor self, Scalar exponent) -> Tensor",

@@ -305,6 +305,10 @@ void RegisterCopiesAndReductions(Registry* r) {
   // copy(self, src): the result is src's values; self is not
   // differentiable (libtorch: the output needs no gradient for self's sake).
   Def(r, "aten.copy.default", ParamRule({{"src", Identity()}}), {"self"});
+  // normal(mean, std): autograd gives mean a gradient of zeros (a draw,
+  // not a reparameterization).
+  Def(r, "aten.normal.Tensor_float",
+      ParamRule({{"mean", [](Ctx& c, ValueId g) { return ZerosLike(c, g); }}}));
   for (const char* t :
        {"aten.zeros_like.default", "aten.ones_like.default", "aten.empty_like.default",
         "aten.full_like.default", "aten.new_zeros.default", "aten.bernoulli.p"}) {

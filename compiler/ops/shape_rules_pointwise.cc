@@ -186,6 +186,11 @@ void RegisterPointwise(Definer& def) {
 
   def("aten.native_dropout.default", kRandom, NativeDropout);
   def("aten.bernoulli.p", kRandom, Elementwise{{"self"}, {}, Out::kFirst});
+  // Draws shaped like self (VAE's reparameterization): self's values never
+  // reach the result, so no gradient flows to it.
+  def("aten.randn_like.default", kRandom, LikeSelf, {"self"});
+  def("aten.rand_like.default", kRandom, LikeSelf, {"self"});
+  def("aten.normal.Tensor_float", kRandom, Elementwise{{"mean"}, {}, Out::kFirst});
 }
 
 }  // namespace kiln::ops::shape_rules_internal

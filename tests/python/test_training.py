@@ -429,6 +429,14 @@ class TrainingGraphCases:
     def test_bags_samplers_scans_and_slice_assignment(self):
         self.check_training("bags and scans", _BagsAndScans(), (torch.randn(6, 8),))
 
+    def test_draws_shaped_like_a_tensor(self):
+        # A VAE's reparameterization; normal()'s mean gets autograd's zeros.
+        def draws(x):
+            return (x + torch.randn_like(x) * (0.5 * x).exp() + torch.rand_like(x) * x
+                    + torch.normal(x, 0.5))
+
+        self.check_training("randn_like", draws, (torch.randn(4, 6),))
+
     def test_pairwise_distances(self):
         # cdist(x, x) has distances of 0, where the root's gradient is 0.
         def distances(x, y):
