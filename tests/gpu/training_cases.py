@@ -137,6 +137,46 @@ class StopGradients(nn.Module):
                 + h.detach().sigmoid() * x + self.bilinear(x, h).sum() * h.max())
 
 
+class LlamaAttention(nn.Module):
+    """RMSNorm, rotary embeddings through complex numbers as Llama writes
+    them (a complex buffer of rotations), causal SDPA."""
+
+    def __init__(self, d=64, heads=4, tokens=16):
+        super().__init__()
+        self.heads = heads
+        self.norm = nn.RMSNorm(d)
+        self.wq, self.wk, self.wv, self.wo = (nn.Linear(d, d, bias=False) for _ in range(4))
+        half = d // heads // 2
+        angles = torch.outer(torch.arange(tokens).float(),
+                             1.0 / 10000 ** (torch.arange(half).float() / half))
+        self.register_buffer("rotations", torch.polar(torch.ones_like(angles), angles),
+                             persistent=False)
+
+    def rotate(self, x):
+        pairs = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
+        turn = self.rotations[:x.shape[1]].view(1, x.shape[1], 1, -1)
+        return torch.view_as_real(pairs * turn).flatten(3).type_as(x)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        h = self.norm(x)
+        q, k, v = (w(h).view(b, t, self.heads, -1) for w in (self.wq, self.wk, self.wv))
+        q, k = self.rotate(q), self.rotate(k)
+        y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
+                                           v.transpose(1, 2), is_causal=True)
+        return x + self.wo(y.transpose(1, 2).reshape(b, t, d))
+
+
+def llama_attention(dtype):
+    """LlamaAttention in `dtype`, its rotations complex still (a module's
+    .to(dtype) would keep their real parts alone)."""
+    module = LlamaAttention()
+    rotations = module.rotations
+    module = module.to(DEVICE, dtype)
+    module.rotations = rotations.to(DEVICE)
+    return module
+
+
 def reductions_over_symbolic_sizes(x):
     return (x.mean(1).sum() + F.layer_norm(x, x.shape[-1:]) * x + x.var(1).sum()
             + F.mse_loss(x.tanh(), torch.zeros_like(x)))
@@ -163,6 +203,7 @@ def cases(dtype):
         "bags_and_scans": (BagsAndScans(dtype == torch.float32).to(DEVICE, dtype),
                            lambda: (rand(8, 8),)),
         "stop_gradients": (StopGradients().to(DEVICE, dtype), lambda: (rand(6, 8),)),
+        "llama_attention": (llama_attention(dtype), lambda: (rand(2, 16, 64),)),
     }
 
 

@@ -429,6 +429,21 @@ class TrainingGraphCases:
     def test_bags_samplers_scans_and_slice_assignment(self):
         self.check_training("bags and scans", _BagsAndScans(), (torch.randn(6, 8),))
 
+    def test_rotary_embedding_through_complex_numbers(self):
+        # As Llama writes it: pairs of q viewed as complex, times the
+        # rotations (a complex constant), viewed as real again.
+        # A real factor scales both parts.
+        rotations = torch.polar(torch.ones(5, 4), torch.outer(torch.arange(5.0), torch.rand(4)))
+        scale = torch.rand(4) + 0.5
+
+        def rotary(q):
+            pairs = torch.view_as_complex(q.float().reshape(*q.shape[:-1], -1, 2))
+            turned = torch.view_as_real(pairs * rotations.view(1, 5, 1, 4)).flatten(3)
+            scaled = torch.view_as_real(scale * pairs).flatten(3)
+            return turned.type_as(q) * q.sum(-1, keepdim=True) + scaled
+
+        self.check_training("rotary", rotary, (torch.randn(2, 5, 3, 8),))
+
     def test_draws_shaped_like_a_tensor(self):
         # A VAE's reparameterization; normal()'s mean gets autograd's zeros.
         def draws(x):

@@ -838,12 +838,66 @@ def _attention_choices(fakes):
     return sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
 
 
+def _complex_products_as_real(fx, fake_mode):
+    """Rewrites view_as_real(view_as_complex(x) * f), rotary embeddings
+    as Llama writes them (x real with pairs in its last dim, f complex or
+    real),
+    into real arithmetic on x's pairs and f's parts: kilnd has no complex
+    kernels or derivative rules, so the product ran through ATen and a
+    training graph, whose gradient must flow through it to x, was refused.
+    What is left complex (f, made from inputs that need no gradient) runs
+    through ATen."""
+    aten = torch.ops.aten
+
+    def call(op, *args):
+        node = fx.call_function(op, args)
+        with fake_mode:
+            node.meta["val"] = op(*torch.fx.node.map_arg(args, lambda n: n.meta["val"]))
+        return node
+
+    for real in list(fx.nodes):
+        if real.target is not aten.view_as_real.default:
+            continue
+        product = real.args[0]
+        if not isinstance(product, torch.fx.Node) or product.target is not aten.mul.Tensor \
+                or len(product.users) != 1 or len(product.args) != 2:
+            continue
+        pair, factor = product.args
+        if isinstance(factor, torch.fx.Node) and factor.target is aten.view_as_complex.default:
+            pair, factor = factor, pair
+        if not (isinstance(pair, torch.fx.Node) and pair.target is aten.view_as_complex.default
+                and isinstance(factor, torch.fx.Node)
+                and isinstance(factor.meta.get("val"), torch.Tensor)):
+            continue
+        x = pair.args[0]
+        with fx.inserting_before(real):
+            xr, xi = call(aten.select.int, x, -1, 0), call(aten.select.int, x, -1, 1)
+            if factor.meta["val"].is_complex():
+                f = call(aten.view_as_real.default, factor)
+                fr, fi = call(aten.select.int, f, -1, 0), call(aten.select.int, f, -1, 1)
+                re = call(aten.sub.Tensor, call(aten.mul.Tensor, xr, fr),
+                          call(aten.mul.Tensor, xi, fi))
+                im = call(aten.add.Tensor, call(aten.mul.Tensor, xr, fi),
+                          call(aten.mul.Tensor, xi, fr))
+            else:  # a real factor scales both parts
+                re, im = call(aten.mul.Tensor, xr, factor), call(aten.mul.Tensor, xi, factor)
+            out = call(aten.cat.default,
+                       [call(aten.unsqueeze.default, re, -1), call(aten.unsqueeze.default, im, -1)],
+                       -1)
+        real.replace_all_uses_with(out)
+        fx.erase_node(real)
+        fx.erase_node(product)
+        if not pair.users:
+            fx.erase_node(pair)
+
+
 def _lower(gm, placeholders, fakes, fake_mode, name):
     grad = torch.is_grad_enabled()
     with _attention_choices(fakes):
         fx = _trace(gm, fakes, fake_mode)
     if _writes_intermediate(fx):
         fx = _functionalized(fx, fakes, fake_mode)
+    _complex_products_as_real(fx, fake_mode)
     traced_placeholders = [n for n in fx.nodes if n.op == "placeholder"]
     writes = _mutations(fx, traced_placeholders)
     output_node = next(n for n in fx.nodes if n.op == "output")
