@@ -1,5 +1,6 @@
 #include "compiler/ir/torch_conventions.h"
 
+#include <algorithm>
 #include <map>
 #include <set>
 #include <string>
@@ -362,11 +363,20 @@ absl::StatusOr<std::optional<v1::Graph>> RewriteTorchConventions(const Graph& gr
     const std::vector<NumberInTensor> numbers = FindNumbersInTensors(node, *schema);
     if (numbers.empty()) continue;
     v1::Node& pn = *proto().mutable_nodes(static_cast<int>(k));
-    if (std::string target = FittingOverload(node, *schema, graph); !target.empty()) {
+    // A symbolic number (x * x.shape[-1] over a dynamic size) stays a
+    // tensor: a Scalar argument is a number the kernels hold as a constant.
+    const bool symbolic = std::any_of(numbers.begin(), numbers.end(), [&](NumberInTensor w) {
+      const Argument& a = w.keyword ? node.kwargs[w.index] : node.args[w.index];
+      const auto* v = std::get_if<SymInt>(&a.kind);
+      return v != nullptr && !v->is_constant();
+    });
+    if (std::string target = symbolic ? "" : FittingOverload(node, *schema, graph);
+        !target.empty()) {
       pn.set_target(target);
       continue;
     }
-    // No overload takes the numbers: each becomes a 0-dim tensor.
+    // No overload takes the numbers (or one is symbolic): each becomes a
+    // 0-dim tensor.
     if (!fresh) fresh.emplace(graph);
     v1::Device device;
     device.set_type("cpu");

@@ -83,6 +83,27 @@ TEST(TorchConventionsTest, NumberWithNoScalarOverloadBecomesAZeroDimTensor) {
   EXPECT_EQ(scalar_tensors, 2);
 }
 
+TEST(TorchConventionsTest, SymbolicNumberBecomesAZeroDimTensor) {
+  // mul.Tensor(x, s0) over x of size s0 (x * x.shape[0] with a dynamic
+  // size): a Scalar is a constant of the kernels, so the number stays a
+  // tensor whose value the plan evaluates.
+  const std::string sym = "sizes { expr: \"s0\" } strides { int_value: 1 }";
+  const std::string text =
+      "inputs { value { name: \"x\" " + Meta("FLOAT32", sym) + " } }\n" +
+      "nodes { name: \"mul\" target: \"aten.mul.Tensor\" args { tensor: \"x\" } "
+      "args { sym_int { expr: \"s0\" } } outputs { name: \"o\" " +
+      Meta("FLOAT32", sym) + " } }\noutputs: \"o\"\n";
+  v1::Graph proto;
+  ASSERT_TRUE(google::protobuf::TextFormat::ParseFromString(text, &proto)) << text;
+  auto g = Graph::FromProto(proto);
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_TRUE(Verify(*g).ok()) << Verify(*g);
+  const std::string printed = PrintReadable(*g);
+  EXPECT_NE(printed.find("aten.mul.Tensor"), std::string::npos) << printed;
+  EXPECT_NE(printed.find("aten.scalar_tensor.default(s0, dtype=torch.int64"), std::string::npos)
+      << printed;
+}
+
 TEST(TorchConventionsTest, AnOptionalTensorParameterStillRefusesANumber) {
   auto g = Graph::FromProto(Parse(
       "nodes { name: \"ln\" target: \"aten.native_layer_norm.default\" args { tensor: \"x\" } "

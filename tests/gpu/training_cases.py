@@ -179,7 +179,8 @@ def llama_attention(dtype):
 
 def reductions_over_symbolic_sizes(x):
     return (x.mean(1).sum() + F.layer_norm(x, x.shape[-1:]) * x + x.var(1).sum()
-            + F.mse_loss(x.tanh(), torch.zeros_like(x)))
+            + F.mse_loss(x.tanh(), torch.zeros_like(x)) + x * x.shape[-1]
+            + x.sum(-1, keepdim=True) / (x.shape[-1] - 1))
 
 
 def cases(dtype):

@@ -412,6 +412,29 @@ class TorchCompileTest(SharedKilnd, unittest.TestCase):
                 self.assertEqual(be.stats["eager"], 0, be.stats)
                 self.assertEqual(be.stats["compiles"], 1, be.stats)
 
+    def test_sizes_used_as_numbers_compile_once(self):
+        # x * x.shape[-1] and a division by a size over dynamic sizes: the
+        # number is a 0-dim tensor the plan fills at each call.
+        fns = {
+            "scale": lambda x: x * x.shape[-1],
+            "unbiased": lambda x: (x - x.mean(-1, keepdim=True)).pow(2).sum(-1) / (x.shape[-1] - 1),
+        }
+        for name, fn in fns.items():
+            with self.subTest(fn=name):
+                torch._dynamo.reset()
+                be = self.backend("kiln")
+                compiled = torch.compile(fn, backend=be, dynamic=True)
+                for shape in ((2, 5), (3, 8), (4, 13)):
+                    x = torch.randn(shape, requires_grad=True)
+                    y = x.detach().clone().requires_grad_(True)
+                    out, want = compiled(x), fn(y)
+                    close(self, out, want, f"{name} {shape}")
+                    out.sum().backward()
+                    want.sum().backward()
+                    close(self, x.grad, y.grad, f"{name} {shape} gradient")
+                self.assertEqual(be.stats["eager"], 0, be.stats)
+                self.assertEqual(be.stats["compiles"], 1, be.stats)
+
     def test_an_empty_batch_trains(self):
         # Autograd's gradient of an output without elements comes with
         # strides of 0, which address nothing.
