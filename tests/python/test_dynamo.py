@@ -8,6 +8,7 @@ answer for kilnd. Counters come from the server (Stats) and from the backend
 
 import contextlib
 import copy
+import math
 import os
 import shutil
 import subprocess
@@ -434,6 +435,35 @@ class TorchCompileTest(SharedKilnd, unittest.TestCase):
                     close(self, x.grad, y.grad, f"{name} {shape} gradient")
                 self.assertEqual(be.stats["eager"], 0, be.stats)
                 self.assertEqual(be.stats["compiles"], 1, be.stats)
+
+    def test_floats_of_sizes_compile_once(self):
+        # x / sqrt(x.shape[-1]), and batch norm over a dynamic batch (its
+        # running variance scaled by n / (n - 1), its momentum a float
+        # Dynamo passes as a tensor): 0-dim float64 tensors of the sizes.
+        torch._dynamo.reset()
+        be = self.backend("kiln")
+        scale = torch.compile(lambda x: x / math.sqrt(x.shape[-1]), backend=be, dynamic=True)
+        for shape in ((2, 5), (3, 8)):
+            x = torch.randn(shape)
+            close(self, scale(x), x / math.sqrt(shape[-1]), f"scale {shape}")
+        self.assertEqual((be.stats["compiles"], be.stats["eager"]), (1, 0), be.stats)
+
+        torch._dynamo.reset()
+        be = self.backend("kiln")
+        model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4))
+        eager = copy.deepcopy(model)
+        compiled = torch.compile(model, backend=be, dynamic=True)
+        for shape in ((2, 3, 8, 8), (3, 3, 10, 9), (4, 3, 7, 12)):
+            x = torch.randn(shape)
+            out, want = compiled(x), eager(x)
+            close(self, out, want, f"batch norm {shape}")
+            out.square().sum().backward()
+            want.square().sum().backward()
+            for (name, b), ref in zip(model.named_buffers(), eager.buffers()):
+                close(self, b, ref, f"batch norm {shape}: {name}")
+        for (name, p), ref in zip(model.named_parameters(), eager.parameters()):
+            close(self, p.grad, ref.grad, f"batch norm: grad of {name}")
+        self.assertEqual(be.stats["eager"], 0, be.stats)
 
     def test_an_empty_batch_trains(self):
         # Autograd's gradient of an output without elements comes with
