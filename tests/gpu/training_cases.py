@@ -9,6 +9,7 @@ and runs it.) A case passes when kiln compiled every graph (none ran
 eagerly) and matched eager. Prints a line per case; exits 1 if any failed.
 """
 
+import math
 import os
 import sys
 
@@ -180,7 +181,7 @@ def llama_attention(dtype):
 def reductions_over_symbolic_sizes(x):
     return (x.mean(1).sum() + F.layer_norm(x, x.shape[-1:]) * x + x.var(1).sum()
             + F.mse_loss(x.tanh(), torch.zeros_like(x)) + x * x.shape[-1]
-            + x.sum(-1, keepdim=True) / (x.shape[-1] - 1))
+            + x.sum(-1, keepdim=True) / (x.shape[-1] - 1) + x / math.sqrt(x.shape[-1]))
 
 
 def cases(dtype):
