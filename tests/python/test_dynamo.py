@@ -465,6 +465,22 @@ class TorchCompileTest(SharedKilnd, unittest.TestCase):
             close(self, p.grad, ref.grad, f"batch norm: grad of {name}")
         self.assertEqual(be.stats["eager"], 0, be.stats)
 
+    def test_linear_over_a_dynamic_batch_and_sequence_compiles_once(self):
+        # ATen's linear flattens a 3-d input by its concrete sizes, which
+        # specialized both symbols: every new size compiled again.
+        model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(),
+                                    torch.nn.Linear(16, 8))
+        for training in (False, True):
+            with self.subTest(training=training):
+                torch._dynamo.reset()
+                be = self.backend("kiln")
+                compiled = torch.compile(model, backend=be, dynamic=True)
+                for shape in ((2, 5, 8), (3, 9, 8), (4, 12, 8)):
+                    x = torch.randn(shape, requires_grad=training)
+                    with torch.set_grad_enabled(training):
+                        close(self, compiled(x), model(x), f"{shape}")
+                self.assertEqual((be.stats["graphs"], be.stats["eager"]), (1, 0), be.stats)
+
     def test_an_empty_batch_trains(self):
         # Autograd's gradient of an output without elements comes with
         # strides of 0, which address nothing.

@@ -273,7 +273,21 @@ class _TensorSet:
         return id(t) in self._tensors
 
 
-class _GradientCuts(torch.fx.Interpreter):
+class _Tracing(torch.fx.Interpreter):
+    """Runs Dynamo's graph for the trace."""
+
+    def call_function(self, target, args, kwargs):
+        # ATen's linear flattens a 3-d input by its concrete sizes, which
+        # specializes symbolic ones (a dynamic batch or sequence compiled
+        # again at every size); matmul's decomposition keeps them symbolic.
+        if target is torch._C._nn.linear and not kwargs and len(args) in (2, 3) \
+                and isinstance(args[0], torch.Tensor) and not _static_tensor(args[0]):
+            out = torch.matmul(args[0], args[1].t())
+            return out if len(args) == 2 or args[2] is None else out + args[2]
+        return super().call_function(target, args, kwargs)
+
+
+class _GradientCuts(_Tracing):
     """Runs Dynamo's graph for the trace with kiln::stop_gradient where
     eager's autograd stops gradients (above). `_grad` holds the tensors that
     require grad by autograd's rules, from the inputs' `requires_grad`;
@@ -408,7 +422,7 @@ def _trace(gm, fakes, fake_mode):
     def run(*args):
         if grad:
             return _GradientCuts(gm, [getattr(f, "requires_grad", False) for f in fakes]).run(*args)
-        return torch.fx.Interpreter(gm).run(*args)
+        return _Tracing(gm).run(*args)
 
     with fake_mode, enable_python_dispatcher():
         return _functional_graph(run, fakes)
