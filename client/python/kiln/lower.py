@@ -277,13 +277,16 @@ class _Tracing(torch.fx.Interpreter):
     """Runs Dynamo's graph for the trace."""
 
     def call_function(self, target, args, kwargs):
-        # ATen's linear flattens a 3-d input by its concrete sizes, which
-        # specializes symbolic ones (a dynamic batch or sequence compiled
-        # again at every size); matmul's decomposition keeps them symbolic.
-        if target is torch._C._nn.linear and not kwargs and len(args) in (2, 3) \
-                and isinstance(args[0], torch.Tensor) and not _static_tensor(args[0]):
-            out = torch.matmul(args[0], args[1].t())
-            return out if len(args) == 2 or args[2] is None else out + args[2]
+        # ATen's linear with a bias flattens an input of 3 or more dims by
+        # its concrete sizes, which specializes symbolic ones (a dynamic
+        # batch or sequence compiled again at every size): the same addmm
+        # over the input flattened by its symbolic sizes.
+        if target is torch._C._nn.linear and not kwargs and len(args) == 3 \
+                and isinstance(args[0], torch.Tensor) and args[0].dim() >= 3 \
+                and isinstance(args[2], torch.Tensor) and not _static_tensor(args[0]):
+            x, weight, bias = args
+            out = torch.addmm(bias, x.reshape(-1, x.shape[-1]), weight.t())
+            return out.view(*x.shape[:-1], out.shape[-1])
         return super().call_function(target, args, kwargs)
 
 
