@@ -888,9 +888,9 @@ class TrainingTest(TrainingGraphCases, unittest.TestCase):
     def test_compile_never_runs_a_graph_eagerly(self):
         x = torch.randn(4, 8, requires_grad=True)
 
-        # No kiln.v1.Graph form (a size through a float: sym_float is no ATen
-        # op): kiln.lower.Unsupported, naming the reason, not an eager
-        # fallback.
+        # No kiln.v1.Graph form (a size through a float and back to a size:
+        # kilnd's sizes are integer expressions): kiln.lower.Unsupported,
+        # naming the node, not an eager fallback.
         def through_float(x):
             return x.view(-1)[: int(x.shape[0] ** 0.5)] * 2
 
@@ -898,7 +898,8 @@ class TrainingTest(TrainingGraphCases, unittest.TestCase):
         torch._dynamo.mark_dynamic(y, 0)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
-            with self.assertRaisesRegex(kiln_lower.Unsupported, "ran eagerly.*sym_float"):
+            with self.assertRaisesRegex(kiln_lower.Unsupported,
+                                        "ran eagerly.*takes the float .* computed from sizes"):
                 kiln.compile(through_float, y, client=self.client)
         # No tensor operation at all: no graph, nothing for kilnd to compile.
         with self.assertRaisesRegex(ValueError, "nothing to compile in <lambda>"):
