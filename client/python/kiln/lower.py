@@ -932,6 +932,10 @@ def _symbolic_floats_as_tensors(fx, fake_mode):
         return
     aten = torch.ops.aten
     tensors = {}
+    # One device for every float: the inputs', CUDA where any is.
+    devices = [n.meta["val"].device for n in fx.nodes
+               if n.op == "placeholder" and isinstance(n.meta.get("val"), torch.Tensor)]
+    device = next((d for d in devices if d.type != "cpu"), torch.device("cpu"))
 
     def add(node_before, op, args, kwargs, like):
         with fx.inserting_before(node_before):
@@ -941,10 +945,6 @@ def _symbolic_floats_as_tensors(fx, fake_mode):
         return new
 
     for n in floats:
-        users = list(n.users)
-        devices = [u.meta["val"].device for u in users
-                   if isinstance(u.meta.get("val"), torch.Tensor)]
-        device = devices[0] if devices else torch.device("cpu")
         if n.target is aten._local_scalar_dense.default:
             # A float Dynamo passed as a 0-dim tensor (a module's momentum
             # under dynamic=True): that tensor.
