@@ -354,9 +354,9 @@ def table():
         table[torch.ops.aten.round.default] = _round
         table[torch.ops.aten.prod.default] = _prod
         table[torch.ops.aten.max.default] = _max
+        table[torch.ops.aten.min.default] = _min
         table[torch.ops.aten._trilinear.default] = _trilinear
         table[torch.ops.aten._cdist_forward.default] = _cdist
-        table[torch.ops.aten.min.default] = _min
         table[torch.ops.aten.diagonal.default] = _diagonal
         table[torch.ops.aten.cumprod.default] = _cumprod
         table[torch.ops.aten._embedding_bag.default] = _embedding_bag

@@ -858,12 +858,11 @@ def _attention_choices(fakes):
 def _complex_products_as_real(fx, fake_mode):
     """Rewrites view_as_real(view_as_complex(x) * f), rotary embeddings
     as Llama writes them (x real with pairs in its last dim, f complex or
-    real),
-    into real arithmetic on x's pairs and f's parts: kilnd has no complex
-    kernels or derivative rules, so the product ran through ATen and a
-    training graph, whose gradient must flow through it to x, was refused.
-    What is left complex (f, made from inputs that need no gradient) runs
-    through ATen."""
+    real), into real arithmetic on x's pairs and f's parts: kilnd has no
+    complex kernels or derivative rules, so the product ran through ATen
+    and a training graph, whose gradient must flow through it to x, was
+    refused. What is left complex (f, made from inputs that need no
+    gradient) runs through ATen."""
     aten = torch.ops.aten
 
     def call(op, *args):
@@ -937,11 +936,14 @@ def _symbolic_floats_as_tensors(fx, fake_mode):
                if n.op == "placeholder" and isinstance(n.meta.get("val"), torch.Tensor)]
     device = next((d for d in devices if d.type != "cpu"), torch.device("cpu"))
 
-    def add(node_before, op, args, kwargs, like):
+    def add(node_before, op, args, kwargs):
         with fx.inserting_before(node_before):
             new = fx.call_function(op, tuple(args), kwargs)
         with fake_mode:
-            new.meta["val"] = torch.empty((), dtype=torch.float64, device=like)
+            if op is aten.scalar_tensor.default:  # its value would guard the size
+                new.meta["val"] = torch.empty((), dtype=torch.float64, device=device)
+            else:
+                new.meta["val"] = op(*(a.meta["val"] for a in args))
         return new
 
     for n in floats:
@@ -963,11 +965,11 @@ def _symbolic_floats_as_tensors(fx, fake_mode):
             if not isinstance(value, (int, float, torch.SymInt)) or isinstance(value, bool):
                 raise Unsupported(f"node '{n.name}' computes a float from {a!r}")
             return add(before, aten.scalar_tensor.default, [a],
-                       {"dtype": torch.float64, "device": device}, device)
+                       {"dtype": torch.float64, "device": device})
 
         operands = [operand(a, n) for a in n.args]
         op = _FLOAT_OPS[n.target]
-        tensors[n] = operands[0] if op is None else add(n, op, operands, {}, device)
+        tensors[n] = operands[0] if op is None else add(n, op, operands, {})
         _replace_float_uses(n, tensors)
     for n in reversed(floats):
         fx.erase_node(n)
