@@ -20,11 +20,16 @@ namespace kiln::ops::derivatives_internal {
 namespace {
 
 // grad.reshape(sizes): a view when the strides allow one, else a
-// contiguous copy first (reshape's own rule).
+// contiguous copy first (reshape's own rule). Over symbolic sizes a view is
+// taken only of a contiguous gradient: ViewStrides cannot decide the other
+// layouts there (a permuted or expanded gradient viewed as if contiguous
+// read the wrong elements).
 Val Reshape(Ctx& c, ValueId v, const std::vector<ir::SymInt>& sizes) {
   const ir::TensorMeta m = c.meta(v);
   if (m.sizes == sizes) return v;
-  if (!ViewStrides(m.sizes, m.strides, sizes).has_value()) {
+  const bool known = ConstantSizes(m.sizes).has_value() && ConstantSizes(m.strides).has_value() &&
+                     ConstantSizes(sizes).has_value();
+  if (known ? !ViewStrides(m.sizes, m.strides, sizes).has_value() : !IsContiguous(m)) {
     ASSIGN_OR_RETURN(v, c.Op("aten.clone.default", {Ref(v)},
                              {ir::Kwarg("memory_format", Argument{"", v1::CONTIGUOUS_FORMAT})}));
   }

@@ -179,7 +179,10 @@ def llama_attention(dtype):
 
 
 def reductions_over_symbolic_sizes(x):
-    return (x.mean(1).sum() + F.layer_norm(x, x.shape[-1:]) * x + x.var(1).sum()
+    b, t, d = x.shape
+    q, k, v = x.view(b, t, 3, d // 3).permute(2, 0, 1, 3)  # heads split from one tensor
+    return ((q + 2 * k + 3 * v).square().sum() + x.mean(1).sum()
+            + F.layer_norm(x, x.shape[-1:]) * x + x.var(1).sum()
             + F.mse_loss(x.tanh(), torch.zeros_like(x)) + x * x.shape[-1]
             + x.sum(-1, keepdim=True) / (x.shape[-1] - 1) + x / math.sqrt(x.shape[-1]))
 

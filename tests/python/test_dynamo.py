@@ -481,6 +481,35 @@ class TorchCompileTest(SharedKilnd, unittest.TestCase):
                         close(self, compiled(x), model(x), f"{shape}")
                 self.assertEqual((be.stats["graphs"], be.stats["eager"]), (1, 0), be.stats)
 
+    def test_gradients_of_permuted_views_over_symbolic_sizes(self):
+        # q, k, v split from one projection as attention layers write it:
+        # the view's gradient arrives permuted, and viewing it back as if it
+        # were contiguous read the wrong elements.
+        def heads(x, w):
+            b, t, d = x.shape
+            q, k, v = (x @ w).view(b, t, 3, 2, d // 2).permute(2, 0, 3, 1, 4)
+            return (q * 1 + k * 2 + v * 3).square()
+
+        def pooled(x, w):
+            b, t, d = x.shape
+            return (x @ w).view(b, t, 3, 2, d // 2).sum(2).square()
+
+        for name, fn in (("heads", heads), ("pooled", pooled)):
+            with self.subTest(fn=name):
+                torch._dynamo.reset()
+                be = self.backend("kiln")
+                compiled = torch.compile(fn, backend=be, dynamic=True)
+                for t in (5, 7, 9):
+                    x = torch.randn(2, t, 4)
+                    w = torch.randn(4, 12, requires_grad=True)
+                    w2 = w.detach().clone().requires_grad_(True)
+                    out, want = compiled(x, w2), fn(x, w)
+                    close(self, out, want, f"{name} t={t}")
+                    out.sum().backward()
+                    want.sum().backward()
+                    close(self, w2.grad, w.grad, f"{name} t={t} gradient")
+                self.assertEqual((be.stats["compiles"], be.stats["eager"]), (1, 0), be.stats)
+
     def test_an_empty_batch_trains(self):
         # Autograd's gradient of an output without elements comes with
         # strides of 0, which address nothing.
