@@ -687,8 +687,8 @@ class LoweringCacheTest(unittest.TestCase):
 
 
 class RepeatedCallsTest(unittest.TestCase):
-    """kiln.lower traces each distinct call of a graph of repeated blocks
-    once, and gives the graph that tracing it whole gives."""
+    """kiln.lower (kiln.tracing) traces each distinct call of a graph of
+    repeated blocks once, and gives the graph that tracing it whole gives."""
 
     def setUp(self):
         torch._dynamo.reset()
@@ -699,12 +699,12 @@ class RepeatedCallsTest(unittest.TestCase):
     def lowerings(self, model, x):
         """(lowered call by call where it may be, lowered whole, calls
         traced alone, Dynamo's calls)."""
-        from kiln import lower
+        from kiln import lower, tracing
 
         gm, inputs = dynamo_graph(model, x)
-        with unittest.mock.patch.object(lower, "_trace_call", wraps=lower._trace_call) as alone:
+        with unittest.mock.patch.object(tracing, "_trace_call", wraps=tracing._trace_call) as alone:
             by_call = lower.lower(gm, inputs, name="g")
-        with unittest.mock.patch.object(lower, "_trace_repeated_calls", return_value=None):
+        with unittest.mock.patch.object(tracing, "_trace_repeated_calls", return_value=None):
             whole = lower.lower(gm, inputs, name="g")
         self.assertEqual(by_call.graph, whole.graph)
         self.assertEqual(by_call.guards, whole.guards)
