@@ -67,6 +67,12 @@ void Stats::CountSingleFlightJoin() {
   c->set_single_flight_joins(c->single_flight_joins() + 1);
 }
 
+void Stats::CountQuickCompile() {
+  absl::MutexLock l(&mu_);
+  auto* c = record_.mutable_counters();
+  c->set_quick_compiles(c->quick_compiles() + 1);
+}
+
 void Stats::CountFunctionFilter(bool matched) {
   absl::MutexLock l(&mu_);
   auto* c = record_.mutable_counters();

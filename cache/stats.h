@@ -38,6 +38,8 @@ class Stats {
   // One backend run, successful or not.
   void CountCompile(bool ok);
   void CountSingleFlightJoin();
+  // An artifact compiled at a backend's quick level (quick_first).
+  void CountQuickCompile();
   // A compile under a function filter: its graph name matched, or the
   // filter sent it to the eager backend.
   void CountFunctionFilter(bool matched);

@@ -53,6 +53,7 @@ class KilnBackend final : public Backend {
     kiln.toolchain.nvrtc_helper = options_.nvrtc_helper;
     kiln.toolchain.nvrtc_fast_compile = options_.nvrtc_fast_compile;
     kiln.toolchain.cancel = input.cancel;
+    kiln.toolchain.quick = input.quick;
     kiln.compile_jobs = options_.compile_jobs;
     kiln.compile_slots = options_.compile_slots.get();
     kiln.kernel_cache = options_.kernel_cache.get();
@@ -63,11 +64,13 @@ class KilnBackend final : public Backend {
       if (o.name() != kInjectFaultOption) continue;
       ASSIGN_OR_RETURN(kiln.fault, pipeline::ParseFault(o.value()));
     }
-    if (tune) kiln.tuner = options_.tuner.get();
+    if (tune && !input.quick) kiln.tuner = options_.tuner.get();
     RETURN_IF_ERROR(pipeline::RunKiln(input.graph, input.options.target(), kiln, times, input.trace,
                                       &artifact));
     return artifact;
   }
+
+  bool has_quick_level() const override { return true; }
 
  private:
   const BackendOptions options_;

@@ -38,6 +38,10 @@ struct CompileInput {
   // Set when nobody waits for the result any more: a backend stops at the
   // next point it checks (the native compiler is killed) with CANCELLED.
   const std::atomic<bool>* cancel = nullptr;
+  // Compile at the backend's quick level (a tiered compile's first
+  // artifact, CompileRequest.quick_first): shorter native compiles, slower
+  // code, no autotuning. Only for backends with has_quick_level().
+  bool quick = false;
 };
 
 class Backend {
@@ -47,6 +51,9 @@ class Backend {
   // The artifact for `input`; phases are recorded in `times`.
   virtual absl::StatusOr<v1::Artifact> Compile(const CompileInput& input,
                                                PhaseTimes* times) const = 0;
+  // Whether Compile has a quick level (CompileInput::quick) that differs
+  // from its optimized one.
+  virtual bool has_quick_level() const { return false; }
 };
 
 // The artifact fields every backend fills the same way.

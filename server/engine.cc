@@ -2,6 +2,7 @@
 
 #include <malloc.h>
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -113,10 +114,17 @@ Engine::Engine(const EngineOptions& options, cache::Cache* cache, cache::Stats* 
       stats_(stats),
       backends_(std::move(backends)),
       frozen_(options.frozen),
-      slots_(options.compile_workers, options.compile_queue_depth) {}
+      slots_(options.compile_workers, options.compile_queue_depth),
+      background_(std::make_unique<WorkerPool>(std::max(1, options.compile_workers),
+                                               options.compile_queue_depth,
+                                               "background compile queue")) {}
 
 Engine::~Engine() {
-  stopping_ = true;
+  {
+    absl::MutexLock l(&background_mu_);
+    stopping_ = true;
+    for (Caller* caller : background_callers_) caller->MarkGone();
+  }
   std::thread minifier;
   {
     absl::MutexLock l(&minify_mu_);
@@ -307,9 +315,9 @@ absl::StatusOr<v1::CompileResponse> Engine::CompileUnrecorded(const v1::CompileR
         record.alias_key = key;
         record.alias_guards = guards;
         *compiling = true;
-        return CompileMiss(Job{ns, *built, general_guards, options, general_key, outcome,
-                               std::move(record), std::move(times)},
-                           caller);
+        return CompileMissTiered(Job{ns, *built, general_guards, options, general_key, outcome,
+                                     std::move(record), std::move(times)},
+                                 caller, req.quick_first());
       }
     }
   }
@@ -322,8 +330,9 @@ absl::StatusOr<v1::CompileResponse> Engine::CompileUnrecorded(const v1::CompileR
     *record.family_record.mutable_graph() = std::move(family.positional);
   }
   *compiling = true;
-  return CompileMiss(
-      Job{ns, graph, guards, options, key, outcome, std::move(record), std::move(times)}, caller);
+  return CompileMissTiered(
+      Job{ns, graph, guards, options, key, outcome, std::move(record), std::move(times)}, caller,
+      req.quick_first());
 }
 
 Engine::Family Engine::FindFamily(const std::string& ns, const ir::Graph& graph,
@@ -344,10 +353,14 @@ Engine::Family Engine::FindFamily(const std::string& ns, const ir::Graph& graph,
   return f;
 }
 
+std::string Engine::FlightKey(const Job& job) {
+  return absl::StrCat(job.ns, "\n", job.key, "\n", ir::DeterministicBytes(job.guards),
+                      job.outcome == v1::BYPASS ? "\nbypass" : "", job.quick ? "\nquick" : "");
+}
+
 absl::StatusOr<v1::CompileResponse> Engine::CompileMiss(Job job, Caller* caller) {
   const bool bypass = job.outcome == v1::BYPASS;
-  const std::string flight_key = absl::StrCat(
-      job.ns, "\n", job.key, "\n", ir::DeterministicBytes(job.guards), bypass ? "\nbypass" : "");
+  const std::string flight_key = FlightKey(job);
   std::shared_ptr<Flight> flight;
   bool leader = false;
   {
@@ -363,7 +376,7 @@ absl::StatusOr<v1::CompileResponse> Engine::CompileMiss(Job job, Caller* caller)
     ++flight->waiters;
   }
   if (!leader) {
-    if (!bypass) stats_->Count(job.outcome);
+    if (!bypass && !job.quick) stats_->Count(job.outcome);
     stats_->CountSingleFlightJoin();
     return AwaitFlight(flight, caller);
   }
@@ -382,7 +395,9 @@ absl::StatusOr<v1::CompileResponse> Engine::CompileMiss(Job job, Caller* caller)
 }
 
 absl::StatusOr<v1::CompileResponse> Engine::RunJob(Job& job, Flight& flight) {
-  const bool bypass = job.outcome == v1::BYPASS;
+  // A quick job is neither probed nor published, and the optimized compile
+  // that runs beside it counts the miss.
+  const bool bypass = job.outcome == v1::BYPASS || job.quick;
   const std::string& ns = job.ns;
   const std::string& key = job.key;
   const ir::Graph& graph = job.graph;
@@ -415,7 +430,7 @@ absl::StatusOr<v1::CompileResponse> Engine::RunJob(Job& job, Flight& flight) {
   }
   ASSIGN_OR_RETURN(const Backend* backend, backends_.Find(options.backend()));
   std::map<std::string, std::string> trace;
-  CompileInput input{graph, job.guards, options, key, &trace, &flight.cancel};
+  CompileInput input{graph, job.guards, options, key, &trace, &flight.cancel, job.quick};
   RequestLog* const log = options_.step_log;
   if (log) log->Step("compile", "begin", ns, key, graph.name(), options.backend());
   auto artifact = backend->Compile(input, &job.times);
@@ -425,6 +440,7 @@ absl::StatusOr<v1::CompileResponse> Engine::RunJob(Job& job, Flight& flight) {
   }
   if (absl::IsCancelled(artifact.status())) return artifact.status();
   stats_->CountCompile(artifact.ok());
+  if (!artifact.ok() && job.quick) return artifact.status();
   if (!artifact.ok()) {
     if (ns != kMinifyNamespace) RecordFailure(ns, key, artifact.status(), trace);
     v1::CompileRequest request;
@@ -439,6 +455,13 @@ absl::StatusOr<v1::CompileResponse> Engine::RunJob(Job& job, Flight& flight) {
   for (const auto& p : job.times.phases()) *artifact->add_compile_times() = p;
   std::string bytes = ir::DeterministicBytes(*artifact);
   resp.set_outcome(job.outcome);
+  if (job.quick) {
+    stats_->CountQuickCompile();
+    resp.set_quick(true);
+    resp.set_digest(Sha256Hex(bytes));
+    *resp.mutable_artifact() = *std::move(artifact);
+    return resp;
+  }
   if (bypass) {
     resp.set_digest(Sha256Hex(bytes));
   } else {

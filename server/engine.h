@@ -10,6 +10,11 @@
 // pipeline) -> publish -> reply. Lookup never compiles. Outcomes, compiles
 // and phase times are counted in cache::Stats.
 //
+// Tiered compiles (CompileRequest.quick_first): on a miss, the optimized
+// compile leaves for a background thread as the flight that identical
+// requests join, and the caller's own thread compiles at the backend's quick
+// level (server/backend.h) for the reply, which is never cached.
+//
 // Thread-safe: every method may be called concurrently.
 #ifndef KILN_SERVER_ENGINE_H_
 #define KILN_SERVER_ENGINE_H_
@@ -24,6 +29,7 @@
 #include <thread>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
@@ -36,6 +42,7 @@
 #include "server/backend.h"
 #include "server/compile_slots.h"
 #include "server/request_log.h"
+#include "server/worker_pool.h"
 
 namespace re2 {
 class RE2;
@@ -188,13 +195,28 @@ class Engine {
     v1::LookupOutcome outcome;  // FULL_MISS, GUARD_MISS or BYPASS
     MissRecord record;
     PhaseTimes times;
+    // At the backend's quick level: neither probed nor published, and its
+    // failures are left for the optimized compile to record.
+    bool quick = false;
   };
+  // The single flight's key of a job.
+  static std::string FlightKey(const Job& job);
   // Single flight: the first caller of a (namespace, key, guards) runs the
   // job, the others wait for its result.
   absl::StatusOr<v1::CompileResponse> CompileMiss(Job job, Caller* caller);
   // The job, on the leader's thread: once it holds a compile slot, the
   // backend compiles and the artifact is published.
   absl::StatusOr<v1::CompileResponse> RunJob(Job& job, Flight& flight);
+  // A miss's job as the request asks (server/engine_tiers.cc). Without
+  // quick_first, or when the backend has no quick level, a flight for the
+  // job is running already or the background queue is full: CompileMiss.
+  // Otherwise the optimized compile is started in the background and the
+  // caller gets the quick one.
+  absl::StatusOr<v1::CompileResponse> CompileMissTiered(Job job, Caller* caller, bool quick_first);
+  // Queues `job`'s optimized compile as a flight's leader on a background
+  // thread, with copies of what it refers to; false when a flight for it is
+  // running or the queue is full.
+  bool CompileInBackground(const Job& job);
 
   // Checks the request's backend options and adds the server's defaults.
   // Under a function filter, a graph whose name it does not match gets the
@@ -248,6 +270,14 @@ class Engine {
   absl::flat_hash_map<std::string, std::shared_ptr<Flight>> flights_ ABSL_GUARDED_BY(flights_mu_);
 
   CompileSlots slots_;
+
+  // The callers of the background compiles running now: the destructor
+  // marks them gone, which cancels the compiles nobody else waits for.
+  absl::Mutex background_mu_;
+  absl::flat_hash_set<Caller*> background_callers_ ABSL_GUARDED_BY(background_mu_);
+  // Declared last, so destroyed first: its threads are joined while what
+  // they use is alive.
+  std::unique_ptr<WorkerPool> background_;
 };
 
 }  // namespace kiln::server

@@ -85,6 +85,9 @@ struct CppOptions {
   // ("native").
   std::string isa;
   bool openmp = true;
+  // g++'s optimization level: -O3, or -O1 for a tiered compile's quick
+  // artifact (target.h, ToolchainOptions::quick).
+  std::string optimization = "-O3";
   std::string scratch_dir = "/tmp";  // where sources and objects are written
   // The compiler is killed (with everything it started) past this, and
   // Compile fails with DEADLINE_EXCEEDED.

@@ -251,7 +251,7 @@ class CppBackend : public CodegenBackend {
     ASSIGN_OR_RETURN(TempFile so, TempFile::Create(options_.scratch_dir, ".so"));
     RETURN_IF_ERROR(WriteFile(src.path(), source));
     const std::vector<std::string> argv = {
-        options_.compiler, "-O3",
+        options_.compiler, options_.optimization,
         absl::StrCat("-march=", options_.isa.empty() ? "native" : options_.isa),
         options_.openmp ? "-fopenmp" : "-fopenmp-simd", "-fno-math-errno",
         // Floating-point operations never trap (kernels do not enable FP
@@ -278,7 +278,7 @@ class CppBackend : public CodegenBackend {
   }
 
   std::string CompileIdentity() const override {
-    return absl::StrCat(options_.compiler,
+    return absl::StrCat(options_.compiler, " ", options_.optimization,
                         " -march=", options_.isa.empty() ? "native" : options_.isa,
                         options_.openmp ? " -fopenmp" : " -fopenmp-simd");
   }

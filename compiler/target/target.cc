@@ -21,6 +21,7 @@ class CpuTarget final : public Target {
     cpp.timeout = options.timeout;
     cpp.cancel = options.cancel;
     cpp.compiler = options.cpp_compiler;
+    if (options.quick) cpp.optimization = "-O1";
     return codegen::MakeCppBackend(cpp);
   }
 
@@ -40,7 +41,8 @@ class CudaTarget final : public Target {
     cuda.sm_arch = proto_.sm_arch();
     cuda.cuda_version = proto_.cuda_version();
     cuda.helper = options.nvrtc_helper;
-    cuda.fast_compile = options.nvrtc_fast_compile;
+    cuda.fast_compile =
+        options.nvrtc_fast_compile.empty() && options.quick ? "mid" : options.nvrtc_fast_compile;
     cuda.scratch_dir = options.scratch_dir;
     cuda.timeout = options.timeout;
     cuda.cancel = options.cancel;

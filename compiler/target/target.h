@@ -35,6 +35,10 @@ struct ToolchainOptions {
   std::string nvrtc_helper;
   // NVRTC's --Ofast-compile level (codegen.h, CudaOptions::fast_compile).
   std::string nvrtc_fast_compile;
+  // The target's quick level (a tiered compile's first artifact): shorter
+  // native compiles, slower code. cpu: g++ -O1 for -O3; cuda: NVRTC's
+  // --Ofast-compile=mid unless nvrtc_fast_compile names a level.
+  bool quick = false;
   const std::atomic<bool>* cancel = nullptr;
 };
 

@@ -157,7 +157,7 @@ class Client:
 
     def compile(self, graph, guards=None, backend="eager", namespace="", frozen=False,
                 target=None, signature=None, recompile_reason="", options=None,
-                bypass_cache=False, report=None, static_shapes=False):
+                bypass_cache=False, report=None, static_shapes=False, quick_first=False):
         """Compiles `graph` (kiln.v1.Graph) unless a cached variant admits it.
 
         `guards` (kiln.v1.GuardSet) defaults, on the server, to guards that
@@ -175,11 +175,15 @@ class Client:
         (kiln.v1.GraphReport) tells kilnd where the graph came from, for
         `kilnctl breaks`. With `static_shapes` kilnd compiles the graph as
         sent, never as a symbolic variant of its shape family (automatic
-        dynamic shapes). Returns the kiln.v1.CompileResponse.
+        dynamic shapes). With `quick_first` a miss is answered with an
+        artifact compiled at the backend's quick level (the response's
+        `quick`), not cached, while kilnd compiles the optimized one, which
+        the same request without quick_first then waits for or finds cached.
+        Returns the kiln.v1.CompileResponse.
         """
         request, remembered = self._compile_request(
             graph, guards, backend, namespace, frozen, target, signature, recompile_reason,
-            options, bypass_cache, report, static_shapes)
+            options, bypass_cache, report, static_shapes, quick_first)
         response = self._call(self._compiler.Compile, request)
         if response.key:
             self._keys[remembered] = response.key
@@ -187,24 +191,26 @@ class Client:
 
     def compile_async(self, graph, guards=None, backend="eager", namespace="", frozen=False,
                       target=None, signature=None, recompile_reason="", options=None,
-                      bypass_cache=False, report=None, static_shapes=False):
+                      bypass_cache=False, report=None, static_shapes=False, quick_first=False):
         """compile() begun: the request leaves before this returns, and
         kilnd answers while the caller goes on. Returns a PendingCall whose
         result() is what compile() returns (or raises)."""
         request, remembered = self._compile_request(
             graph, guards, backend, namespace, frozen, target, signature, recompile_reason,
-            options, bypass_cache, report, static_shapes)
+            options, bypass_cache, report, static_shapes, quick_first)
         return PendingCall(self, self._compiler.Compile, request, remembered)
 
     def _compile_request(self, graph, guards, backend, namespace, frozen, target, signature,
-                         recompile_reason, options, bypass_cache, report, static_shapes):
+                         recompile_reason, options, bypass_cache, report, static_shapes,
+                         quick_first=False):
         if options is None:
             options = self._options(backend, target)
         request = service_pb2.CompileRequest(graph=graph, options=options,
                                              namespace=namespace, frozen=frozen,
                                              recompile_reason=recompile_reason,
                                              bypass_cache=bypass_cache,
-                                             static_shapes=static_shapes)
+                                             static_shapes=static_shapes,
+                                             quick_first=quick_first)
         if guards is not None:
             request.guards.CopyFrom(guards)
         if signature is not None:

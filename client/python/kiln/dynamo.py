@@ -117,7 +117,18 @@ class KilnBackend:
     --autotune); without it, as in Inductor's default mode, the schedule's
     heuristics stand and no compile waits for timing.
 
-    Counters (`stats`): graphs, hits, compiles, eager (graphs run eagerly by
+    `tiered` (default: on for CUDA graphs, off on the CPU) makes a compile
+    two: on a miss kilnd answers first with kernels compiled at its quick
+    level (NVRTC's --Ofast-compile=mid, g++ -O1), which are slower, while it
+    compiles the optimized ones; the first call after those arrive runs
+    them, and so does every call after it (`stats["upgrades"]`;
+    wait_for_upgrades() waits for them). kilnd caches only the optimized
+    artifact, so a warm start gets it at once. Off with `cuda_graphs` and
+    `autotune`, whose calls want the final kernels from the start.
+
+    Counters (`stats`): graphs, hits, compiles, quick (of the compiles,
+    those answered at the quick level first), upgrades (quick artifacts
+    replaced by the optimized ones), eager (graphs run eagerly by
     a policy or because they have no kiln form; `unsupported` lists
     (graph name, reason) of the latter). `loaded` holds the
     kiln.compiled.ArtifactFunction of every graph served, in order, each
@@ -128,7 +139,8 @@ class KilnBackend:
     def __init__(self, server=None, *, compiler="kiln", namespace="", on_frozen="raise",
                  on_unavailable="eager", timeout=30.0, frozen=False, token=None,
                  root_certificates=None, public_key=None, debug_function=None,
-                 inject_fault=None, job=None, cuda_graphs=False, autotune=False):
+                 inject_fault=None, job=None, cuda_graphs=False, autotune=False,
+                 tiered=None):
         if on_frozen not in _POLICIES or on_unavailable not in _POLICIES:
             raise ValueError(f"on_frozen and on_unavailable take one of {_POLICIES}")
         given = server if isinstance(server, Client) else None
@@ -157,8 +169,11 @@ class KilnBackend:
                     or "python")
         self.cuda_graphs = cuda_graphs
         self.autotune = autotune
+        self.tiered = tiered
         self.cuda_graphed = []  # the kiln.cuda.CudaGraphed of every graph replayed
-        self.stats = {"graphs": 0, "hits": 0, "compiles": 0, "eager": 0}
+        self.stats = {"graphs": 0, "hits": 0, "compiles": 0, "quick": 0, "upgrades": 0,
+                      "eager": 0}
+        self._upgrades = []  # the _Upgrade of every quick artifact
         self.unsupported = []  # (graph name, why it has no kiln form)
         # Seconds spent per phase, over every graph: dynamo (Dynamo's
         # tracing of the frame before it called the backend), lower (Dynamo's
@@ -236,6 +251,7 @@ class KilnBackend:
         request = {"lowered": lowered, "name": name, "reason": reason,
                    "signature": _signature(lowered, example_inputs),
                    "options": self._compile_options(example_inputs, autotune),
+                   "quick_first": self._quick_first(example_inputs, cuda_graphs, autotune),
                    "static_shapes": _static_shapes(),
                    "report": _graph_report(gm, function, name, self.job)}
         self._add_times(times)
@@ -255,7 +271,7 @@ class KilnBackend:
         lowered, name = request["lowered"], request["name"]
         start = time.perf_counter()
         try:
-            artifact, served, rpc_times = answer.result()
+            artifact, served, rpc_times, quick = answer.result()
         except KilnError as e:
             if e.code == "FAILED_PRECONDITION" and "frozen" in e.message:
                 if self.on_frozen == "raise":
@@ -291,12 +307,19 @@ class KilnBackend:
             self.cuda_graphed.append(function)
         compiled = _Compiled(lowered, function, artifact)
         times["load"] = time.perf_counter() - start
+        if quick:
+            self.stats["quick"] += 1
+            compiled.upgrade = _Upgrade(self, request, compiled)
+            self._upgrades.append(compiled.upgrade)
         for phase in ("key", "lookup", "compile", "wait", "load"):
             self.times[phase] += times[phase]
         record = dict(times)
         record["graph"] = name
         record["server"] = [(t.phase, t.micros / 1e6) for t in artifact.compile_times]
+        record["quick"] = quick
         self.graph_times.append(record)
+        if quick:
+            compiled.upgrade.record = record
         return compiled
 
     def _unless_suppressed(self, error, gm, name):
@@ -338,13 +361,37 @@ class KilnBackend:
         # The report goes with the first request for the graph, which every
         # process makes: kilnd counts the processes that met it.
         _log.info("begin compile '%s'", name)
-        call = client.compile_async(lowered.graph, guards=lowered.guards,
-                                    namespace=self.namespace, frozen=self.frozen,
-                                    options=request["options"], signature=request["signature"],
-                                    recompile_reason=request["reason"],
-                                    static_shapes=request["static_shapes"],
-                                    report=request["report"])
+        call = self._compile_call(request, quick_first=request["quick_first"])
         return _Answer(self, name, times, call=call)
+
+    def _compile_call(self, request, quick_first=False):
+        """kilnd's Compile of `request` (see _compile), begun."""
+        return self._get_client().compile_async(
+            request["lowered"].graph, guards=request["lowered"].guards,
+            namespace=self.namespace, frozen=self.frozen, options=request["options"],
+            signature=request["signature"], recompile_reason=request["reason"],
+            static_shapes=request["static_shapes"], report=request["report"],
+            quick_first=quick_first)
+
+    def _quick_first(self, example_inputs, cuda_graphs, autotune):
+        """Whether a miss of this graph is answered at kilnd's quick level
+        first (`tiered`)."""
+        if cuda_graphs or autotune or self.frozen:
+            return False
+        if self.tiered is not None:
+            return bool(self.tiered)
+        return _target(example_inputs) is not None  # a cuda target
+
+    def wait_for_upgrades(self, timeout=None):
+        """Waits until kilnd answered for the optimized artifact of every
+        graph served at the quick level; each graph runs it from its next
+        call. Returns whether all answered within `timeout` seconds."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for upgrade in list(self._upgrades):
+            left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+            if not upgrade.wait(left):
+                return False
+        return True
 
     def _key(self, lowered, options):
         """The cache key of the graph's lookup or compile reply under
@@ -375,8 +422,9 @@ class _Answer:
     """kilnd's answer for one graph: a lookup's reply already here
     (`found`), or a Compile under way (`call`, a kiln.client.PendingCall).
     result() waits for it and returns (artifact, "hits" or "compiles", the
-    seconds of the key, lookup and compile phases); the compile's are from
-    the request to the reply's arrival."""
+    seconds of the key, lookup and compile phases, whether the artifact is
+    at kilnd's quick level); the compile's are from the request to the
+    reply's arrival."""
 
     def __init__(self, backend, name, times, found=None, call=None):
         self._backend = backend
@@ -395,14 +443,14 @@ class _Answer:
     def result(self):
         if self._found is not None:
             self._backend._verify(self._found)
-            return self._found.artifact, "hits", self._times
+            return self._found.artifact, "hits", self._times, False
         response = self._call.result()
         arrived = self._arrived or time.perf_counter()
         _log.info("end compile '%s' (%.1f ms)", self._name, (arrived - self._start) * 1e3)
         times = dict(self._times, compile=arrived - self._start)
         self._backend._verify(response)
         served = "hits" if response.outcome == service_pb2.HIT else "compiles"
-        return response.artifact, served, times
+        return response.artifact, served, times, response.quick
 
 
 class _Failed:
@@ -467,6 +515,9 @@ class _Compiled:
     def __init__(self, lowered, fn, artifact=None):
         self.lowered = lowered
         self.fn = fn
+        # With a quick artifact, the optimized one on its way (_Upgrade):
+        # the first call after it arrived loads it and runs it from then on.
+        self.upgrade = None
         self._tensor_args = lowered.tensor_args
         self._constants = list(lowered.constants)
         self._num_outputs = lowered.num_outputs
@@ -485,6 +536,9 @@ class _Compiled:
                           if artifact.autograd.forward.inputs[k].value.name in saved}
 
     def __call__(self, *args):
+        if self.upgrade is not None and self.upgrade.done():
+            self.upgrade, upgrade = None, self.upgrade
+            self.fn = upgrade.function(self.fn)
         primals = [args[i] for i in self._tensor_args] + self._constants
         if self._mutations and self._kept and torch.is_grad_enabled():
             # The graph reads a copy of each input it writes that autograd
@@ -499,6 +553,58 @@ class _Compiled:
                 _copy_back([args[arg] for arg, _ in self._mutations],
                            [outputs[out] for _, out in self._mutations])
         return list(outputs[:self._num_outputs])
+
+
+class _Upgrade:
+    """The optimized artifact of a graph served at kilnd's quick level: the
+    same Compile without quick_first, begun at once, which joins the compile
+    kilnd runs in the background (or finds it cached). function(quick)
+    returns the optimized ArtifactFunction, or `quick` where kilnd failed
+    (a warning says why). A forward that ran on the quick artifact keeps it
+    for its backward: the two never mix within a step."""
+
+    def __init__(self, backend, request, compiled):
+        self._backend = backend
+        self._name = request["name"]
+        self._lowered = request["lowered"]
+        self._options = request["options"]
+        self._start = time.perf_counter()
+        self.arrived = None  # time.perf_counter() when the answer came
+        self.record = None  # the graph's record in backend.graph_times
+        self._event = threading.Event()
+        self._call = backend._compile_call(request)
+        self._call.add_done_callback(self._stamp)
+
+    def _stamp(self, _):
+        self.arrived = time.perf_counter()
+        self._event.set()
+
+    def done(self):
+        return self._event.is_set()
+
+    def wait(self, timeout=None):
+        return self._event.wait(timeout)
+
+    def function(self, quick):
+        backend = self._backend
+        try:
+            response = self._call.result()
+            backend._verify(response)
+            start = time.perf_counter()
+            with _step("load", self._name):
+                function = ArtifactFunction(response.artifact, self._lowered.graph)
+        except (KilnError, SignatureError) as e:
+            backend._warn_once(("upgrade", str(e)),
+                               f"kiln: graph '{self._name}' keeps its quick kernels: {e}")
+            return quick
+        function.key = backend._key(self._lowered, self._options) or response.artifact.key
+        backend.loaded.append(function)
+        backend.stats["upgrades"] += 1
+        if self.record is not None:
+            self.record["optimized"] = self.arrived - self._start
+            self.record["optimized_at"] = self.arrived
+            self.record["upgrade_load"] = time.perf_counter() - start
+        return function
 
 
 def _copy_back(inputs, values):

@@ -1,0 +1,67 @@
+// Tiered compiles (CompileRequest.quick_first): the caller gets an artifact
+// compiled at the backend's quick level while the optimized one compiles in
+// the background, as the flight that the caller's next request joins.
+#include <memory>
+#include <utility>
+
+#include "server/engine.h"
+
+namespace kiln::server {
+
+absl::StatusOr<v1::CompileResponse> Engine::CompileMissTiered(Job job, Caller* caller,
+                                                              bool quick_first) {
+  if (!quick_first) return CompileMiss(std::move(job), caller);
+  const absl::StatusOr<const Backend*> backend = backends_.Find(job.options.backend());
+  if (!backend.ok() || !(*backend)->has_quick_level() || !CompileInBackground(job)) {
+    return CompileMiss(std::move(job), caller);
+  }
+  Job quick{job.ns, job.graph, job.guards, job.options, job.key, job.outcome, {}, job.times};
+  quick.quick = true;
+  return CompileMiss(std::move(quick), caller);
+}
+
+bool Engine::CompileInBackground(const Job& job) {
+  if (stopping_) return false;
+  {
+    absl::MutexLock l(&flights_mu_);
+    auto it = flights_.find(FlightKey(job));
+    if (it != flights_.end() && !it->second->cancel.load()) return false;
+  }
+  // The job refers to the caller's frame, which returns before the thread
+  // is done: the thread gets copies.
+  struct Owned {
+    std::string ns;
+    ir::Graph graph;
+    v1::GuardSet guards;
+    v1::CompileOptions options;
+    std::string key;
+    v1::LookupOutcome outcome;
+    MissRecord record;
+    PhaseTimes times;
+  };
+  auto owned = std::make_shared<Owned>(Owned{job.ns, job.graph, job.guards, job.options, job.key,
+                                             job.outcome, job.record, job.times});
+  const absl::Status queued = background_->Submit([this, owned] {
+    Caller caller;
+    {
+      absl::MutexLock l(&background_mu_);
+      if (stopping_) return;
+      background_callers_.insert(&caller);
+    }
+    Job copy{owned->ns,
+             owned->graph,
+             owned->guards,
+             owned->options,
+             owned->key,
+             owned->outcome,
+             std::move(owned->record),
+             std::move(owned->times)};
+    // Its result reaches the callers that joined the flight, and the cache.
+    (void)CompileMiss(std::move(copy), &caller);
+    absl::MutexLock l(&background_mu_);
+    background_callers_.erase(&caller);
+  });
+  return queued.ok();
+}
+
+}  // namespace kiln::server

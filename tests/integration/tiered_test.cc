@@ -1,0 +1,159 @@
+// Tiered compiles end to end (CompileRequest.quick_first): the real kilnd on
+// loopback over a real RocksDB in a temporary directory.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <thread>
+
+#include "absl/strings/match.h"
+#include "client/client.h"
+#include "tests/integration/connect.h"
+#include "tests/integration/graphs.h"
+#include "tests/integration/kilnd_process.h"
+
+namespace kiln::testing {
+namespace {
+
+v1::CompileRequest Request(const v1::Graph& graph, const std::string& backend, bool quick_first) {
+  v1::CompileRequest r;
+  *r.mutable_graph() = graph;
+  r.mutable_options()->set_backend(backend);
+  r.set_quick_first(quick_first);
+  return r;
+}
+
+// The g++ command of the artifact's one module.
+std::string Command(const v1::Artifact& a) {
+  return a.compiled().modules_size() == 1 ? a.compiled().modules(0).compile_command() : "";
+}
+
+// Waits until nothing compiles on the server, background compiles included.
+void AwaitIdle(Client& c) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::minutes(3);
+  while (std::chrono::steady_clock::now() < deadline) {
+    auto s = c.Stats();
+    if (s.ok() && s->in_flight() == 0) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  FAIL() << "a compile was still in flight after 3 minutes";
+}
+
+TEST(TieredTest, QuickFirstAnswersQuicklyAndCachesOnlyTheOptimizedArtifact) {
+  TempDir dir;
+  KilndProcess kilnd(dir.path());
+  auto c = ConnectTo(kilnd);
+  const v1::Graph g = ChainGraph(12);
+
+  auto quick = c->Compile(Request(g, "kiln", true));
+  ASSERT_TRUE(quick.ok()) << quick.status();
+  EXPECT_TRUE(quick->quick());
+  EXPECT_EQ(quick->outcome(), v1::FULL_MISS);
+  EXPECT_TRUE(absl::StrContains(Command(quick->artifact()), "g++ -O1 "))
+      << Command(quick->artifact());
+  EXPECT_FALSE(quick->artifact().compiled().modules(0).binary().empty());
+  // Not cached: the digest names no stored artifact.
+  EXPECT_EQ(c->GetArtifact(quick->digest()).status().code(), absl::StatusCode::kNotFound);
+
+  // The same request without quick_first: the optimized artifact, from the
+  // background compile it joins or from the cache it was published to.
+  auto optimized = c->Compile(Request(g, "kiln", false));
+  ASSERT_TRUE(optimized.ok()) << optimized.status();
+  EXPECT_FALSE(optimized->quick());
+  EXPECT_TRUE(absl::StrContains(Command(optimized->artifact()), "g++ -O3 "))
+      << Command(optimized->artifact());
+  EXPECT_EQ(optimized->artifact().compiled().plan().SerializeAsString(),
+            quick->artifact().compiled().plan().SerializeAsString());
+  EXPECT_TRUE(c->GetArtifact(optimized->digest()).ok());
+  EXPECT_EQ(optimized->key(), quick->key());
+
+  // Once cached, quick_first changes nothing: a hit.
+  auto again = c->Compile(Request(g, "kiln", true));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_FALSE(again->quick());
+  EXPECT_EQ(again->outcome(), v1::HIT);
+  EXPECT_EQ(again->digest(), optimized->digest());
+
+  AwaitIdle(*c);
+  auto stats = c->Stats();
+  ASSERT_TRUE(stats.ok());
+  EXPECT_EQ(stats->counters().quick_compiles(), 1u);
+  EXPECT_EQ(stats->counters().compiles(), 2u);  // quick and optimized
+  EXPECT_EQ(stats->counters().full_misses(), 1u);
+  EXPECT_EQ(stats->counters().hits() + stats->counters().single_flight_joins(), 2u);
+  EXPECT_EQ(stats->entries(), 1u);
+  EXPECT_EQ(stats->variants(), 1u);
+  EXPECT_EQ(kilnd.Terminate(), 0);
+}
+
+TEST(TieredTest, WithoutAQuickLevelOrWhileFrozenQuickFirstChangesNothing) {
+  TempDir dir;
+  KilndProcess kilnd(dir.path());
+  auto c = ConnectTo(kilnd);
+  // The eager backend has no quick level: one compile, cached.
+  auto eager = c->Compile(Request(ChainGraph(6), "eager", true));
+  ASSERT_TRUE(eager.ok()) << eager.status();
+  EXPECT_FALSE(eager->quick());
+  EXPECT_TRUE(c->GetArtifact(eager->digest()).ok());
+
+  // A frozen request compiles nothing, quick or not.
+  v1::CompileRequest frozen = Request(ChainGraph(7), "kiln", true);
+  frozen.set_frozen(true);
+  auto refused = c->Compile(frozen);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition) << refused.status();
+
+  AwaitIdle(*c);
+  auto stats = c->Stats();
+  ASSERT_TRUE(stats.ok());
+  EXPECT_EQ(stats->counters().quick_compiles(), 0u);
+  EXPECT_EQ(stats->counters().compiles(), 1u);
+  EXPECT_EQ(stats->counters().frozen_misses(), 1u);
+}
+
+TEST(TieredTest, AFailedCompileIsRefusedByNameAndRecordedOnce) {
+  TempDir dir;
+  KilndProcess kilnd(dir.path());
+  auto c = ConnectTo(kilnd);
+  // An ISA g++ does not know fails at both levels: the caller gets the
+  // quick compile's error, and the background compile keeps the record.
+  v1::CompileRequest bad = Request(ChainGraph(12), "kiln", true);
+  bad.mutable_options()->mutable_target()->set_cpu_isa("no-such-isa");
+  auto failed = c->Compile(bad);
+  ASSERT_EQ(failed.status().code(), absl::StatusCode::kInternal) << failed.status();
+  EXPECT_TRUE(absl::StrContains(failed.status().message(), "no-such-isa")) << failed.status();
+  AwaitIdle(*c);
+  auto listed = c->ListFailures();
+  ASSERT_TRUE(listed.ok()) << listed.status();
+  ASSERT_EQ(listed->failures_size(), 1);
+  EXPECT_EQ(listed->failures(0).code(), "INTERNAL");
+  auto stats = c->Stats();
+  ASSERT_TRUE(stats.ok());
+  EXPECT_EQ(stats->counters().compile_errors(), 2u);
+  EXPECT_EQ(stats->variants(), 0u);
+  EXPECT_TRUE(c->Health().ok());
+}
+
+TEST(TieredTest, SigtermWithABackgroundCompileStopsCleanly) {
+  TempDir dir;
+  {
+    KilndProcess kilnd(dir.path());
+    auto c = ConnectTo(kilnd);
+    auto quick = c->Compile(Request(ChainGraph(40, 8, 1), "kiln", true));
+    ASSERT_TRUE(quick.ok()) << quick.status();
+    EXPECT_TRUE(quick->quick());
+    // The optimized compile may still run: kilnd stops it or lets it
+    // finish, and exits cleanly either way.
+    EXPECT_EQ(kilnd.Terminate(), 0);
+  }
+  KilndProcess kilnd(dir.path());
+  auto c = ConnectTo(kilnd);
+  auto stats = c->Stats();
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_LE(stats->variants(), 1u);
+  // Served or compiled again, the graph compiles to the optimized artifact.
+  auto optimized = c->Compile(Request(ChainGraph(40, 8, 1), "kiln", false));
+  ASSERT_TRUE(optimized.ok()) << optimized.status();
+  EXPECT_TRUE(absl::StrContains(Command(optimized->artifact()), "g++ -O3 "));
+}
+
+}  // namespace
+}  // namespace kiln::testing
