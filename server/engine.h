@@ -208,10 +208,11 @@ class Engine {
   // backend compiles and the artifact is published.
   absl::StatusOr<v1::CompileResponse> RunJob(Job& job, Flight& flight);
   // A miss's job as the request asks (server/engine_tiers.cc). Without
-  // quick_first, or when the backend has no quick level, a flight for the
-  // job is running already or the background queue is full: CompileMiss.
+  // quick_first, or when the backend has no quick level: CompileMiss.
   // Otherwise the optimized compile is started in the background and the
-  // caller gets the quick one.
+  // caller gets the quick one; when the optimized one was running already
+  // (or the background queue is full), the caller joins the quick compile
+  // in flight, or else waits for the optimized one.
   absl::StatusOr<v1::CompileResponse> CompileMissTiered(Job job, Caller* caller, bool quick_first);
   // Queues `job`'s optimized compile as a flight's leader on a background
   // thread, with copies of what it refers to; false when a flight for it is

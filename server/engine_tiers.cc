@@ -12,11 +12,21 @@ absl::StatusOr<v1::CompileResponse> Engine::CompileMissTiered(Job job, Caller* c
                                                               bool quick_first) {
   if (!quick_first) return CompileMiss(std::move(job), caller);
   const absl::StatusOr<const Backend*> backend = backends_.Find(job.options.backend());
-  if (!backend.ok() || !(*backend)->has_quick_level() || !CompileInBackground(job)) {
-    return CompileMiss(std::move(job), caller);
-  }
+  if (!backend.ok() || !(*backend)->has_quick_level()) return CompileMiss(std::move(job), caller);
   Job quick{job.ns, job.graph, job.guards, job.options, job.key, job.outcome, {}, job.times};
   quick.quick = true;
+  // Identical requests that arrive while the quick compile runs join it (a
+  // thousand ranks asking at once make one of each). Later ones, or all
+  // when the background queue is full, wait for the optimized compile.
+  if (!CompileInBackground(job)) {
+    bool quick_running = false;
+    {
+      absl::MutexLock l(&flights_mu_);
+      auto it = flights_.find(FlightKey(quick));
+      quick_running = it != flights_.end() && !it->second->cancel.load();
+    }
+    if (!quick_running) return CompileMiss(std::move(job), caller);
+  }
   return CompileMiss(std::move(quick), caller);
 }
 
