@@ -118,6 +118,10 @@ struct CudaOptions {
   const std::atomic<bool>* cancel = nullptr;
 };
 
+// NVRTC's --Ofast-compile level of a tiered compile's quick artifact
+// (compiler/target/target.h, ToolchainOptions::quick).
+inline constexpr char kQuickNvrtcLevel[] = "mid";
+
 // language() "cuda"; modules hold a CUBIN. NVRTC runs in helpers that stay
 // between compiles (kiln_nvrtc --serve; toolchain.h): NVRTC's first compile
 // in a process costs several times the next ones.

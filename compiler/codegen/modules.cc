@@ -28,10 +28,16 @@ std::vector<int> DealByCost(const std::vector<int64_t>& costs, int parts) {
   return part;
 }
 
-void CompileSlots::Acquire() {
+void CompileSlots::Acquire(bool urgent) {
   absl::MutexLock lock(&mu_);
-  mu_.Await(absl::Condition(
-      +[](int* free) { return *free > 0; }, &free_));
+  if (urgent) {
+    ++urgent_waiting_;
+    mu_.Await(absl::Condition(
+        +[](int* free) { return *free > 0; }, &free_));
+    --urgent_waiting_;
+  } else {
+    mu_.Await(absl::Condition(this, &CompileSlots::FreeForOrdinary));
+  }
   --free_;
 }
 
@@ -43,7 +49,8 @@ void CompileSlots::Release() {
 absl::StatusOr<CompiledModules> CompileModules(const CodegenBackend& backend,
                                                const std::vector<loop::Kernel>& all,
                                                const std::vector<std::string>& symbols, int jobs,
-                                               CompileSlots* slots, KernelCache* cache) {
+                                               CompileSlots* slots, KernelCache* cache,
+                                               bool urgent) {
   CompiledModules out;
   // What the cache holds is served from it; `kernels` are the rest.
   std::vector<loop::Kernel> kernels;
@@ -97,7 +104,7 @@ absl::StatusOr<CompiledModules> CompileModules(const CodegenBackend& backend,
   }
   std::vector<std::optional<absl::StatusOr<v1::CompiledModule>>> compiled(parts);
   auto compile = [&](int p) {
-    if (slots != nullptr) slots->Acquire();
+    if (slots != nullptr) slots->Acquire(urgent);
     compiled[p] = backend.Compile(sources[p]);
     if (slots != nullptr) slots->Release();
   };

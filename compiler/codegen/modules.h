@@ -55,12 +55,20 @@ class CompileSlots {
   CompileSlots(const CompileSlots&) = delete;
   CompileSlots& operator=(const CompileSlots&) = delete;
 
-  void Acquire();
+  // Waits for a free slot. An `urgent` compile (a tiered compile's quick
+  // artifact, which a caller waits for) takes one before any other that
+  // waits (the optimized compile running beside it in the background).
+  void Acquire(bool urgent = false);
   void Release();
 
  private:
+  bool FreeForOrdinary() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return free_ > 0 && urgent_waiting_ == 0;
+  }
+
   absl::Mutex mu_;
   int free_ ABSL_GUARDED_BY(mu_);
+  int urgent_waiting_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 // Generates and compiles `kernels` as at most `jobs` modules (at least one),
@@ -70,12 +78,12 @@ class CompileSlots {
 // With a `cache`, each kernel it holds is served from it as a module of its
 // own, and the rest are dealt and compiled as above; what compiled as a
 // module of one kernel is then kept in it. The cached modules follow the
-// compiled ones.
+// compiled ones. `urgent`: the slots are taken as CompileSlots::Acquire's.
 absl::StatusOr<CompiledModules> CompileModules(const CodegenBackend& backend,
                                                const std::vector<loop::Kernel>& kernels,
                                                const std::vector<std::string>& symbols, int jobs,
                                                CompileSlots* slots = nullptr,
-                                               KernelCache* cache = nullptr);
+                                               KernelCache* cache = nullptr, bool urgent = false);
 
 }  // namespace kiln::codegen
 

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <set>
 #include <sstream>
 #include <string>
@@ -98,6 +99,31 @@ TEST(CompileSlots, BoundTheCompilesOfEveryGraphThatSharesThem) {
   CountingBackend unbounded;
   ASSERT_TRUE(CompileModules(unbounded, kernels, {}, 4).ok());
   EXPECT_GT(unbounded.most(), 2);
+}
+
+// A quick artifact's compile (urgent) takes the next free slot before an
+// optimized one that has waited longer.
+TEST(CompileSlots, AnUrgentCompileGoesFirst) {
+  CompileSlots slots(1);
+  slots.Acquire();
+  std::mutex mu;
+  std::vector<std::string> order;
+  auto take = [&](bool urgent, const char* who) {
+    slots.Acquire(urgent);
+    {
+      std::lock_guard<std::mutex> l(mu);
+      order.push_back(who);
+    }
+    slots.Release();
+  };
+  std::thread ordinary(take, false, "ordinary");
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  std::thread urgent(take, true, "urgent");
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  slots.Release();
+  ordinary.join();
+  urgent.join();
+  EXPECT_EQ(order, (std::vector<std::string>{"urgent", "ordinary"}));
 }
 
 // The graph of tests/data/graphs/`name` on `device`.

@@ -242,7 +242,8 @@ absl::StatusOr<v1::CompiledGraph> CompileGraph(const ir::Graph& graph, const std
   }
   auto modules = times->Time(prefix + "native-compile", [&] {
     return codegen::CompileModules(backend, lowered.kernels, lowered.symbols, options.compile_jobs,
-                                   options.compile_slots, options.kernel_cache);
+                                   options.compile_slots, options.kernel_cache,
+                                   /*urgent=*/options.toolchain.quick);
   });
   if (!modules.ok()) {
     // The whole compiler log, when the code generator attached it.

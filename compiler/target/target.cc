@@ -41,8 +41,9 @@ class CudaTarget final : public Target {
     cuda.sm_arch = proto_.sm_arch();
     cuda.cuda_version = proto_.cuda_version();
     cuda.helper = options.nvrtc_helper;
-    cuda.fast_compile =
-        options.nvrtc_fast_compile.empty() && options.quick ? "mid" : options.nvrtc_fast_compile;
+    cuda.fast_compile = options.nvrtc_fast_compile.empty() && options.quick
+                            ? codegen::kQuickNvrtcLevel
+                            : options.nvrtc_fast_compile;
     cuda.scratch_dir = options.scratch_dir;
     cuda.timeout = options.timeout;
     cuda.cancel = options.cancel;

@@ -66,7 +66,8 @@ def row(spec):
     model = factory().to("cuda", dtype).eval()
     xs = [torch.randn(s, device="cuda", dtype=dtype) for s in shapes]
     with torch.no_grad():
-        backend = kiln.backend(os.environ["KILN_SERVER"], on_unavailable="raise", timeout=600)
+        backend = kiln.backend(os.environ["KILN_SERVER"], on_unavailable="raise", timeout=600,
+                               tiered=False)
         torch._dynamo.reset()
         kiln_fn = torch.compile(model, backend=backend, dynamic=False)
         kiln_fn(*xs)

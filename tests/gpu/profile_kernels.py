@@ -30,7 +30,8 @@ def compiled(model, which):
     """`model` compiled by `which` (itself for eager), and kiln's backend
     (None for the others)."""
     if which == "kiln":
-        backend = kiln.backend(os.environ["KILN_SERVER"], on_unavailable="raise", timeout=600)
+        backend = kiln.backend(os.environ["KILN_SERVER"], on_unavailable="raise", timeout=600,
+                               tiered=False)
         return torch.compile(model, backend=backend, dynamic=False), backend
     if which == "eager":
         return model, None

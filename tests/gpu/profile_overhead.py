@@ -27,7 +27,8 @@ def main():
     if not training:
         model.eval()  # as the bench's inference rows
     inputs = [torch.randn(s, device="cuda", dtype=dtype).requires_grad_(training) for s in shapes]
-    backend = kiln.backend(os.environ.get("KILN_SERVER"), on_unavailable="raise", timeout=600)
+    backend = kiln.backend(os.environ.get("KILN_SERVER"), on_unavailable="raise", timeout=600,
+                           tiered=False)
     fn = torch.compile(model, backend=backend)
 
     def step():

@@ -24,6 +24,9 @@ TOL = {torch.float32: (2e-4, 2e-4), torch.float16: (1e-2, 1e-2), torch.bfloat16:
 
 
 def _backend(**options):
+    # The optimized kernels from the first call (no tiered compile), which
+    # every test checks; test_tiered_compile checks the quick ones.
+    options.setdefault("tiered", False)
     return kiln.backend(os.environ.get("KILN_SERVER"), on_unavailable="raise", **options)
 
 
@@ -745,6 +748,56 @@ def _check_model(name, cls, shape, training):
     # through ATen alone: nothing is left to generate.
     assert _kernels(backend) >= (0 if name == "attention" and not training else 1)
     return backend
+
+
+def _nvrtc_commands(function):
+    a = function.artifact
+    return [m.compile_command for g in (a.compiled, a.compiled_forward, a.compiled_backward)
+            for m in g.modules]
+
+
+@pytest.mark.parametrize("training", [False, True], ids=["inference", "training"])
+@pytest.mark.parametrize("name", ["gpt2_block", "convnet", "rmsnorm"])
+def test_tiered_compile(name, training):
+    """The default on CUDA: the first step runs kernels NVRTC compiled at
+    --Ofast-compile=mid, the next ones the optimized kernels that replace
+    them; every step matches eager, in a namespace of its own so that
+    nothing is cached yet."""
+    cls, shape = MODELS[name]
+    torch.manual_seed(0)
+    model, ref = cls().to(DEVICE), cls().to(DEVICE)
+    ref.load_state_dict(model.state_dict())
+    model.train(training)
+    ref.train(training)
+    torch._dynamo.reset()
+    backend = kiln.backend(os.environ.get("KILN_SERVER"), on_unavailable="raise",
+                           namespace=f"tiered-{name}-{training}")
+    compiled = torch.compile(model, backend=backend)
+    for step in range(3):
+        x = rand(*shape)
+        with torch.set_grad_enabled(training):
+            got, want = compiled(x), ref(x)
+        _close(got, want, torch.float32, f"{name} output, step {step}")
+        if training:
+            seed = torch.randn_like(want)
+            got.backward(seed)
+            want.backward(seed)
+            for (pname, p), (_, q) in zip(model.named_parameters(), ref.named_parameters()):
+                _close(p.grad, q.grad, torch.float32, f"{name} grad of {pname}, step {step}")
+                p.grad = q.grad = None
+        if step == 0:
+            assert backend.wait_for_upgrades(timeout=300)
+    torch.cuda.synchronize()
+    graphs = backend.stats["graphs"]
+    assert backend.stats["quick"] == graphs and backend.stats["upgrades"] == graphs, backend.stats
+    quick = [f for f in backend.loaded if getattr(f, "superseded", False)]
+    optimized = [f for f in backend.loaded if not getattr(f, "superseded", False)]
+    assert len(quick) == len(optimized) == graphs
+    assert any(_nvrtc_commands(f) for f in quick)
+    for f in quick:
+        assert all("--fast-compile=mid" in c for c in _nvrtc_commands(f)), _nvrtc_commands(f)
+    for f in optimized:
+        assert not any("--fast-compile" in c for c in _nvrtc_commands(f)), _nvrtc_commands(f)
 
 
 class Stack(torch.nn.Module):

@@ -192,7 +192,8 @@ class TorchCompileTest(SharedKilnd, unittest.TestCase):
         torch._dynamo.reset()
         again = self.backend("kiln")
         close(self, torch.compile(graph_break, backend=again)(x), graph_break(x), "again")
-        self.assertEqual(again.stats, {"graphs": 2, "hits": 2, "compiles": 0, "eager": 0})
+        self.assertEqual(again.stats, {"graphs": 2, "hits": 2, "compiles": 0, "quick": 0,
+                                       "upgrades": 0, "eager": 0})
 
     def test_function_filter_gives_the_other_graphs_eager(self):
         # The graph break's two graphs: graph_break's own, then the graph of
@@ -816,10 +817,12 @@ class TorchCompileServerTest(unittest.TestCase):
         compiles = counters(self.client).compiles
         self.assertEqual(compiles, 3)
         second = self.run_other_process()
-        self.assertEqual(second, {"graphs": 3, "hits": 3, "compiles": 0, "eager": 0})
+        self.assertEqual(second, {"graphs": 3, "hits": 3, "compiles": 0, "quick": 0,
+                                  "upgrades": 0, "eager": 0})
         self.restart()
         third = self.run_other_process()
-        self.assertEqual(third, {"graphs": 3, "hits": 3, "compiles": 0, "eager": 0})
+        self.assertEqual(third, {"graphs": 3, "hits": 3, "compiles": 0, "quick": 0,
+                                 "upgrades": 0, "eager": 0})
         self.assertEqual(counters(self.client).compiles, 3)
 
     def test_graph_breaks_gathered_from_two_processes(self):

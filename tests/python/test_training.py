@@ -941,7 +941,7 @@ class TrainingTest(TrainingGraphCases, unittest.TestCase):
             compiled = kiln.compile(scaled, x, client=self.client)
             self.assertEqual(compiled.kiln_backend.stats,
                              {"graphs": 1, "hits": int(i > 0), "compiles": int(i == 0),
-                              "eager": 0}, i)
+                              "quick": 0, "upgrades": 0, "eager": 0}, i)
             assert_close(self, compiled(x), scaled(x), f"seed {rng.seed}, compile {i}")
         self.assertIn("backend=aot_eager", repr(compiled))
         self.assertIn(compiled.key[:12], repr(compiled))

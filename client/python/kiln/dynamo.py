@@ -132,7 +132,8 @@ class KilnBackend:
     a policy or because they have no kiln form; `unsupported` lists
     (graph name, reason) of the latter). `loaded` holds the
     kiln.compiled.ArtifactFunction of every graph served, in order, each
-    with the cache key kilnd serves it under as `key`."""
+    with the cache key kilnd serves it under as `key`; a quick one that an
+    optimized one replaced has `superseded` set."""
 
     RETRY_AFTER_S = 30.0  # how long an unanswering server is left alone
 
@@ -173,7 +174,9 @@ class KilnBackend:
         self.cuda_graphed = []  # the kiln.cuda.CudaGraphed of every graph replayed
         self.stats = {"graphs": 0, "hits": 0, "compiles": 0, "quick": 0, "upgrades": 0,
                       "eager": 0}
-        self._upgrades = []  # the _Upgrade of every quick artifact
+        # Per graph served at the quick level, its optimized artifact on the
+        # way (`arrived`: time.perf_counter() when kilnd's answer came).
+        self.upgrades = []
         self.unsupported = []  # (graph name, why it has no kiln form)
         # Seconds spent per phase, over every graph: dynamo (Dynamo's
         # tracing of the frame before it called the backend), lower (Dynamo's
@@ -310,7 +313,7 @@ class KilnBackend:
         if quick:
             self.stats["quick"] += 1
             compiled.upgrade = _Upgrade(self, request, compiled)
-            self._upgrades.append(compiled.upgrade)
+            self.upgrades.append(compiled.upgrade)
         for phase in ("key", "lookup", "compile", "wait", "load"):
             self.times[phase] += times[phase]
         record = dict(times)
@@ -387,7 +390,7 @@ class KilnBackend:
         graph served at the quick level; each graph runs it from its next
         call. Returns whether all answered within `timeout` seconds."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        for upgrade in list(self._upgrades):
+        for upgrade in list(self.upgrades):
             left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
             if not upgrade.wait(left):
                 return False
@@ -598,6 +601,7 @@ class _Upgrade:
                                f"kiln: graph '{self._name}' keeps its quick kernels: {e}")
             return quick
         function.key = backend._key(self._lowered, self._options) or response.artifact.key
+        quick.superseded = True
         backend.loaded.append(function)
         backend.stats["upgrades"] += 1
         if self.record is not None:
