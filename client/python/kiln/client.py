@@ -119,9 +119,17 @@ class Client:
         self._compiler = service_pb2_grpc.CompilerStub(self._channel)
         self._admin = service_pb2_grpc.AdminStub(self._channel)
         self._keys = {}  # (graph digest, options, namespace) -> key
+        self._ready = None  # connect()'s future
 
     def close(self):
         self._channel.close()
+
+    def connect(self):
+        """Starts connecting to kilnd, on gRPC's own threads, and returns at
+        once: a first call made after some other work (a graph's lowering)
+        then finds the connection made rather than making it."""
+        if self._ready is None:
+            self._ready = grpc.channel_ready_future(self._channel)
 
     def __enter__(self):
         return self

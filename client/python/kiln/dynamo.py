@@ -233,6 +233,9 @@ class KilnBackend:
         times = dict.fromkeys(self.times, 0.0)
         times["dynamo"] = _dynamo_elapsed()
         start = time.perf_counter()
+        if time.monotonic() >= self._down_until:
+            # The connection is made while the graph is lowered.
+            self._get_client().connect()
         try:
             with _step("lower", name):
                 lowered = lowering.lower(gm, example_inputs, name=name)
