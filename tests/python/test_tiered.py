@@ -11,6 +11,7 @@ import unittest
 import torch
 
 import kiln
+from kiln.v1 import service_pb2
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -75,7 +76,7 @@ class TieredTest(SharedKilnd, unittest.TestCase):
 
     def test_quick_kernels_first_then_the_optimized_ones(self):
         before = self.client.stats().counters
-        be = kiln.backend(self.server.address, tiered=True)
+        be = kiln.backend(self.server.address, tiered=True, job="tiered")
         self.train_steps(be, steps=3, wait_after_first=True)
         graphs = be.stats["graphs"]
         self.assertGreaterEqual(graphs, 1)
@@ -93,6 +94,11 @@ class TieredTest(SharedKilnd, unittest.TestCase):
             self.assertGreater(record["optimized"], 0.0)
         after = self.client.stats().counters
         self.assertEqual(after.quick_compiles - before.quick_compiles, graphs)
+        # The request for the optimized artifact is not a second report of
+        # the graph: one process met it once.
+        reply = self.client._admin.GraphBreaks(
+            service_pb2.GraphBreaksRequest(namespace="", job="tiered"))
+        self.assertEqual([g.reports for j in reply.jobs for g in j.graphs], [1] * graphs)
 
         # A warm start finds only the optimized artifacts cached: no quick
         # compile, nothing to replace.
