@@ -117,7 +117,7 @@ class KilnBackend:
     --autotune); without it, as in Inductor's default mode, the schedule's
     heuristics stand and no compile waits for timing.
 
-    `tiered` (default: on for CUDA graphs, off on the CPU) makes a compile
+    `tiered` (default: on for graphs on a GPU, off on the CPU) makes a compile
     two: on a miss kilnd answers first with kernels compiled at its quick
     level (NVRTC's --Ofast-compile=mid, g++ -O1), which are slower, while it
     compiles the optimized ones; the first call after those arrive runs
@@ -315,7 +315,7 @@ class KilnBackend:
         times["load"] = time.perf_counter() - start
         if quick:
             self.stats["quick"] += 1
-            compiled.upgrade = _Upgrade(self, request, compiled)
+            compiled.upgrade = _Upgrade(self, request)
             self.upgrades.append(compiled.upgrade)
         for phase in ("key", "lookup", "compile", "wait", "load"):
             self.times[phase] += times[phase]
@@ -566,10 +566,11 @@ class _Upgrade:
     same Compile without quick_first, begun at once, which joins the compile
     kilnd runs in the background (or finds it cached). function(quick)
     returns the optimized ArtifactFunction, or `quick` where kilnd failed
-    (a warning says why). A forward that ran on the quick artifact keeps it
-    for its backward: the two never mix within a step."""
+    (a warning says why), once: calls on several threads get the same one.
+    A forward that ran on the quick artifact keeps it for its backward: the
+    two never mix within a step."""
 
-    def __init__(self, backend, request, compiled):
+    def __init__(self, backend, request):
         self._backend = backend
         self._name = request["name"]
         self._lowered = request["lowered"]
@@ -578,6 +579,8 @@ class _Upgrade:
         self.arrived = None  # time.perf_counter() when the answer came
         self.record = None  # the graph's record in backend.graph_times
         self._event = threading.Event()
+        self._lock = threading.Lock()
+        self._function = None
         # Without the graph report: kilnd counts the processes that met a
         # graph by the reports, and this one was counted.
         self._call = backend._compile_call(dict(request, report=None))
@@ -594,6 +597,12 @@ class _Upgrade:
         return self._event.wait(timeout)
 
     def function(self, quick):
+        with self._lock:
+            if self._function is None:
+                self._function = self._load(quick)
+            return self._function
+
+    def _load(self, quick):
         backend = self._backend
         try:
             response = self._call.result()
