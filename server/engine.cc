@@ -402,7 +402,7 @@ absl::StatusOr<v1::CompileResponse> Engine::RunJob(Job& job, Flight& flight) {
   const std::string& key = job.key;
   const ir::Graph& graph = job.graph;
   const v1::CompileOptions& options = job.options;
-  absl::StatusOr<CompileSlots::Slot> slot = slots_.Acquire(&flight.cancel);
+  absl::StatusOr<CompileSlots::Slot> slot = slots_.Acquire(&flight.cancel, job.quick);
   if (!slot.ok()) {
     if (!bypass) stats_->Count(job.outcome);
     return slot.status();
