@@ -92,6 +92,7 @@ class TieredTest(SharedKilnd, unittest.TestCase):
         for record in be.graph_times:
             self.assertTrue(record["quick"])
             self.assertGreater(record["optimized"], 0.0)
+        self.assertIn("(quick kernels; optimized after ", kiln.compile_times())
         after = self.client.stats().counters
         self.assertEqual(after.quick_compiles - before.quick_compiles, graphs)
         # The request for the optimized artifact is not a second report of

@@ -657,8 +657,10 @@ def compile_times(repr="str"):  # noqa: A002 (the name torch._dynamo.utils uses)
     what the first call waited for those, which run while Dynamo finishes
     the frame; load) and kilnd's own
     phases of the graph's compile (verify, key, lower, fuse, plan, codegen,
-    native-compile, ...), in seconds. repr="str" gives a table, "dict" a
-    list of records."""
+    native-compile, ...), in seconds. A graph served at kilnd's quick level
+    first (a tiered compile) says so, with the seconds from its request
+    until the optimized artifact arrived once a call loaded it. repr="str"
+    gives a table, "dict" a list of records."""
     records = [r for backend in list(_BACKENDS) for r in backend.graph_times]
     if repr == "dict":
         return records
@@ -668,8 +670,12 @@ def compile_times(repr="str"):  # noqa: A002 (the name torch._dynamo.utils uses)
     lines = ["graph  " + "  ".join(phases) + "  (seconds)  kilnd's phases"]
     for r in records:
         server = ", ".join(f"{phase} {sec:.4f}" for phase, sec in r["server"])
+        tier = ""
+        if r.get("quick"):
+            tier = (f"  (quick kernels; optimized after {r['optimized']:.4f})"
+                    if "optimized" in r else "  (quick kernels)")
         lines.append(f"{r['graph']}  " + "  ".join(f"{r[p]:.4f}" for p in phases)
-                     + f"  {server}")
+                     + f"  {server}{tier}")
     return "\n".join(lines)
 
 
