@@ -216,7 +216,8 @@ class Engine {
   absl::StatusOr<v1::CompileResponse> CompileMissTiered(Job job, Caller* caller, bool quick_first);
   // Queues `job`'s optimized compile as a flight's leader on a background
   // thread, with copies of what it refers to; false when a flight for it is
-  // running or the queue is full.
+  // running, its namespace has half the compile workers' worth of
+  // background compiles already, or the queue is full.
   bool CompileInBackground(const Job& job);
 
   // Checks the request's backend options and adds the server's defaults.
@@ -276,6 +277,8 @@ class Engine {
   // marks them gone, which cancels the compiles nobody else waits for.
   absl::Mutex background_mu_;
   absl::flat_hash_set<Caller*> background_callers_ ABSL_GUARDED_BY(background_mu_);
+  // Background compiles queued or running, by namespace.
+  absl::flat_hash_map<std::string, int> background_per_namespace_ ABSL_GUARDED_BY(background_mu_);
   // Declared last, so destroyed first: its threads are joined while what
   // they use is alive.
   std::unique_ptr<WorkerPool> background_;

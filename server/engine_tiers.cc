@@ -1,6 +1,7 @@
 // Tiered compiles (CompileRequest.quick_first): the caller gets an artifact
 // compiled at the backend's quick level while the optimized one compiles in
 // the background, as the flight that the caller's next request joins.
+#include <algorithm>
 #include <memory>
 #include <utility>
 
@@ -37,6 +38,20 @@ bool Engine::CompileInBackground(const Job& job) {
     auto it = flights_.find(FlightKey(job));
     if (it != flights_.end() && !it->second->cancel.load()) return false;
   }
+  // A background compile outlives its request, and so the request's hold
+  // on its tenant's share (server/tenant_limits.h): a namespace gets at most
+  // half the compile workers for them, and its other misses compile in
+  // their requests.
+  {
+    absl::MutexLock l(&background_mu_);
+    int& mine = background_per_namespace_[job.ns];
+    if (mine >= std::max(1, options_.compile_workers / 2)) return false;
+    ++mine;
+  }
+  auto release = [this, ns = job.ns] {
+    absl::MutexLock l(&background_mu_);
+    if (--background_per_namespace_[ns] == 0) background_per_namespace_.erase(ns);
+  };
   // The job refers to the caller's frame, which returns before the thread
   // is done: the thread gets copies.
   struct Owned {
@@ -51,26 +66,31 @@ bool Engine::CompileInBackground(const Job& job) {
   };
   auto owned = std::make_shared<Owned>(Owned{job.ns, job.graph, job.guards, job.options, job.key,
                                              job.outcome, job.record, job.times});
-  const absl::Status queued = background_->Submit([this, owned] {
+  const absl::Status queued = background_->Submit([this, owned, release] {
     Caller caller;
+    bool stopping = false;
     {
       absl::MutexLock l(&background_mu_);
-      if (stopping_) return;
-      background_callers_.insert(&caller);
+      stopping = stopping_;
+      if (!stopping) background_callers_.insert(&caller);
     }
-    Job copy{owned->ns,
-             owned->graph,
-             owned->guards,
-             owned->options,
-             owned->key,
-             owned->outcome,
-             std::move(owned->record),
-             std::move(owned->times)};
-    // Its result reaches the callers that joined the flight, and the cache.
-    (void)CompileMiss(std::move(copy), &caller);
-    absl::MutexLock l(&background_mu_);
-    background_callers_.erase(&caller);
+    if (!stopping) {
+      Job copy{owned->ns,
+               owned->graph,
+               owned->guards,
+               owned->options,
+               owned->key,
+               owned->outcome,
+               std::move(owned->record),
+               std::move(owned->times)};
+      // Its result reaches the callers that joined the flight, and the cache.
+      (void)CompileMiss(std::move(copy), &caller);
+      absl::MutexLock l(&background_mu_);
+      background_callers_.erase(&caller);
+    }
+    release();
   });
+  if (!queued.ok()) release();
   return queued.ok();
 }
 

@@ -124,6 +124,33 @@ TEST(TieredTest, ConcurrentQuickFirstRequestsMakeOneQuickAndOneOptimizedCompile)
   EXPECT_EQ(stats->variants(), 1u);
 }
 
+// A background compile outlives its request's hold on the tenant's share,
+// so a namespace gets at most half the compile workers for them (one here):
+// its next miss meanwhile compiles in its request. Another namespace still
+// gets its quick artifact.
+TEST(TieredTest, ANamespaceHoldsAtMostHalfTheWorkersWithBackgroundCompiles) {
+  TempDir dir;
+  KilndProcess kilnd(dir.path(), {"--compile_workers=2"});
+  auto c = ConnectTo(kilnd);
+  // A long chain: its optimized compile outlasts the quick one by seconds.
+  auto first = c->Compile(Request(ChainGraph(1500, 8, 3), "kiln", true));
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_TRUE(first->quick());
+  auto running = c->Stats();
+  ASSERT_TRUE(running.ok());
+  ASSERT_EQ(running->in_flight(), 1u) << "the background compile should still run";
+  auto second = c->Compile(Request(ChainGraph(10, 8, 4), "kiln", true));
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_FALSE(second->quick());
+  EXPECT_TRUE(absl::StrContains(Command(second->artifact()), "g++ -O3 "));
+  v1::CompileRequest other = Request(ChainGraph(10, 8, 5), "kiln", true);
+  other.set_namespace_("other");
+  auto third = c->Compile(other);
+  ASSERT_TRUE(third.ok()) << third.status();
+  EXPECT_TRUE(third->quick());
+  AwaitIdle(*c);
+}
+
 TEST(TieredTest, WithoutAQuickLevelOrWhileFrozenQuickFirstChangesNothing) {
   TempDir dir;
   KilndProcess kilnd(dir.path());
