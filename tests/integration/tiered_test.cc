@@ -132,13 +132,21 @@ TEST(TieredTest, ANamespaceHoldsAtMostHalfTheWorkersWithBackgroundCompiles) {
   TempDir dir;
   KilndProcess kilnd(dir.path(), {"--compile_workers=2"});
   auto c = ConnectTo(kilnd);
-  // A long chain: its optimized compile outlasts the quick one by seconds.
-  auto first = c->Compile(Request(ChainGraph(1500, 8, 3), "kiln", true));
-  ASSERT_TRUE(first.ok()) << first.status();
-  EXPECT_TRUE(first->quick());
-  auto running = c->Stats();
-  ASSERT_TRUE(running.ok());
-  ASSERT_EQ(running->in_flight(), 1u) << "the background compile should still run";
+  // A long chain, whose optimized compile takes a second or more: the
+  // second request arrives while it runs (the namespace's share is taken
+  // before either of the first request's compiles begins).
+  absl::StatusOr<v1::CompileResponse> first = absl::UnknownError("not run");
+  std::thread long_one([&] {
+    auto own = ConnectTo(kilnd);
+    first = own->Compile(Request(ChainGraph(1500, 8, 3), "kiln", true));
+  });
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::minutes(1);
+  bool started = false;
+  while (!started && std::chrono::steady_clock::now() < deadline) {
+    auto s = c->Stats();
+    started = s.ok() && s->in_flight() > 0;
+  }
+  ASSERT_TRUE(started);
   auto second = c->Compile(Request(ChainGraph(10, 8, 4), "kiln", true));
   ASSERT_TRUE(second.ok()) << second.status();
   EXPECT_FALSE(second->quick());
@@ -148,6 +156,9 @@ TEST(TieredTest, ANamespaceHoldsAtMostHalfTheWorkersWithBackgroundCompiles) {
   auto third = c->Compile(other);
   ASSERT_TRUE(third.ok()) << third.status();
   EXPECT_TRUE(third->quick());
+  long_one.join();
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_TRUE(first->quick());
   AwaitIdle(*c);
 }
 
