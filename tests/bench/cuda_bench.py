@@ -18,7 +18,10 @@ after the earlier ones. Per row, in this process:
     5 warm-up calls;
   - cold compile: the first call's time less the steady-state time
     (Inductor: its caches are empty on a fresh machine; kiln: kilnd's cache
-    is empty, so kilnd lowers, generates and runs NVRTC);
+    is empty, so kilnd lowers, generates and runs NVRTC; its compiles are
+    tiered, so the first call runs the quick kernels, and "until optimized"
+    is the time until the optimized ones arrived, less the same steady
+    state, which is timed on them);
   - kiln warm start: after torch._dynamo.reset(), a new backend on the same
     kilnd (every graph cached): the first call less the steady-state time,
     less the same for backend="eager" (Dynamo's tracing alone), per graph,
