@@ -17,8 +17,10 @@ absl::StatusOr<v1::CompileResponse> Engine::CompileMissTiered(Job job, Caller* c
   Job quick{job.ns, job.graph, job.guards, job.options, job.key, job.outcome, {}, job.times};
   quick.quick = true;
   // Identical requests that arrive while the quick compile runs join it (a
-  // thousand ranks asking at once make one of each). Later ones, or all
-  // when the background queue is full, wait for the optimized compile.
+  // thousand ranks asking at once make one of each); later ones join the
+  // optimized compile. With the background queue full, or the namespace's
+  // share of it taken, the request compiles optimized, as without
+  // quick_first.
   if (!CompileInBackground(job)) {
     bool quick_running = false;
     {
