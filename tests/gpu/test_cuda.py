@@ -729,17 +729,8 @@ def _check_model(name, cls, shape, training):
     torch._dynamo.reset()
     backend = _backend()
     compiled = torch.compile(model, backend=backend)
-    x = rand(*shape)
-    with torch.set_grad_enabled(training):
-        got = compiled(x)
-        want = ref(x)
-    _close(got, want, torch.float32, f"{name} output")
+    _step_against_eager(compiled, model, ref, shape, training, name)
     if training:
-        seed = torch.randn_like(want)
-        got.backward(seed)
-        want.backward(seed)
-        for (pname, p), (_, q) in zip(model.named_parameters(), ref.named_parameters()):
-            _close(p.grad, q.grad, torch.float32, f"{name} grad of {pname}")
         for (bname, b), (_, c) in zip(model.named_buffers(), ref.named_buffers()):
             _close(b.float(), c.float(), torch.float32, f"{name} buffer {bname}")
     torch.cuda.synchronize()
@@ -748,6 +739,22 @@ def _check_model(name, cls, shape, training):
     # through ATen alone: nothing is left to generate.
     assert _kernels(backend) >= (0 if name == "attention" and not training else 1)
     return backend
+
+
+def _step_against_eager(compiled, model, ref, shape, training, what):
+    """One call of `compiled` (of `model`) and of `ref` on fresh inputs of
+    `shape`: the outputs, and in training the parameters' gradients after a
+    backward of the same random seed, compared."""
+    x = rand(*shape)
+    with torch.set_grad_enabled(training):
+        got, want = compiled(x), ref(x)
+    _close(got, want, torch.float32, f"{what} output")
+    if training:
+        seed = torch.randn_like(want)
+        got.backward(seed)
+        want.backward(seed)
+        for (pname, p), (_, q) in zip(model.named_parameters(), ref.named_parameters()):
+            _close(p.grad, q.grad, torch.float32, f"{what} grad of {pname}")
 
 
 def _nvrtc_commands(function):
@@ -774,17 +781,9 @@ def test_tiered_compile(name, training):
                            namespace=f"tiered-{name}-{training}")
     compiled = torch.compile(model, backend=backend)
     for step in range(3):
-        x = rand(*shape)
-        with torch.set_grad_enabled(training):
-            got, want = compiled(x), ref(x)
-        _close(got, want, torch.float32, f"{name} output, step {step}")
-        if training:
-            seed = torch.randn_like(want)
-            got.backward(seed)
-            want.backward(seed)
-            for (pname, p), (_, q) in zip(model.named_parameters(), ref.named_parameters()):
-                _close(p.grad, q.grad, torch.float32, f"{name} grad of {pname}, step {step}")
-                p.grad = q.grad = None
+        _step_against_eager(compiled, model, ref, shape, training, f"{name}, step {step}")
+        for p, q in zip(model.parameters(), ref.parameters()):
+            p.grad = q.grad = None
         if step == 0:
             assert backend.wait_for_upgrades(timeout=300)
     torch.cuda.synchronize()
