@@ -44,6 +44,23 @@ void AddPointwiseCases(std::map<std::string, Case>& c) {
   for (const char* t : {"aten.log2.default", "aten.log10.default"}) {
     c[t] = [t] { return Unary(t, Positive); };
   }
+  // The gamma family on positive inputs (digamma's and polygamma's poles are
+  // at 0 and the negative integers).
+  for (const char* t : {"aten.lgamma.default", "aten.digamma.default"}) {
+    c[t] = [t] { return Unary(t, [](at::IntArrayRef s) { return Positive(s) + 0.2; }); };
+  }
+  for (const char* t : {"aten.erfc.default", "aten.special_erfcx.default", "aten.i0.default"}) {
+    c[t] = [t] { return Unary(t, Randn); };
+  }
+  c["aten.special_ndtri.default"] = [] {
+    return Unary("aten.special_ndtri.default",
+                 [](at::IntArrayRef s) { return at::rand(s, at::kDouble) * 0.9 + 0.05; });
+  };
+  c["aten.polygamma.default"] = [] {
+    const int64_t a = Dim(), b = Dim();
+    bool ok = Check("aten.polygamma.default", {G(Positive({a, b}) + 0.2)}, {Int(1), Ref(0)});
+    return Check("aten.polygamma.default", {G(Positive({a, b}) + 0.2)}, {Int(2), Ref(0)}) && ok;
+  };
   for (const char* t : {"aten.atan2.default", "aten.hypot.default"}) {
     c[t] = [t] {
       const int64_t a = Dim(), b = Dim();

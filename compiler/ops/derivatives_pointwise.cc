@@ -146,6 +146,42 @@ void RegisterPointwise(Registry* r) {
         ASSIGN_OR_RETURN(sq, MulScalar(c, sq, ir::Float(0.5 * std::sqrt(M_PI))));
         return Mul(c, g, sq);
       }));
+  // erfc: -2 / sqrt(pi) * exp(-x^2).
+  Def(r, "aten.erfc.default", of_self([](Ctx& c, ValueId x) -> Val {
+        ASSIGN_OR_RETURN(ValueId sq, Mul(c, x, x));
+        ASSIGN_OR_RETURN(sq, MulScalar(c, sq, ir::Int(-1)));
+        ASSIGN_OR_RETURN(sq, c.Op("aten.exp.default", {Ref(sq)}));
+        return MulScalar(c, sq, ir::Float(-2.0 / std::sqrt(M_PI)));
+      }));
+  // erfcx(x) = exp(x^2) erfc(x): 2 x erfcx(x) - 2 / sqrt(pi), from the result.
+  Def(r, "aten.special_erfcx.default", of_self([](Ctx& c, ValueId x) -> Val {
+        ASSIGN_OR_RETURN(ValueId d, Mul(c, x, c.output(0)));
+        ASSIGN_OR_RETURN(d, MulScalar(c, d, ir::Int(2)));
+        return AddScalar(c, d, ir::Float(-2.0 / std::sqrt(M_PI)));
+      }));
+  // ndtri, the normal quantile: sqrt(2 pi) exp(ndtri(x)^2 / 2), from the result.
+  Def(r, "aten.special_ndtri.default", SelfRule([](Ctx& c, ValueId g) -> Val {
+        ASSIGN_OR_RETURN(ValueId sq, Mul(c, c.output(0), c.output(0)));
+        ASSIGN_OR_RETURN(sq, MulScalar(c, sq, ir::Float(0.5)));
+        ASSIGN_OR_RETURN(sq, c.Op("aten.exp.default", {Ref(sq)}));
+        ASSIGN_OR_RETURN(sq, MulScalar(c, sq, ir::Float(std::sqrt(2.0 * M_PI))));
+        return Mul(c, g, sq);
+      }));
+  // i0' = i1 (the modified Bessel functions of the first kind; i1 itself
+  // runs through ATen without a rule).
+  Def(r, "aten.i0.default",
+      of_self([unary](Ctx& c, ValueId x) { return unary(c, "aten.special_i1.default", x); }));
+  // The gamma family, each the next one's derivative: lgamma' = digamma,
+  // digamma' = polygamma(1, .), polygamma(n, .)' = polygamma(n + 1, .).
+  Def(r, "aten.lgamma.default",
+      of_self([unary](Ctx& c, ValueId x) { return unary(c, "aten.digamma.default", x); }));
+  Def(r, "aten.digamma.default", of_self([](Ctx& c, ValueId x) {
+        return c.Op("aten.polygamma.default", {ir::Int(1), Ref(x)});
+      }));
+  Def(r, "aten.polygamma.default", of_self([](Ctx& c, ValueId x) -> Val {
+        ASSIGN_OR_RETURN(int64_t n, c.call().Int("n"));
+        return c.Op("aten.polygamma.default", {ir::Int(n + 1), Ref(x)});
+      }));
   // atan2(self, other): other / (self^2 + other^2) and -self / (...).
   auto atan2_part = [](bool self_part) {
     return [self_part](Ctx& c, ValueId g) -> Val {

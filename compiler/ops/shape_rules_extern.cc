@@ -742,10 +742,13 @@ void RegisterExtern(Definer& def) {
   // Elementwise math that runs through ATen (no generated form): the
   // transcendental ones give floats, fmod and remainder the promoted dtype.
   const Elementwise to_float{{"self"}, {}, Out::kIntToFloat};
-  for (const char* op : {"sinh", "cosh", "tan", "atan", "asin", "acos", "asinh", "acosh", "atanh",
-                         "log2", "log10", "exp2", "erfinv"}) {
+  for (const char* op :
+       {"sinh",    "cosh",  "tan",           "atan",          "asin", "acos",      "asinh",
+        "acosh",   "atanh", "log2",          "log10",         "exp2", "erfinv",    "lgamma",
+        "digamma", "erfc",  "special_erfcx", "special_ndtri", "i0",   "special_i1"}) {
     def(absl::StrCat("aten.", op, ".default"), kExpensive, to_float);
   }
+  def("aten.polygamma.default", kExpensive, to_float);
   for (const char* op : {"atan2", "hypot"}) {
     def(absl::StrCat("aten.", op, ".default"), kExpensive,
         Elementwise{{"self", "other"}, {}, Out::kIntToFloat});
