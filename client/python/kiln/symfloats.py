@@ -28,9 +28,11 @@ def as_tensors(fx, fake_mode):
     float64 0-dim tensors of ATen ops on aten.scalar_tensor of the sizes,
     whose values the plan evaluates at each call: kilnd's size expressions
     are integers. The tensors replace the floats where an ATen op takes a
-    Tensor (the float reached it as a number in a Tensor argument); any
-    other use of one, or an op on floats beyond + - * / ** sqrt, raises
-    Unsupported (the graph runs eagerly)."""
+    Tensor (the float reached it as a number in a Tensor argument); an op
+    that takes one where only a number goes is rewritten into ops taking
+    the tensor (_NumberUses: x.pow(1 / n), clamp, leaky_relu, full, ...).
+    Any other use of one, or an op on floats beyond + - * / ** sqrt,
+    raises Unsupported (the graph runs eagerly)."""
     floats = [n for n in fx.nodes if isinstance(n.meta.get("val"), torch.SymFloat)]
     if not floats:
         return
@@ -48,15 +50,17 @@ def as_tensors(fx, fake_mode):
             if op is aten.scalar_tensor.default:  # its value would guard the size
                 new.meta["val"] = torch.empty((), dtype=torch.float64, device=device)
             else:
-                new.meta["val"] = op(*(a.meta["val"] for a in args))
+                new.meta["val"] = op(*_metas(args), **_metas(kwargs))
         return new
+
+    numbers = _NumberUses(fx, add)
 
     for n in floats:
         if n.target is aten._local_scalar_dense.default:
             # A float Dynamo passed as a 0-dim tensor (a module's momentum
             # under dynamic=True): that tensor.
             tensors[n] = n.args[0]
-            _replace_float_uses(n, tensors)
+            _replace_float_uses(n, tensors, numbers)
             continue
         if n.target not in _FLOAT_OPS or n.kwargs:
             raise Unsupported(f"node '{n.name}' computes a float from sizes with "
@@ -75,14 +79,19 @@ def as_tensors(fx, fake_mode):
         operands = [operand(a, n) for a in n.args]
         op = _FLOAT_OPS[n.target]
         tensors[n] = operands[0] if op is None else add(n, op, operands, {})
-        _replace_float_uses(n, tensors)
+        _replace_float_uses(n, tensors, numbers)
     for n in reversed(floats):
         fx.erase_node(n)
 
 
-def _replace_float_uses(n, tensors):
+def _metas(args):
+    return torch.fx.node.map_arg(args, lambda a: a.meta["val"])
+
+
+def _replace_float_uses(n, tensors, numbers):
     """Points the ATen ops that take float node `n` in a Tensor argument at
-    its tensor, tensors[n]; the float ops that use it are rewritten in
+    its tensor, tensors[n], and rewrites those that take it as a number
+    (numbers, a _NumberUses); the float ops that use it are rewritten in
     their turn."""
     for u in list(n.users):
         if isinstance(u.meta.get("val"), torch.SymFloat):
@@ -90,12 +99,75 @@ def _replace_float_uses(n, tensors):
         schema = getattr(u.target, "_schema", None)
         if schema is None:
             raise Unsupported(f"node '{u.name}' takes the float '{n.name}' computed from sizes")
-        for i, a in enumerate(u.args):
-            if a is n and not (i < len(schema.arguments)
-                               and isinstance(schema.arguments[i].type, torch.TensorType)):
+        if any(a is n and not (i < len(schema.arguments)
+                               and isinstance(schema.arguments[i].type, torch.TensorType))
+               for i, a in enumerate(u.args)) or any(v is n for v in u.kwargs.values()):
+            if not numbers.rewrite(u, n, tensors[n]):
                 raise Unsupported(f"node '{u.name}' ({u.target}) takes the float '{n.name}' "
                                   "computed from sizes as a number")
-        if any(v is n for v in u.kwargs.values()):
-            raise Unsupported(f"node '{u.name}' ({u.target}) takes the float '{n.name}' "
-                              "computed from sizes as a keyword")
+            continue
         u.args = tuple(tensors[n] if a is n else a for a in u.args)
+
+
+class _NumberUses:
+    """Rewrites an op that takes a float computed from sizes where ATen
+    takes only a number (a Scalar) into ops that take its tensor instead,
+    with the op's result dtype: the binary .Scalar overloads into their
+    .Tensor ones (a float64 0-dim tensor promotes no floating tensor, as
+    the number did not), pow's exponent, clamp's bounds into maximum and
+    minimum, leaky_relu's slope into where, and full, full_like and
+    scalar_tensor into zeros plus the tensor (exact, where multiplying
+    ones would turn an infinite value into NaN beside a zero)."""
+
+    def __init__(self, fx, add):
+        self.fx = fx
+        self.add = add  # add(node_before, op, args, kwargs) -> the new node
+
+    def rewrite(self, u, n, t):
+        """Replaces node `u`, which takes float node `n` as a number, by ops
+        on `n`'s tensor `t`; False where kiln has no such form."""
+        aten = torch.ops.aten
+        op, args, kwargs = u.target, list(u.args), dict(u.kwargs)
+        packet = op.overloadpacket
+        if op is aten.pow.Tensor_Scalar and args[1] is n and not kwargs:
+            new = self.add(u, aten.pow.Tensor_Tensor, [args[0], t], {})
+        elif op is aten.pow.Scalar and args[0] is n and not kwargs:
+            new = self.add(u, aten.pow.Tensor_Tensor, [t, args[1]], {})
+        elif op._overloadname == "Scalar" and hasattr(packet, "Tensor") and len(args) == 2 \
+                and args[0] is not n and args[1] is n and not kwargs:
+            new = self.add(u, packet.Tensor, [args[0], t], {})
+        elif op is aten.clamp.default:
+            bounds = args[1:] + [None] * (3 - len(args))
+            low, high = kwargs.pop("min", bounds[0]), kwargs.pop("max", bounds[1])
+            if kwargs or args[0] is n:
+                return False
+            new = args[0]
+            for bound, pick in ((low, aten.maximum.default), (high, aten.minimum.default)):
+                if bound is n:
+                    new = self.add(u, pick, [new, t], {})
+                elif bound is not None:
+                    new = self.add(u, aten.clamp.default,
+                                   [new] + ([bound, None] if pick is aten.maximum.default
+                                            else [None, bound]), {})
+        elif op is aten.leaky_relu.default and args[1:] == [n] and not kwargs:
+            x = args[0]
+            positive = self.add(u, aten.gt.Scalar, [x, 0], {})
+            scaled = self.add(u, aten.mul.Tensor, [x, t], {})
+            new = self.add(u, aten.where.self, [positive, x, scaled], {})
+        elif op in (aten.full.default, aten.full_like.default) and args[1:] == [n]:
+            zeros = aten.zeros.default if op is aten.full.default else aten.zeros_like.default
+            base = self.add(u, zeros, [args[0]], kwargs)
+            new = self.add(u, aten.add.Tensor, [base, t], {})
+        elif op is aten.scalar_tensor.default and args == [n]:
+            cast = {"dtype": kwargs.get("dtype") or torch.get_default_dtype()}
+            if kwargs.get("device") is not None:
+                cast["device"] = kwargs["device"]
+            new = self.add(u, aten._to_copy.default, [t], cast)
+        else:
+            return False
+        want = u.meta["val"]
+        if new.meta["val"].dtype != want.dtype:
+            new = self.add(u, aten._to_copy.default, [new], {"dtype": want.dtype})
+        u.replace_all_uses_with(new)
+        self.fx.erase_node(u)
+        return True
