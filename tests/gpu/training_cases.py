@@ -184,7 +184,21 @@ def reductions_over_symbolic_sizes(x):
     return ((q + 2 * k + 3 * v).square().sum() + x.mean(1).sum()
             + F.layer_norm(x, x.shape[-1:]) * x + x.var(1).sum()
             + F.mse_loss(x.tanh(), torch.zeros_like(x)) + x * x.shape[-1]
-            + x.sum(-1, keepdim=True) / (x.shape[-1] - 1) + x / math.sqrt(x.shape[-1]))
+            + x.sum(-1, keepdim=True) / (x.shape[-1] - 1) + x / math.sqrt(x.shape[-1])
+            # floats of sizes where ATen takes only a number
+            + (x.abs() + 0.1).pow(1.0 / x.shape[-1]) + x.clamp(min=-1.0 / x.shape[1])
+            + F.leaky_relu(x, 1.0 / x.shape[-1]) + torch.full_like(x, x.shape[1] / 4.0))
+
+
+def special(x, y):
+    """The special functions ATen runs for kiln (in float32: ATen has
+    no 16-bit erfcx or ndtri)."""
+    x, y = x.float(), y.float()
+    a = F.softplus(x) + 0.5
+    p = torch.sigmoid(y) * 0.9 + 0.05
+    return (torch.lgamma(a) + torch.digamma(a) * 0.5 + torch.polygamma(1, a)
+            + torch.erfc(x) + torch.special.erfcx(x.abs()) + torch.special.ndtri(p)
+            + torch.i0(y) + torch.special.log_ndtr(x))
 
 
 def cases(dtype):
@@ -201,6 +215,7 @@ def cases(dtype):
                 lambda: (tokens, torch.randint(0, 100, (2, 16), device=DEVICE))),
         "activations": (activations, lambda: (rand(4, 6),)),
         "losses": (losses, lambda: (rand(4, 6), rand(4, 6), target)),
+        "special": (special, lambda: (rand(4, 6), rand(4, 6))),
         "norms": (norms, lambda: (rand(4, 6),)),
         "indexing": (indexing, lambda: (rand(4, 6),)),
         "norm_layers": (norm_layers.to(DEVICE, dtype), lambda: (rand(2, 3, 7, 9),)),
