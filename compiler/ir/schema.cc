@@ -267,6 +267,8 @@ constexpr const char* kSchemas[] = {
     "(Tensor output, Tensor softmax_logsumexp, Tensor rng_state, Tensor unused, "
     "Tensor debug_attn_mask)",
     "addmm(Tensor self, Tensor mat1, Tensor mat2, *, Scalar beta=1, Scalar alpha=1) -> Tensor",
+    "_addmm_activation(Tensor self, Tensor mat1, Tensor mat2, *, Scalar beta=1, Scalar alpha=1, "
+    "bool use_gelu=False) -> Tensor",
     "convolution(Tensor input, Tensor weight, Tensor? bias, SymInt[] stride, SymInt[] padding, "
     "SymInt[] dilation, bool transposed, SymInt[] output_padding, SymInt groups) -> Tensor",
     "max_pool2d_with_indices(Tensor self, int[2] kernel_size, int[2] stride=[], int[2] padding=0, "

@@ -720,6 +720,9 @@ void RegisterExtern(Definer& def) {
   def("aten._flash_attention_forward.default", kExpensive, FlashAttention);
   def("aten._flash_attention_backward.default", kExpensive, FlashAttentionBackward);
   def("aten.addmm.default", kExpensive, Addmm);
+  // addmm with a ReLU or (tanh) GELU epilogue: cuBLASLt applies it as the
+  // product is written (compiler/pipeline/addmm_activation.h).
+  def("aten._addmm_activation.default", kExpensive, Addmm);
   def("aten.convolution.default", kExpensive, Convolution);
   def("aten.max_pool2d_with_indices.default", kExpensive, MaxPool(2));
   def("aten.avg_pool2d.default", kExpensive, AvgPool(2));

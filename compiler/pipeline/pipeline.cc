@@ -20,6 +20,7 @@
 #include "compiler/loop/split_reductions.h"
 #include "compiler/loop/sweep_order.h"
 #include "compiler/ops/registry.h"
+#include "compiler/pipeline/addmm_activation.h"
 #include "compiler/pipeline/attention.h"
 #include "compiler/pipeline/conv_layouts.h"
 #include "compiler/pipeline/elide_copies.h"
@@ -335,6 +336,11 @@ absl::Status RunKiln(const ir::Graph& graph, const v1::Target& wanted, const Kil
     // Copies the graph could read around: attention's output copied into
     // the matmul's layout and then back into the kernel's.
     rewrites.Run("elide-copies", "elide_copies", ElideCopies);
+    // Without gradients, a linear layer's ReLU or tanh GELU as cuBLASLt's
+    // epilogue of its GEMM.
+    if (!training) {
+      rewrites.Run("addmm-activation", "addmm_activation", FuseAddmmActivations);
+    }
     // float32 addmm as a GEMM and a bias add fused into its reader.
     rewrites.Run("unfuse-addmm", "unfuse_addmm", UnfuseAddmm);
     // Copies that transpose a matmul's operand made along memory instead.

@@ -516,6 +516,24 @@ def test_kernels_after_an_extern_sweep_in_reverse(name, dtype):
     assert _reversed(backend), "no kernel was reversed"
 
 
+@pytest.mark.parametrize("training", [False, True], ids=["inference", "training"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=_dtype_id)
+@pytest.mark.parametrize("activation", ["gelu_tanh", "relu"])
+def test_a_linear_layers_activation_is_its_gemms_epilogue(activation, dtype, training):
+    """Without gradients, a linear layer's tanh GELU or ReLU (through the
+    view back to [B, L, N]) runs as cuBLASLt's epilogue of the GEMM
+    (aten._addmm_activation); a training graph keeps the product, which
+    the activation's gradient reads."""
+    def fn(x, w, b):
+        y = F.linear(x, w, b)
+        return (F.gelu(y, approximate="tanh") if activation == "gelu_tanh" else F.relu(y)) * 2
+
+    x, w, b = rand(4, 33, 96, dtype=dtype), rand(200, 96, dtype=dtype), rand(200, dtype=dtype)
+    backend = check(fn, x, w, b, training=training, min_kernels=0)
+    targets = _extern_targets(backend)
+    assert ("aten._addmm_activation.default" in targets) == (not training), targets
+
+
 def _softmax_attention(q, k, v):
     s = (q @ k.transpose(-1, -2)) * (q.shape[-1] ** -0.5)
     return torch.softmax(s, -1) @ v
