@@ -16,8 +16,9 @@ constexpr char kAddmm[] = "aten.addmm.default";
 constexpr char kActivation[] = "aten._addmm_activation.default";
 
 absl::StatusOr<ops::OpCall> Bind(const ir::Graph& g, const ir::Node& n) {
-  return ops::OpCall::Bind(n.target, n.args, n.kwargs,
-                           [&g](ir::ValueId v) -> const ir::TensorMeta& { return g.value(v).meta; });
+  return ops::OpCall::Bind(
+      n.target, n.args, n.kwargs,
+      [&g](ir::ValueId v) -> const ir::TensorMeta& { return g.value(v).meta; });
 }
 
 // Whether scalar argument `name` is absent or 1.
@@ -74,7 +75,7 @@ absl::StatusOr<int> FuseAddmmActivations(const ir::Graph& g, ir::Graph* out) {
   // Whether a value has exactly one reader, a node, and is no output.
   auto only_read = [&](ir::ValueId v) { return readers[v] == 1; };
 
-  std::vector<Match> matches;  // by activation node
+  std::vector<Match> matches;       // by activation node
   std::vector<int> role(nodes, 0);  // 1: a matched addmm, 2: its view, 3: the activation
   for (int i = 0; i < nodes; ++i) {
     const ir::Node& act = g.nodes()[i];
@@ -131,9 +132,9 @@ absl::StatusOr<int> FuseAddmmActivations(const ir::Graph& g, ir::Graph* out) {
     if (role[i] == 1) {
       std::vector<ir::Argument> kwargs = ir::MapArguments(n.kwargs, map);
       kwargs.push_back(ir::Kwarg("use_gelu", ir::Bool(m.gelu)));
-      result = b.AddNode(kActivation, ir::MapArguments(n.args, map), std::move(kwargs),
-                         {named.meta}, last ? g.nodes()[activation_of[i]].name : n.name,
-                         {named.name})[0];
+      result =
+          b.AddNode(kActivation, ir::MapArguments(n.args, map), std::move(kwargs), {named.meta},
+                    last ? g.nodes()[activation_of[i]].name : n.name, {named.name})[0];
     } else {
       result = b.AddNode(n.target, ir::MapArguments(n.args, map), ir::MapArguments(n.kwargs, map),
                          {named.meta}, g.nodes()[activation_of[i]].name, {named.name})[0];

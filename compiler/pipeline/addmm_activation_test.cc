@@ -37,8 +37,7 @@ ir::Graph Linear(const Options& o) {
   ir::GraphBuilder b("linear");
   ir::ValueId x = b.AddInput(Meta({64, 32}, o.dtype, o.device), v1::Placeholder::USER_INPUT, "x");
   ir::ValueId w = b.AddInput(Meta({32, 16}, o.dtype, o.device), v1::Placeholder::PARAMETER, "w");
-  ir::ValueId bias =
-      b.AddInput(Meta({16}, o.dtype, o.device), v1::Placeholder::PARAMETER, "bias");
+  ir::ValueId bias = b.AddInput(Meta({16}, o.dtype, o.device), v1::Placeholder::PARAMETER, "bias");
   ir::ValueId y = Op(b, "aten.addmm.default", {Ref(bias), Ref(x), Ref(w)}, o.addmm_kwargs);
   ir::ValueId v = o.view ? Op(b, "aten.view.default", {Ref(y), ir::Ints({4, 16, 16})}) : y;
   ir::ValueId a;
@@ -46,7 +45,8 @@ ir::Graph Linear(const Options& o) {
     a = Op(b, "aten.relu.default", {Ref(v)});
   } else {
     std::vector<ir::Argument> kwargs;
-    if (o.activation == "gelu_tanh") kwargs.push_back(ir::Kwarg("approximate", ir::Positional(std::string("tanh"))));
+    if (o.activation == "gelu_tanh")
+      kwargs.push_back(ir::Kwarg("approximate", ir::Positional(std::string("tanh"))));
     a = Op(b, "aten.gelu.default", {Ref(v)}, std::move(kwargs));
   }
   b.AddOutput(Op(b, "aten.mul.Tensor", {Ref(a), Ref(a)}));
