@@ -200,6 +200,23 @@ void AddViewCases(std::map<std::string, Case>& c) {
                  {G(Randn({n, b})), N(Indices({4, b}, n)), G(Randn({4, b}))},
                  {Ref(0), Int(0), Ref(1), Ref(2)});
   };
+  // scatter writes one value per place: indices without repeats in each
+  // column (a repeated one's value is whichever write lands last), and src
+  // of index's sizes (libtorch's backward gives src a gradient of index's).
+  auto distinct = [](int64_t k, int64_t b) {
+    return at::arange(k, at::kLong).flip(0).unsqueeze(1).expand({k, b}).contiguous();
+  };
+  c["aten.scatter.src"] = [distinct] {
+    const int64_t n = Dim(3, 6), b = Dim();
+    return Check("aten.scatter.src",
+                 {G(Randn({n, b})), N(distinct(n - 1, b)), G(Randn({n - 1, b}))},
+                 {Ref(0), Int(0), Ref(1), Ref(2)});
+  };
+  c["aten.scatter.value"] = [distinct] {
+    const int64_t n = Dim(3, 6), b = Dim();
+    return Check("aten.scatter.value", {G(Randn({n, b})), N(distinct(2, b))},
+                 {Ref(0), Int(0), Ref(1), Float(0.5)});
+  };
   c["aten.scatter_reduce.two"] = [] {
     const int64_t n = Dim(), b = Dim();
     bool ok = true;

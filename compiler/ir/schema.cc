@@ -194,6 +194,8 @@ constexpr const char* kSchemas[] = {
     "index.Tensor(Tensor self, Tensor?[] indices) -> Tensor",
     "gather(Tensor self, int dim, Tensor index, *, bool sparse_grad=False) -> Tensor",
     "scatter_add(Tensor self, int dim, Tensor index, Tensor src) -> Tensor",
+    "scatter.src(Tensor self, int dim, Tensor index, Tensor src) -> Tensor",
+    "scatter.value(Tensor self, int dim, Tensor index, Scalar value) -> Tensor",
     "slice_scatter(Tensor self, Tensor src, int dim=0, SymInt? start=None, SymInt? end=None, "
     "SymInt step=1) -> Tensor",
     "scatter_reduce.two(Tensor self, int dim, Tensor index, Tensor src, str reduce, *, "

@@ -411,6 +411,19 @@ void RegisterViews(Registry* r) {
                     return c.Op("aten.gather.default", {Ref(g), Arg(c, "dim"), Arg(c, "index")});
                   }}}),
       {"index"});
+  // scatter: self's gradient where nothing was written over it (zeros
+  // scattered where src or the value was); src's read back where it went.
+  auto unwritten = [](Ctx& c, ValueId g) {
+    return c.Op("aten.scatter.value", {Ref(g), Arg(c, "dim"), Arg(c, "index"), ir::Int(0)});
+  };
+  Def(r, "aten.scatter.src",
+      ParamRule({{"self", unwritten},
+                 {"src",
+                  [](Ctx& c, ValueId g) {
+                    return c.Op("aten.gather.default", {Ref(g), Arg(c, "dim"), Arg(c, "index")});
+                  }}}),
+      {"index"});
+  Def(r, "aten.scatter.value", ParamRule({{"self", unwritten}}), {"index"});
   Def(r, "aten.scatter_reduce.two", ScatterReduceRule, {"index"});
   // slice_scatter: self's gradient with the slice zeroed; src's, the slice.
   Def(r, "aten.slice_scatter.default",

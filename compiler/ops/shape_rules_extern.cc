@@ -534,21 +534,27 @@ absl::StatusOr<Metas> Gather(const OpCall& c) {
 // scatter_add(self, dim, index, src) and scatter_reduce: self's metadata;
 // `src` goes into it at `index` along `dim`, so index and src have self's
 // rank and self's dtype.
+// scatter_add, scatter_reduce and scatter (src, or a Scalar value): self's
+// sizes; index int64 and src (where there is one) of self's dtype and rank.
 absl::StatusOr<Metas> ScatterAdd(const OpCall& c) {
   ASSIGN_OR_RETURN(const TensorMeta* self, c.Meta("self"));
   ASSIGN_OR_RETURN(const TensorMeta* index, c.Meta("index"));
-  ASSIGN_OR_RETURN(const TensorMeta* src, c.Meta("src"));
   RETURN_IF_ERROR(DimArg(c, "dim", Rank(*self)).status());
   if (index->dtype != v1::INT64) {
     return ArgError(c, "index",
                     absl::StrCat("should have dtype INT64, got ", v1::DType_Name(index->dtype)));
   }
-  if (src->dtype != self->dtype) {
-    return ArgError(c, "src",
-                    absl::StrCat("has dtype ", v1::DType_Name(src->dtype), ", but 'self' has ",
-                                 v1::DType_Name(self->dtype)));
+  std::vector<std::pair<const char*, const TensorMeta*>> ranked = {{"index", index}};
+  if (c.Find("src") != nullptr) {
+    ASSIGN_OR_RETURN(const TensorMeta* src, c.Meta("src"));
+    if (src->dtype != self->dtype) {
+      return ArgError(c, "src",
+                      absl::StrCat("has dtype ", v1::DType_Name(src->dtype), ", but 'self' has ",
+                                   v1::DType_Name(self->dtype)));
+    }
+    ranked.emplace_back("src", src);
   }
-  for (const auto& [name, m] : {std::pair{"index", index}, std::pair{"src", src}}) {
+  for (const auto& [name, m] : ranked) {
     if (Rank(*m) != Rank(*self)) {
       return ArgError(c, name,
                       absl::StrCat("has sizes ", SizesToString(m->sizes), ", but 'self' has ",
@@ -736,6 +742,8 @@ void RegisterExtern(Definer& def) {
   def("aten.gather.default", kExpensive, Gather, {"index"});
   def("aten.scatter_add.default", kExpensive, ScatterAdd, {"index"});
   def("aten.scatter_reduce.two", kExpensive, ScatterAdd, {"index"});
+  def("aten.scatter.src", kExpensive, ScatterAdd, {"index"});
+  def("aten.scatter.value", kExpensive, ScatterAdd, {"index"});
   def("aten.slice_scatter.default", kExpensive, SliceScatter);
   def("aten.index_put.default", kExpensive, IndexPut, {"indices"});
   def("aten.index_select.default", kExpensive, IndexSelect, {"index"});

@@ -429,6 +429,23 @@ class TrainingGraphCases:
     def test_bags_samplers_scans_and_slice_assignment(self):
         self.check_training("bags and scans", _BagsAndScans(), (torch.randn(6, 8),))
 
+    def test_image_features_scattered_into_text_embeddings(self):
+        # As multimodal models merge an image encoder's features into the
+        # token embeddings: masked_scatter where the image tokens are, with
+        # gradients to both (the mask broadcast over the embedding dim).
+        self.check_training("masked_scatter", _ImageTokens(), (torch.randn(6, 4),))
+
+    def test_scatter_of_a_tensor_and_of_a_value(self):
+        # One write per place (a permutation of the rows); src of index's
+        # sizes, as eager's backward needs.
+        rows = torch.tensor([[2, 0, 1, 3], [0, 3, 2, 1], [3, 1, 0, 2]]).T
+
+        def scattered(x, src):
+            placed = x.scatter(0, rows, src * 2)
+            return placed.scatter(1, torch.tensor([[2], [0], [1], [2]]), 0.5) * x
+
+        self.check_training("scatter", scattered, (torch.randn(4, 3), torch.randn(4, 3)))
+
     def test_rotary_embedding_through_complex_numbers(self):
         # As Llama writes it: pairs of q viewed as complex, times the
         # rotations (a complex constant), viewed as real again.
@@ -619,6 +636,21 @@ class _BagsAndScans(nn.Module):
                 + F.adaptive_avg_pool3d(y.reshape(1, 2, 3, 8), (1, 2, 3)).sum()
                 + x[:3].scatter_reduce(0, self.slots, x[3:] * 2, "amax", include_self=False)
                 + x[:3].scatter_reduce(0, self.slots, x[3:], "mean").sum(0))
+
+
+class _ImageTokens(nn.Module):
+    """Token embeddings with an image's features projected into the
+    positions of its tokens (9), as multimodal models merge them."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(10, 6)
+        self.project = nn.Linear(4, 6)
+        self.register_buffer("tokens", torch.tensor([[1, 9, 9, 2, 3], [9, 4, 9, 9, 5]]))
+
+    def forward(self, features):
+        image = (self.tokens == 9).unsqueeze(-1)
+        return torch.tanh(self.embed(self.tokens).masked_scatter(image, self.project(features)))
 
 
 class _StopGradients(nn.Module):

@@ -313,6 +313,28 @@ def _embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=0, s
     return out, offset2bag, size, max_indices
 
 
+def _masked_scatter(x, mask, source):
+    """aten.masked_scatter (a multimodal model's image features written
+    into its text embeddings where the mask is set) as a gather of
+    source's elements in order, each set position taking the element its
+    count of set positions before it names (a cumsum), and a where: kilnd
+    differentiates those, where the op whole ran through ATen and refused
+    a gradient. Source's gradient is the output's at the positions that
+    took its elements, as ATen's masked_scatter_backward gives; the counts
+    are clamped to source's elements, which ATen requires to suffice."""
+    aten = torch.ops.aten
+    count = source.numel()
+    if isinstance(count, int) and count == 0:
+        return NotImplemented
+    shape = list(torch.broadcast_shapes(x.shape, mask.shape))
+    x, mask = aten.expand.default(x, shape), aten.expand.default(mask, shape)
+    flat = aten._to_copy.default(aten.reshape.default(mask, [-1]), dtype=torch.int64)
+    position = aten.clamp.default(aten.sub.Scalar(aten.cumsum.default(flat, 0), 1), 0,
+                                  count - 1)
+    taken = aten.index.Tensor(aten.reshape.default(source, [-1]), [position])
+    return aten.where.self(mask, aten.reshape.default(taken, shape), x)
+
+
 # torch.export's core-ATen table is the post-autograd table plus an entry per
 # CompositeImplicitAutograd op of every namespace, whose collection costs
 # 70-150 ms per process (the first graph's warm start). Tracing below runs
@@ -360,6 +382,7 @@ def table():
         table[torch.ops.aten.diagonal.default] = _diagonal
         table[torch.ops.aten.cumprod.default] = _cumprod
         table[torch.ops.aten._embedding_bag.default] = _embedding_bag
+        table[torch.ops.aten.masked_scatter.default] = _masked_scatter
         table[torch.ops.aten.elu.default] = _elu
         table[torch.ops.aten.softplus.default] = _softplus
         table[torch.ops.aten.linalg_vector_norm.default] = _vector_norm
