@@ -78,7 +78,9 @@ def indexing(x):
     return (x.index_select(0, rows).sum(0) * torch.topk(x, 2, 1).values.sum()
             + torch.sort(x, 0)[0][:2].sum(0) + torch.cumsum(x, 1).flip(1).sum(0)
             + torch.cummax(x, 1).values.sum(0) + torch.median(x, 1).values.sum()
-            + torch.roll(x, 1, 0).sum(0) + scattered.scatter_add(0, spread, x[:1]).sum(0))
+            + torch.roll(x, 1, 0).sum(0) + scattered.scatter_add(0, spread, x[:1]).sum(0)
+            + scattered.scatter(0, spread, x[:1] * 3).sum(0)
+            + x.masked_scatter(x > 0, x.flip(0) * 2).sum(0))
 
 
 def pads(x):
