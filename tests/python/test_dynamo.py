@@ -465,31 +465,6 @@ class TorchCompileTest(SharedKilnd, unittest.TestCase):
             close(self, p.grad, ref.grad, f"batch norm: grad of {name}")
         self.assertEqual(be.stats["eager"], 0, be.stats)
 
-    def test_floats_of_sizes_where_aten_takes_a_number(self):
-        # Where the op's float argument is a Scalar (pow's exponent, clamp's
-        # bounds, leaky_relu's slope, full's value, a comparison, softplus's
-        # beta, masked_fill's value): rewritten into ops on the tensor.
-        def f(x):
-            n = x.shape[0]
-            y = (x.abs() + 0.1).pow(1.0 / n) + x.clamp(min=-1.0 / n, max=n * 0.1)
-            y = y + F.leaky_relu(x, 1.0 / n) + F.softplus(x, beta=n / 4.0)
-            y = y + torch.full_like(x, n / 3.0) * torch.where(x > n / 20.0, x, -x)
-            return y + x.masked_fill(x > 1, n / 2.0)
-
-        torch._dynamo.reset()
-        be = self.backend("kiln")
-        compiled = torch.compile(f, backend=be, dynamic=True)
-        for rows in (6, 9):
-            x = torch.randn(rows, 8, requires_grad=True)
-            ref = x.detach().clone().requires_grad_()
-            out, want = compiled(x), f(ref)
-            close(self, out, want, f"{rows} rows")
-            out.square().sum().backward()
-            want.square().sum().backward()
-            close(self, x.grad, ref.grad, f"{rows} rows: the gradient")
-        self.assertEqual((be.stats["compiles"], be.stats["eager"]), (1, 0),
-                         (be.stats, be.unsupported))
-
     def test_linear_over_a_dynamic_batch_and_sequence_compiles_once(self):
         # ATen's linear flattens a 3-d input by its concrete sizes, which
         # specialized both symbols: every new size compiled again.

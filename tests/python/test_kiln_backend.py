@@ -45,6 +45,7 @@ import capture_graphs  # noqa: E402
 # Imported as modules, so that their tests are not collected twice.
 import test_server  # noqa: E402
 import test_training  # noqa: E402
+import training_op_cases  # noqa: E402
 
 KILND = os.environ.get("KILND")
 KILNCTL = os.environ.get("KILNCTL") or (
@@ -283,7 +284,7 @@ class PlanRunnerTest(unittest.TestCase):
 
 @unittest.skipUnless(KILND, "KILND is not set")
 class KilnBackendTest(test_server.SharedKilnd, test_training.TrainingGraphCases,
-                      unittest.TestCase):
+                      training_op_cases.OpTrainingCases, unittest.TestCase):
     """kiln.compile and PlanRunner through a real kilnd, against eager
     PyTorch and the reference runner."""
 

@@ -41,6 +41,7 @@ GRAPHS_DIR = os.path.join(DATA_DIR, "graphs")
 sys.path.insert(0, DATA_DIR)
 sys.path.insert(0, HERE)
 import capture_graphs  # noqa: E402
+import training_op_cases  # noqa: E402
 import test_server  # noqa: E402  (its Kilnd helper; imported as a module so
 #                                   that its tests are not collected twice)
 
@@ -429,23 +430,6 @@ class TrainingGraphCases:
     def test_bags_samplers_scans_and_slice_assignment(self):
         self.check_training("bags and scans", _BagsAndScans(), (torch.randn(6, 8),))
 
-    def test_image_features_scattered_into_text_embeddings(self):
-        # As multimodal models merge an image encoder's features into the
-        # token embeddings: masked_scatter where the image tokens are, with
-        # gradients to both (the mask broadcast over the embedding dim).
-        self.check_training("masked_scatter", _ImageTokens(), (torch.randn(6, 4),))
-
-    def test_scatter_of_a_tensor_and_of_a_value(self):
-        # One write per place (a permutation of the rows); src of index's
-        # sizes, as eager's backward needs.
-        rows = torch.tensor([[2, 0, 1, 3], [0, 3, 2, 1], [3, 1, 0, 2]]).T
-
-        def scattered(x, src):
-            placed = x.scatter(0, rows, src * 2)
-            return placed.scatter(1, torch.tensor([[2], [0], [1], [2]]), 0.5) * x
-
-        self.check_training("scatter", scattered, (torch.randn(4, 3), torch.randn(4, 3)))
-
     def test_rotary_embedding_through_complex_numbers(self):
         # As Llama writes it: pairs of q viewed as complex, times the
         # rotations (a complex constant), viewed as real again.
@@ -500,20 +484,6 @@ class TrainingGraphCases:
                     + torch.remainder(x * 3, 0.7))
 
         self.check_training("math", math, (torch.randn(4, 6), torch.randn(4, 6)))
-
-    def test_special_functions_that_run_through_aten(self):
-        # The gamma family (each the next one's derivative), erfc and its
-        # scaled form, the normal quantile and i0, as log-likelihoods use
-        # them (a Beta, Poisson or von Mises density).
-        def special(x, y):
-            a = torch.nn.functional.softplus(x) + 0.5
-            p = torch.sigmoid(y) * 0.9 + 0.05
-            return (torch.lgamma(a) + torch.digamma(a) * 0.5 + torch.polygamma(1, a)
-                    + torch.special.gammaln(a + y.abs()) + torch.erfc(x)
-                    + torch.special.erfcx(x.abs()) + torch.special.ndtri(p)
-                    + torch.i0(y) + torch.special.log_ndtr(x))
-
-        self.check_training("special", special, (torch.randn(4, 6), torch.randn(4, 6)))
 
     def test_tensors_made_from_literals_are_inputs_of_the_graph(self):
         # Two functions alike but for their literals share one graph: the
@@ -638,21 +608,6 @@ class _BagsAndScans(nn.Module):
                 + x[:3].scatter_reduce(0, self.slots, x[3:], "mean").sum(0))
 
 
-class _ImageTokens(nn.Module):
-    """Token embeddings with an image's features projected into the
-    positions of its tokens (9), as multimodal models merge them."""
-
-    def __init__(self):
-        super().__init__()
-        self.embed = nn.Embedding(10, 6)
-        self.project = nn.Linear(4, 6)
-        self.register_buffer("tokens", torch.tensor([[1, 9, 9, 2, 3], [9, 4, 9, 9, 5]]))
-
-    def forward(self, features):
-        image = (self.tokens == 9).unsqueeze(-1)
-        return torch.tanh(self.embed(self.tokens).masked_scatter(image, self.project(features)))
-
-
 class _StopGradients(nn.Module):
     """Where eager's autograd stops gradients: `detach()`, `.data`, a
     no_grad region (a scale, and a buffer updated from activations), and a
@@ -674,7 +629,8 @@ class _StopGradients(nn.Module):
                 + h.detach().sigmoid() * x)
 
 
-class TrainingTest(TrainingGraphCases, unittest.TestCase):
+class TrainingTest(TrainingGraphCases, training_op_cases.OpTrainingCases,
+                   unittest.TestCase):
     """kiln.compile through a real kilnd against eager PyTorch."""
 
     def setUp(self):
