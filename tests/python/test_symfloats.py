@@ -50,6 +50,36 @@ class SymbolicFloatTest(SharedKilnd, unittest.TestCase):
         self.assertEqual((be.stats["compiles"], be.stats["eager"]), (1, 0),
                          (be.stats, be.unsupported))
 
+    def test_ties_integers_and_nan(self):
+        # clamp's gradient is whole where x equals the bound, and NaN stays
+        # NaN; an integer tensor compares with the float as with the number
+        # (in float32, not float64).
+        def f(x):
+            n = x.shape[0]
+            steps = torch.arange(n, device=x.device)
+            return x.clamp(min=1.0 / n, max=n / 2.0) * (steps > n / 3.0).unsqueeze(1) \
+                + (steps * 2).clamp(max=n / 2.5).unsqueeze(1)
+
+        torch._dynamo.reset()
+        be = kiln.backend(self.server.address)
+        compiled = torch.compile(f, backend=be, dynamic=True)
+        for rows in (6, 9):
+            x = torch.randn(rows, 4)
+            x[rows - 1, 0] = 1.0 / rows  # a tie with the lower bound
+            x[rows - 2, 1] = float("nan")
+            x.requires_grad_()
+            ref = x.detach().clone().requires_grad_()
+            out, want = compiled(x), f(ref)
+            self.assertEqual(out.dtype, want.dtype)
+            self.assertTrue(torch.equal(out.isnan(), want.isnan()), f"{rows} rows: NaN")
+            finite = ~want.isnan()
+            close(self, out[finite], want[finite], f"{rows} rows")
+            out[finite].sum().backward()
+            want[finite].sum().backward()
+            close(self, x.grad, ref.grad, f"{rows} rows: the gradient")
+        self.assertEqual((be.stats["compiles"], be.stats["eager"]), (1, 0),
+                         (be.stats, be.unsupported))
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -315,11 +315,12 @@ _SOURCE_DIGEST = None
 
 def _source_digest():
     """What of this client shapes a lowered graph: this module, tracing,
-    tracer and the decomposition table."""
+    tracer, the floats of sizes and the decomposition table."""
     global _SOURCE_DIGEST
     if _SOURCE_DIGEST is None:
         h = hashlib.sha256()
-        for module in (__file__, tracing.__file__, tracer.__file__, decompositions.__file__):
+        for module in (__file__, tracing.__file__, tracer.__file__, symfloats.__file__,
+                       decompositions.__file__):
             with open(module, "rb") as f:
                 h.update(f.read())
         _SOURCE_DIGEST = h.hexdigest()

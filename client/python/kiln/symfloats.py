@@ -112,16 +112,29 @@ def _replace_float_uses(n, tensors, numbers):
 class _NumberUses:
     """Rewrites an op that takes a float computed from sizes where ATen
     takes only a number (a Scalar) into ops that take its tensor instead,
-    with the op's result dtype: the binary .Scalar overloads into their
-    .Tensor ones (a float64 0-dim tensor promotes no floating tensor, as
-    the number did not), pow's exponent, clamp's bounds into maximum and
-    minimum, leaky_relu's slope into where, and full, full_like and
-    scalar_tensor into zeros plus the tensor (exact, where multiplying
-    ones would turn an infinite value into NaN beside a zero)."""
+    with the op's result dtype and device: the binary .Scalar overloads
+    into their .Tensor ones, pow's exponent or base, clamp's bounds into
+    where (the bound where x is beyond it: x's gradient is whole at a tie
+    and NaN stays NaN, as clamp's), leaky_relu's slope into where, and
+    full, full_like and scalar_tensor into zeros plus the tensor (exact,
+    where multiplying ones would turn an infinite value into NaN beside a
+    zero). A result on another device than the tensor is left alone."""
 
     def __init__(self, fx, add):
         self.fx = fx
         self.add = add  # add(node_before, op, args, kwargs) -> the new node
+
+    def number(self, u, x, t):
+        """Tensor `t` as ATen takes a number beside `x` (a node): a
+        dimensioned floating x keeps its dtype beside a float64 0-dim
+        tensor as beside the number, and the value keeps its precision;
+        an integer or 0-dim x would be promoted by it, so t is cast first
+        to the dtype the number would have given."""
+        v = x.meta.get("val") if isinstance(x, torch.fx.Node) else None
+        if not isinstance(v, torch.Tensor) or (v.dim() > 0 and v.is_floating_point()):
+            return t
+        return self.add(u, torch.ops.aten._to_copy.default, [t],
+                        {"dtype": torch.result_type(v, 1.0)})
 
     def rewrite(self, u, n, t):
         """Replaces node `u`, which takes float node `n` as a number, by ops
@@ -129,25 +142,30 @@ class _NumberUses:
         aten = torch.ops.aten
         op, args, kwargs = u.target, list(u.args), dict(u.kwargs)
         packet = op.overloadpacket
+        want = u.meta.get("val")
+        if not isinstance(want, torch.Tensor) or want.device != t.meta["val"].device:
+            return False
         if op is aten.pow.Tensor_Scalar and args[1] is n and not kwargs:
-            new = self.add(u, aten.pow.Tensor_Tensor, [args[0], t], {})
+            new = self.add(u, aten.pow.Tensor_Tensor, [args[0], self.number(u, args[0], t)], {})
         elif op is aten.pow.Scalar and args[0] is n and not kwargs:
-            new = self.add(u, aten.pow.Tensor_Tensor, [t, args[1]], {})
+            new = self.add(u, aten.pow.Tensor_Tensor, [self.number(u, args[1], t), args[1]], {})
         elif op._overloadname == "Scalar" and hasattr(packet, "Tensor") and len(args) == 2 \
                 and args[0] is not n and args[1] is n and not kwargs:
-            new = self.add(u, packet.Tensor, [args[0], t], {})
+            new = self.add(u, packet.Tensor, [args[0], self.number(u, args[0], t)], {})
         elif op is aten.clamp.default:
             bounds = args[1:] + [None] * (3 - len(args))
             low, high = kwargs.pop("min", bounds[0]), kwargs.pop("max", bounds[1])
             if kwargs or args[0] is n:
                 return False
             new = args[0]
-            for bound, pick in ((low, aten.maximum.default), (high, aten.minimum.default)):
+            for bound, beyond in ((low, aten.lt.Tensor), (high, aten.gt.Tensor)):
                 if bound is n:
-                    new = self.add(u, pick, [new, t], {})
+                    b = self.number(u, args[0], t)
+                    new = self.add(u, aten.where.self, [self.add(u, beyond, [new, b], {}), b, new],
+                                   {})
                 elif bound is not None:
                     new = self.add(u, aten.clamp.default,
-                                   [new] + ([bound, None] if pick is aten.maximum.default
+                                   [new] + ([bound, None] if beyond is aten.lt.Tensor
                                             else [None, bound]), {})
         elif op is aten.leaky_relu.default and args[1:] == [n] and not kwargs:
             x = args[0]
@@ -159,13 +177,9 @@ class _NumberUses:
             base = self.add(u, zeros, [args[0]], kwargs)
             new = self.add(u, aten.add.Tensor, [base, t], {})
         elif op is aten.scalar_tensor.default and args == [n]:
-            cast = {"dtype": kwargs.get("dtype") or torch.get_default_dtype()}
-            if kwargs.get("device") is not None:
-                cast["device"] = kwargs["device"]
-            new = self.add(u, aten._to_copy.default, [t], cast)
+            new = self.add(u, aten._to_copy.default, [t], {"dtype": want.dtype})
         else:
             return False
-        want = u.meta["val"]
         if new.meta["val"].dtype != want.dtype:
             new = self.add(u, aten._to_copy.default, [new], {"dtype": want.dtype})
         u.replace_all_uses_with(new)
