@@ -531,11 +531,10 @@ absl::StatusOr<Metas> Gather(const OpCall& c) {
   return Metas{NewTensor(self->dtype, index->sizes, *self)};
 }
 
-// scatter_add(self, dim, index, src) and scatter_reduce: self's metadata;
-// `src` goes into it at `index` along `dim`, so index and src have self's
-// rank and self's dtype.
 // scatter_add, scatter_reduce and scatter (src, or a Scalar value): self's
-// sizes; index int64 and src (where there is one) of self's dtype and rank.
+// metadata; `src` (or the value) goes into it at `index` along `dim`, so
+// index is int64 of self's rank, and src (where there is one) has self's
+// rank and dtype.
 absl::StatusOr<Metas> ScatterAdd(const OpCall& c) {
   ASSIGN_OR_RETURN(const TensorMeta* self, c.Meta("self"));
   ASSIGN_OR_RETURN(const TensorMeta* index, c.Meta("index"));
@@ -727,7 +726,8 @@ void RegisterExtern(Definer& def) {
   def("aten._flash_attention_backward.default", kExpensive, FlashAttentionBackward);
   def("aten.addmm.default", kExpensive, Addmm);
   // addmm with a ReLU or (tanh) GELU epilogue: cuBLASLt applies it as the
-  // product is written (compiler/pipeline/addmm_activation.h).
+  // product is written (compiler/pipeline/addmm_activation.h makes it of a
+  // tanh GELU).
   def("aten._addmm_activation.default", kExpensive, Addmm);
   def("aten.convolution.default", kExpensive, Convolution);
   def("aten.max_pool2d_with_indices.default", kExpensive, MaxPool(2));
