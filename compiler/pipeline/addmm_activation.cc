@@ -28,16 +28,14 @@ bool IsOne(const ops::OpCall& call, const std::string& name) {
   return x.ok() && *x == 1.0;
 }
 
-// 1 for a ReLU, 2 for a tanh GELU, 0 for anything else.
-int ActivationOf(const ir::Graph& g, const ir::Node& n) {
-  if (n.outputs.size() != 1) return 0;
-  if (n.target == "aten.relu.default") return 1;
-  if (n.target != "aten.gelu.default") return 0;
+// Whether `n` is a tanh GELU.
+bool IsTanhGelu(const ir::Graph& g, const ir::Node& n) {
+  if (n.outputs.size() != 1 || n.target != "aten.gelu.default") return false;
   absl::StatusOr<ops::OpCall> call = Bind(g, n);
-  if (!call.ok()) return 0;
+  if (!call.ok()) return false;
   const ir::Argument* a = call->Find("approximate");
   const std::string* approx = a ? std::get_if<std::string>(&a->kind) : nullptr;
-  return approx != nullptr && *approx == "tanh" ? 2 : 0;
+  return approx != nullptr && *approx == "tanh";
 }
 
 // An addmm whose epilogue cuBLASLt can run.
@@ -57,8 +55,7 @@ bool Epilogued(const ir::Graph& g, const ir::Node& n) {
 
 struct Match {
   int addmm = -1;
-  int view = -1;  // -1: the activation reads the product itself
-  bool gelu = false;
+  int view = -1;  // -1: the GELU reads the product itself
 };
 
 }  // namespace
@@ -79,11 +76,9 @@ absl::StatusOr<int> FuseAddmmActivations(const ir::Graph& g, ir::Graph* out) {
   std::vector<int> role(nodes, 0);  // 1: a matched addmm, 2: its view, 3: the activation
   for (int i = 0; i < nodes; ++i) {
     const ir::Node& act = g.nodes()[i];
-    const int kind = ActivationOf(g, act);
-    if (kind == 0) continue;
+    if (!IsTanhGelu(g, act)) continue;
     const ir::ValueId in = ir::Graph::Operands(act)[0];
     Match m;
-    m.gelu = kind == 2;
     int producer = g.value(in).producer;
     if (producer < 0 || !only_read(in)) continue;
     if (g.nodes()[producer].target == "aten.view.default") {
@@ -131,7 +126,7 @@ absl::StatusOr<int> FuseAddmmActivations(const ir::Graph& g, ir::Graph* out) {
     ir::ValueId result;
     if (role[i] == 1) {
       std::vector<ir::Argument> kwargs = ir::MapArguments(n.kwargs, map);
-      kwargs.push_back(ir::Kwarg("use_gelu", ir::Bool(m.gelu)));
+      kwargs.push_back(ir::Kwarg("use_gelu", ir::Bool(true)));
       result =
           b.AddNode(kActivation, ir::MapArguments(n.args, map), std::move(kwargs), {named.meta},
                     last ? g.nodes()[activation_of[i]].name : n.name, {named.name})[0];

@@ -336,7 +336,7 @@ absl::Status RunKiln(const ir::Graph& graph, const v1::Target& wanted, const Kil
     // Copies the graph could read around: attention's output copied into
     // the matmul's layout and then back into the kernel's.
     rewrites.Run("elide-copies", "elide_copies", ElideCopies);
-    // Without gradients, a linear layer's ReLU or tanh GELU as cuBLASLt's
+    // Without gradients, a linear layer's tanh GELU as cuBLASLt's
     // epilogue of its GEMM.
     if (!training) {
       rewrites.Run("addmm-activation", "addmm_activation", FuseAddmmActivations);

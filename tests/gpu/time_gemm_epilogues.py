@@ -1,6 +1,6 @@
 """What cuBLASLt's activation epilogue (aten._addmm_activation, which
 compiler/pipeline/addmm_activation.h makes of an inference graph's linear
-layer and its ReLU or tanh GELU) saves at the bench's linear layers with a
+layer and its tanh GELU) saves at the bench's linear layers with a
 GELU: the GEMM with the epilogue against the plain GEMM plus one pointwise
 pass over its product (what a fused bias-and-GELU kernel reads and
 writes), and the epilogue's error against a float64 reference beside
