@@ -17,12 +17,6 @@ namespace {
 
 using ir::Ref;
 
-ir::TensorMeta Meta(std::vector<int64_t> sizes, v1::DType dtype, const std::string& device) {
-  ir::TensorMeta m = ir::ContiguousMeta(sizes, dtype);
-  m.device_type = device;
-  return m;
-}
-
 struct Options {
   v1::DType dtype = v1::BFLOAT16;
   std::string device = "cuda";
@@ -37,10 +31,12 @@ struct Options {
 // A linear layer [64, 32] x [32, 16] + bias, then its activation.
 ir::Graph Linear(const Options& o) {
   ir::GraphBuilder b("linear");
-  ir::ValueId x = b.AddInput(Meta({64, 32}, o.dtype, o.device), v1::Placeholder::USER_INPUT, "x");
-  ir::ValueId w = b.AddInput(Meta({32, 16}, o.dtype, o.device), v1::Placeholder::PARAMETER, "w");
+  ir::ValueId x =
+      b.AddInput(DeviceMeta({64, 32}, o.dtype, o.device), v1::Placeholder::USER_INPUT, "x");
+  ir::ValueId w =
+      b.AddInput(DeviceMeta({32, 16}, o.dtype, o.device), v1::Placeholder::PARAMETER, "w");
   ir::ValueId bias =
-      b.AddInput(Meta(o.bias_sizes, o.dtype, o.device), v1::Placeholder::PARAMETER, "bias");
+      b.AddInput(DeviceMeta(o.bias_sizes, o.dtype, o.device), v1::Placeholder::PARAMETER, "bias");
   ir::ValueId y = Op(b, "aten.addmm.default", {Ref(bias), Ref(x), Ref(w)}, o.addmm_kwargs);
   ir::ValueId v = o.view ? Op(b, "aten.view.default", {Ref(y), ir::Ints({4, 16, 16})}) : y;
   ir::ValueId a;

@@ -27,6 +27,14 @@ inline ir::ValueId Op(ir::GraphBuilder& b, const std::string& target,
   return out.ok() ? (*out)[0] : ir::kNoValue;
 }
 
+// Contiguous metadata of `sizes` and `dtype` on `device` ("cpu", "cuda").
+inline ir::TensorMeta DeviceMeta(const std::vector<int64_t>& sizes, v1::DType dtype,
+                                 const std::string& device) {
+  ir::TensorMeta m = ir::ContiguousMeta(sizes, dtype);
+  m.device_type = device;
+  return m;
+}
+
 // A contiguous copy of `x` (aten.clone, memory_format contiguous).
 inline ir::ValueId Contiguous(ir::GraphBuilder& b, ir::ValueId x) {
   return Op(b, "aten.clone.default", {ir::Ref(x)},

@@ -15,20 +15,15 @@ namespace {
 
 using ir::Ref;
 
-ir::TensorMeta Meta(std::vector<int64_t> sizes, v1::DType dtype, const std::string& device) {
-  ir::TensorMeta m = ir::ContiguousMeta(sizes, dtype);
-  m.device_type = device;
-  return m;
-}
-
 // A linear layer [B*L, K] x [K, N] + bias viewed back as [B, L, N], then
 // `reader` (a GELU, or a sum over the rows).
 ir::Graph Linear(v1::DType dtype, const std::string& device, const std::string& reader,
                  std::vector<ir::Argument> kwargs = {}) {
   ir::GraphBuilder b("linear");
-  ir::ValueId x = b.AddInput(Meta({64, 32}, dtype, device), v1::Placeholder::USER_INPUT, "x");
-  ir::ValueId w = b.AddInput(Meta({32, 16}, dtype, device), v1::Placeholder::PARAMETER, "w");
-  ir::ValueId bias = b.AddInput(Meta({16}, dtype, device), v1::Placeholder::PARAMETER, "bias");
+  ir::ValueId x = b.AddInput(DeviceMeta({64, 32}, dtype, device), v1::Placeholder::USER_INPUT, "x");
+  ir::ValueId w = b.AddInput(DeviceMeta({32, 16}, dtype, device), v1::Placeholder::PARAMETER, "w");
+  ir::ValueId bias =
+      b.AddInput(DeviceMeta({16}, dtype, device), v1::Placeholder::PARAMETER, "bias");
   ir::ValueId y = Op(b, "aten.addmm.default", {Ref(bias), Ref(x), Ref(w)}, std::move(kwargs));
   ir::ValueId v = Op(b, "aten.view.default", {Ref(y), ir::Ints({4, 16, 16})});
   if (reader == "gelu") {
@@ -70,11 +65,12 @@ TEST(UnfuseAddmmTest, AProductReadOtherwiseKeepsItsShape) {
   // The addmm's result is read as it is as well as through the view: the
   // sum is the addmm's value, its name and metadata.
   ir::GraphBuilder b("linear");
-  const ir::TensorMeta x_meta = Meta({64, 32}, v1::FLOAT32, "cuda");
+  const ir::TensorMeta x_meta = DeviceMeta({64, 32}, v1::FLOAT32, "cuda");
   ir::ValueId x = b.AddInput(x_meta, v1::Placeholder::USER_INPUT, "x");
-  ir::ValueId w = b.AddInput(Meta({32, 16}, v1::FLOAT32, "cuda"), v1::Placeholder::PARAMETER, "w");
+  ir::ValueId w =
+      b.AddInput(DeviceMeta({32, 16}, v1::FLOAT32, "cuda"), v1::Placeholder::PARAMETER, "w");
   ir::ValueId bias =
-      b.AddInput(Meta({16}, v1::FLOAT32, "cuda"), v1::Placeholder::PARAMETER, "bias");
+      b.AddInput(DeviceMeta({16}, v1::FLOAT32, "cuda"), v1::Placeholder::PARAMETER, "bias");
   ir::ValueId y = Op(b, "aten.addmm.default", {Ref(bias), Ref(x), Ref(w)});
   ir::ValueId v = Op(b, "aten.view.default", {Ref(y), ir::Ints({4, 16, 16})});
   b.AddOutput(Op(b, "aten.gelu.default", {Ref(v)}));

@@ -29,7 +29,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, os.pardir, "data"))
 sys.path.insert(0, HERE)
 import capture_graphs  # noqa: E402
-from test_server import KILND, Kilnd, SharedKilnd  # noqa: E402
+from test_server import KILND, Kilnd, SharedKilnd, close  # noqa: E402
 
 KILNCTL = os.environ.get("KILNCTL") or (
     os.path.join(os.path.dirname(KILND), "kilnctl") if KILND else None)
@@ -39,12 +39,6 @@ BACKENDS = {"kiln_eager": "eager", "kiln_aot_eager": "aot_eager", "kiln": "kiln"
 
 def counters(client):
     return client.stats().counters
-
-
-def close(test, got, want, what, tol=2e-4):
-    test.assertEqual(got.shape, want.shape, what)
-    test.assertTrue(torch.allclose(got, want, rtol=tol, atol=tol),
-                    f"{what}: max difference {(got - want).abs().max().item()}")
 
 
 def graph_break(x):

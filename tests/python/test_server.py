@@ -36,6 +36,13 @@ START_TIMEOUT_S = 60
 STOP_TIMEOUT_S = 60
 
 
+def close(test, got, want, what, tol=2e-4):
+    """Asserts that tensor `got` has `want`'s shape and values (to `tol`)."""
+    test.assertEqual(got.shape, want.shape, what)
+    test.assertTrue(torch.allclose(got, want, rtol=tol, atol=tol),
+                    f"{what}: max difference {(got - want).abs().max().item()}")
+
+
 def load_graph(file_name):
     with open(os.path.join(GRAPHS_DIR, file_name)) as f:
         return json_format.Parse(f.read(), service_pb2.GraphFile()).graph

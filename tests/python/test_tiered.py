@@ -15,13 +15,7 @@ from kiln.v1 import service_pb2
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from test_server import KILND, SharedKilnd  # noqa: E402
-
-
-def close(test, got, want, what, tol=2e-4):
-    test.assertEqual(got.shape, want.shape, what)
-    test.assertTrue(torch.allclose(got, want, rtol=tol, atol=tol),
-                    f"{what}: max difference {(got - want).abs().max().item()}")
+from test_server import KILND, SharedKilnd, close  # noqa: E402
 
 
 def commands(function):
