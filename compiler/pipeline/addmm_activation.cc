@@ -8,6 +8,7 @@
 #include "common/status_macros.h"
 #include "compiler/ir/builder.h"
 #include "compiler/ops/registry.h"
+#include "compiler/pipeline/rewrite_util.h"
 
 namespace kiln::pipeline {
 namespace {
@@ -15,23 +16,10 @@ namespace {
 constexpr char kAddmm[] = "aten.addmm.default";
 constexpr char kActivation[] = "aten._addmm_activation.default";
 
-absl::StatusOr<ops::OpCall> Bind(const ir::Graph& g, const ir::Node& n) {
-  return ops::OpCall::Bind(
-      n.target, n.args, n.kwargs,
-      [&g](ir::ValueId v) -> const ir::TensorMeta& { return g.value(v).meta; });
-}
-
-// Whether scalar argument `name` is absent or 1.
-bool IsOne(const ops::OpCall& call, const std::string& name) {
-  if (call.IsNone(name)) return true;
-  absl::StatusOr<double> x = call.Double(name);
-  return x.ok() && *x == 1.0;
-}
-
 // Whether `n` is a tanh GELU.
 bool IsTanhGelu(const ir::Graph& g, const ir::Node& n) {
   if (n.outputs.size() != 1 || n.target != "aten.gelu.default") return false;
-  absl::StatusOr<ops::OpCall> call = Bind(g, n);
+  absl::StatusOr<ops::OpCall> call = BindNode(g, n);
   if (!call.ok()) return false;
   const ir::Argument* a = call->Find("approximate");
   const std::string* approx = a ? std::get_if<std::string>(&a->kind) : nullptr;
@@ -46,8 +34,8 @@ bool Epilogued(const ir::Graph& g, const ir::Node& n) {
       (m.dtype != v1::FLOAT32 && m.dtype != v1::FLOAT16 && m.dtype != v1::BFLOAT16)) {
     return false;
   }
-  absl::StatusOr<ops::OpCall> call = Bind(g, n);
-  if (!call.ok() || !IsOne(*call, "beta") || !IsOne(*call, "alpha")) return false;
+  absl::StatusOr<ops::OpCall> call = BindNode(g, n);
+  if (!call.ok() || !IsOneOrAbsent(*call, "beta") || !IsOneOrAbsent(*call, "alpha")) return false;
   absl::StatusOr<const ir::TensorMeta*> bias = call->Meta("self");
   return bias.ok() && (*bias)->dtype == m.dtype && (*bias)->sizes.size() == 1 &&
          (*bias)->sizes[0] == m.sizes.back();

@@ -7,6 +7,7 @@
 #include "common/status_macros.h"
 #include "compiler/ir/builder.h"
 #include "compiler/ops/registry.h"
+#include "compiler/pipeline/rewrite_util.h"
 
 namespace kiln::pipeline {
 namespace {
@@ -31,22 +32,13 @@ bool ReadByPointwise(const ir::Graph& g, const std::vector<std::vector<int>>& re
   return false;
 }
 
-// Whether scalar argument `name` of the addmm is absent or 1.
-bool IsOne(const ops::OpCall& call, const std::string& name) {
-  if (call.IsNone(name)) return true;
-  absl::StatusOr<double> x = call.Double(name);
-  return x.ok() && *x == 1.0;
-}
-
 bool Unfusable(const ir::Graph& g, const std::vector<std::vector<int>>& readers,
                const ir::Node& n) {
   if (n.target != kAddmm || n.outputs.size() != 1) return false;
   const ir::TensorMeta& m = g.value(n.outputs[0]).meta;
   if (m.device_type != "cuda" || (m.dtype != v1::FLOAT32 && m.dtype != v1::FLOAT64)) return false;
-  absl::StatusOr<ops::OpCall> call =
-      ops::OpCall::Bind(n.target, n.args, n.kwargs,
-                        [&g](ir::ValueId v) -> const ir::TensorMeta& { return g.value(v).meta; });
-  if (!call.ok() || !IsOne(*call, "beta") || !IsOne(*call, "alpha")) return false;
+  absl::StatusOr<ops::OpCall> call = BindNode(g, n);
+  if (!call.ok() || !IsOneOrAbsent(*call, "beta") || !IsOneOrAbsent(*call, "alpha")) return false;
   absl::StatusOr<const ir::TensorMeta*> bias = call->Meta("self");
   if (!bias.ok() || (*bias)->dtype != m.dtype || (*bias)->sizes.empty() ||
       (*bias)->sizes.size() > 2) {
@@ -120,11 +112,7 @@ absl::StatusOr<int> UnfuseAddmm(const ir::Graph& g, ir::Graph* out) {
       b.CopyNode(g, n, &map);
       continue;
     }
-    ASSIGN_OR_RETURN(
-        ops::OpCall call,
-        ops::OpCall::Bind(n.target, n.args, n.kwargs, [&g](ir::ValueId v) -> const ir::TensorMeta& {
-          return g.value(v).meta;
-        }));
+    ASSIGN_OR_RETURN(ops::OpCall call, BindNode(g, n));
     ASSIGN_OR_RETURN(ir::ValueId bias, call.Tensor("self"));
     ASSIGN_OR_RETURN(ir::ValueId mat1, call.Tensor("mat1"));
     ASSIGN_OR_RETURN(ir::ValueId mat2, call.Tensor("mat2"));
