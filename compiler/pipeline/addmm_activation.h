@@ -6,13 +6,15 @@
 // GELU as it writes the product. The separate pass over the product (a
 // kernel that reads it and writes the GELU) goes: on an H200 for GPT-2's
 // MLP ([4096, 768] x [768, 3072]) the GEMM with the GELU epilogue took
-// 37 us in bfloat16 against 32 us for the GEMM and 34 us for the pass, and
-// 416 us in float32 against 393 us and 40 us (docs/benchmarks.md, run AL).
+// 37 us in bfloat16 against 32 us for the GEMM and 34 us for the pass
+// (docs/benchmarks.md, run AL). Not in float32, where cuBLASLt runs the
+// epilogue as a second kernel after the GEMM, slower than kiln's fused
+// pointwise kernel (run AM).
 //
 // Only where the product and its view have no reader but the GELU and are
 // no graph outputs (a training graph keeps the product for the GELU's
 // gradient), with beta and alpha 1, a bias of one dimension of the
-// product's dtype, and float32, float16 or bfloat16. The epilogue applies
+// product's dtype, and float16 or bfloat16. The epilogue applies
 // the bias and the GELU before rounding to a 16-bit dtype, where eager
 // rounds the product first: 16-bit results may differ by a unit in the
 // last place. ReLU, which ATen's op also takes, is left alone: cuBLASLt's
