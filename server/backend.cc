@@ -45,6 +45,12 @@ class KilnBackend final : public Backend {
 
   absl::StatusOr<v1::Artifact> Compile(const CompileInput& input,
                                        PhaseTimes* times) const override {
+    if (input.quick) {
+      absl::StatusOr<v1::Artifact> interpreted = Interpreted(input, times);
+      if (interpreted.ok()) return interpreted;
+      // A graph whose joint graph failed here, or with an injected fault,
+      // gets quick kernels instead (g++ -O1, NVRTC's --Ofast-compile=mid).
+    }
     v1::Artifact artifact = NewArtifact(input, name());
     pipeline::KilnOptions kiln;
     kiln.toolchain.scratch_dir = options_.scratch_dir;
@@ -73,6 +79,32 @@ class KilnBackend final : public Backend {
   bool has_quick_level() const override { return true; }
 
  private:
+  // The quick level: no native compile at all. The runtime runs the graph
+  // op by op on ATen's kernels (as `eager`, or as `aot_eager` when an input
+  // requires grad, whose backward graph it runs as well) until the
+  // optimized artifact arrives. NVRTC takes 60-130 ms on one kernel even at
+  // its quickest level (g++ -O1 longer), and quick kernels compiled beside
+  // the optimized ones take cores from them; this artifact takes a few
+  // milliseconds. Not with an injected fault, which is a kernel's.
+  static absl::StatusOr<v1::Artifact> Interpreted(const CompileInput& input, PhaseTimes* times) {
+    for (const auto& o : input.options.options()) {
+      if (o.name() == kInjectFaultOption) {
+        return absl::FailedPreconditionError("a fault is injected into the kernels");
+      }
+    }
+    bool training = false;
+    for (const auto& in : input.graph.inputs()) {
+      training = training || input.graph.value(in.value).meta.requires_grad;
+    }
+    v1::Artifact artifact = NewArtifact(input, training ? "aot_eager" : "eager");
+    if (!training) {
+      pipeline::RunEager(input.graph, times, &artifact);
+      return artifact;
+    }
+    RETURN_IF_ERROR(pipeline::RunAotEager(input.graph, times, &artifact));
+    return artifact;
+  }
+
   const BackendOptions options_;
 };
 

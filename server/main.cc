@@ -295,14 +295,9 @@ absl::Status Serve() {
     // As many as compile at once (CompileSlots).
     std::thread([cuda, helpers = backend_options.compile_jobs, tuner = backend_options.tuner] {
       if (tuner != nullptr) tuner->Warm().IgnoreError();
+      // (A tiered compile's quick artifact compiles no kernels on CUDA,
+      // server/backend.cc, so the quick level's helpers are not warmed.)
       codegen::WarmCudaCompiles(cuda, helpers);
-      // The helpers of tiered compiles' quick artifacts too (their level is
-      // the server's, when it names one).
-      if (cuda.fast_compile.empty()) {
-        codegen::CudaOptions quick = cuda;
-        quick.fast_compile = codegen::kQuickNvrtcLevel;
-        codegen::WarmCudaCompiles(quick, helpers);
-      }
     }).detach();
   }
   ASSIGN_OR_RETURN(const LogLevel log_level, ParseLogLevel(absl::GetFlag(FLAGS_log_level)));

@@ -119,7 +119,10 @@ struct CudaOptions {
 };
 
 // NVRTC's --Ofast-compile level of a tiered compile's quick artifact
-// (compiler/target/target.h, ToolchainOptions::quick).
+// (compiler/target/target.h, ToolchainOptions::quick), where it has kernels:
+// kilnd's quick artifact for CUDA runs the graph through ATen instead, and
+// compiles quick kernels only for a graph that artifact does not take
+// (server/backend.cc).
 inline constexpr char kQuickNvrtcLevel[] = "mid";
 
 // language() "cuda"; modules hold a CUBIN. NVRTC runs in helpers that stay

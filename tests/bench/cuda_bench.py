@@ -19,9 +19,9 @@ after the earlier ones. Per row, in this process:
   - cold compile: the first call's time less the steady-state time
     (Inductor: its caches are empty on a fresh machine; kiln: kilnd's cache
     is empty, so kilnd lowers, generates and runs NVRTC; its compiles are
-    tiered, so the first call runs the quick kernels, and "until optimized"
-    is the time until the optimized ones arrived, less the same steady
-    state, which is timed on them);
+    tiered, so the first call runs kilnd's quick artifact (the graph through
+    ATen), and "until optimized" is the time until the optimized kernels
+    arrived, less the same steady state, which is timed on them);
   - kiln warm start: after torch._dynamo.reset(), a new backend on the same
     kilnd (every graph cached): the first call less the steady-state time,
     less the same for backend="eager" (Dynamo's tracing alone), per graph,
@@ -476,8 +476,8 @@ def table(rows, dtype, copy_gbps):
               "training graph, which kilnd compiles at once), what the first call waited for "
               "them (they run while Dynamo finishes the frame), loading, and the rest (Dynamo "
               "after the backend returned, and the first run). Tiered compiles (kiln's "
-              "default on CUDA): the first call runs kernels kilnd compiled at its quick "
-              "level (NVRTC's --Ofast-compile=mid) while it compiles the optimized ones; "
+              "default on CUDA): the first call runs kilnd's quick artifact (the graph "
+              "op by op through ATen) while it compiles the optimized kernels; "
               "\"until optimized\" is the time from the first call's start until those "
               "arrived (or the first call's end, if later), less the same steady state and "
               "Dynamo's first call.",

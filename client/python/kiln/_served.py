@@ -28,22 +28,27 @@ class _Compiled:
         self._num_outputs = lowered.num_outputs
         self._mutations = lowered.mutations
         self._position = {arg: k for k, arg in enumerate(self._tensor_args)}
-        # The primals (by position) that autograd may keep for the
-        # backward, of those the graph writes: all of them unless the
-        # artifact's backward graph says which it saves (ATen's own
-        # autograd, as the eager backend's, keeps what each op saves: batch
-        # norm's backward the running statistics).
+        self._kept = self._kept_by(artifact)
+
+    def _kept_by(self, artifact):
+        """The primals (by position) that autograd may keep for the
+        backward, of those the graph writes: all of them unless the
+        artifact's backward graph says which it saves (ATen's own autograd,
+        as the eager backend's, keeps what each op saves: batch norm's
+        backward the running statistics)."""
         written = {self._position[arg] for arg, _ in self._mutations}
-        self._kept = written
-        if artifact is not None and artifact.HasField("autograd"):
-            saved = set(artifact.autograd.saved)
-            self._kept = {k for k in written
-                          if artifact.autograd.forward.inputs[k].value.name in saved}
+        if artifact is None or not artifact.HasField("autograd"):
+            return written
+        saved = set(artifact.autograd.saved)
+        return {k for k in written if artifact.autograd.forward.inputs[k].value.name in saved}
 
     def __call__(self, *args):
         if self.upgrade is not None and self.upgrade.done():
             self.upgrade, upgrade = None, self.upgrade
             self.fn = upgrade.function(self.fn)
+            # Its partition may save other inputs than the quick artifact's
+            # (which the earlier forwards saved copies of already).
+            self._kept = self._kept_by(self.fn.artifact)
         primals = [args[i] for i in self._tensor_args] + self._constants
         if self._mutations and self._kept and torch.is_grad_enabled():
             # The graph reads a copy of each input it writes that autograd
@@ -111,7 +116,7 @@ class _Upgrade:
                 function = ArtifactFunction(response.artifact, self._lowered.graph)
         except (KilnError, SignatureError) as e:
             backend._warn_once(("upgrade", str(e)),
-                               f"kiln: graph '{self._name}' keeps its quick kernels: {e}")
+                               f"kiln: graph '{self._name}' keeps its quick artifact: {e}")
             return quick
         function.key = backend._key(self._lowered, self._options) or response.artifact.key
         quick.superseded = True

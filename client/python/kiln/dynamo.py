@@ -90,13 +90,14 @@ class KilnBackend:
     heuristics stand and no compile waits for timing.
 
     `tiered` (default: on for graphs on a GPU, off on the CPU) makes a compile
-    two: on a miss kilnd answers first with kernels compiled at its quick
-    level (NVRTC's --Ofast-compile=mid, g++ -O1), which are slower, while it
-    compiles the optimized ones; the first call after those arrive runs
-    them, and so does every call after it (`stats["upgrades"]`;
-    wait_for_upgrades() waits for them). kilnd caches only the optimized
-    artifact, so a warm start gets it at once. Off with `cuda_graphs` and
-    `autotune`, whose calls want the final kernels from the start.
+    two: on a miss kilnd answers at once with its quick artifact, the graph
+    run op by op through ATen (its forward and backward graphs, in
+    training), unfused and so slower, while it compiles the optimized
+    kernels; the first call after those arrive runs them, and so does every
+    call after it (`stats["upgrades"]`; wait_for_upgrades() waits for them).
+    kilnd caches only the optimized artifact, so a warm start gets it at
+    once. Off with `cuda_graphs` and `autotune`, whose calls want the final
+    kernels from the start.
 
     Counters (`stats`): graphs, hits, compiles, quick (of the compiles,
     those answered at the quick level first), upgrades (quick artifacts
@@ -513,8 +514,8 @@ def compile_times(repr="str"):  # noqa: A002 (the name torch._dynamo.utils uses)
         server = ", ".join(f"{phase} {sec:.4f}" for phase, sec in r["server"])
         tier = ""
         if r.get("quick"):
-            tier = (f"  (quick kernels; optimized after {r['optimized']:.4f})"
-                    if "optimized" in r else "  (quick kernels)")
+            tier = (f"  (quick artifact; optimized after {r['optimized']:.4f})"
+                    if "optimized" in r else "  (quick artifact)")
         lines.append(f"{r['graph']}  " + "  ".join(f"{r[p]:.4f}" for p in phases)
                      + f"  {server}{tier}")
     return "\n".join(lines)
