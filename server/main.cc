@@ -295,7 +295,7 @@ absl::Status Serve() {
     // As many as compile at once (CompileSlots).
     std::thread([cuda, helpers = backend_options.compile_jobs, tuner = backend_options.tuner] {
       if (tuner != nullptr) tuner->Warm().IgnoreError();
-      // (A tiered compile's quick artifact compiles no kernels on CUDA,
+      // (A tiered compile's quick artifact compiles no kernels,
       // server/backend.cc, so the quick level's helpers are not warmed.)
       codegen::WarmCudaCompiles(cuda, helpers);
     }).detach();

@@ -120,9 +120,9 @@ struct CudaOptions {
 
 // NVRTC's --Ofast-compile level of a tiered compile's quick artifact
 // (compiler/target/target.h, ToolchainOptions::quick), where it has kernels:
-// kilnd's quick artifact for CUDA runs the graph through ATen instead, and
-// compiles quick kernels only for a graph that artifact does not take
-// (server/backend.cc).
+// kilnd's quick artifact runs the graph through ATen instead, and compiles
+// quick kernels only for a graph that artifact does not take and for
+// injected faults (server/backend.cc).
 inline constexpr char kQuickNvrtcLevel[] = "mid";
 
 // language() "cuda"; modules hold a CUBIN. NVRTC runs in helpers that stay

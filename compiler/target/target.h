@@ -38,8 +38,8 @@ struct ToolchainOptions {
   // The target's quick level (a tiered compile's first artifact): shorter
   // native compiles, slower code. cpu: g++ -O1 for -O3; cuda: NVRTC's
   // --Ofast-compile=mid unless nvrtc_fast_compile names a level (kilnd's
-  // quick artifacts for CUDA compile no kernels, server/backend.cc, except
-  // for graphs their interpreter does not take).
+  // quick artifacts compile no kernels, server/backend.cc, but for graphs
+  // whose joint graph fails there and for injected faults).
   bool quick = false;
   const std::atomic<bool>* cancel = nullptr;
 };
