@@ -38,9 +38,11 @@ struct CompileInput {
   // Set when nobody waits for the result any more: a backend stops at the
   // next point it checks (the native compiler is killed) with CANCELLED.
   const std::atomic<bool>* cancel = nullptr;
-  // Compile at the backend's quick level (a tiered compile's first
-  // artifact, CompileRequest.quick_first): shorter native compiles, slower
-  // code, no autotuning. Only for backends with has_quick_level().
+  // Build the backend's quick artifact (a tiered compile's first,
+  // CompileRequest.quick_first): for `kiln`, the graph run through ATen, or
+  // where that cannot be, kernels from shorter native compiles; slower
+  // code, no autotuning. Only for backends with has_quick_level(). The
+  // engine gives such a compile no worker slot: it must stay cheap.
   bool quick = false;
 };
 

@@ -12,10 +12,9 @@ CompileSlots::Slot::~Slot() {
 CompileSlots::CompileSlots(int workers, int queue_depth)
     : workers_(workers), queue_depth_(queue_depth) {}
 
-absl::StatusOr<CompileSlots::Slot> CompileSlots::Acquire(const std::atomic<bool>* give_up,
-                                                         bool urgent) {
+absl::StatusOr<CompileSlots::Slot> CompileSlots::Acquire(const std::atomic<bool>* give_up) {
   absl::MutexLock l(&mu_);
-  if (running_ < workers_ && (urgent ? urgent_waiting_ : waiting_) == 0) {
+  if (running_ < workers_ && waiting_ == 0) {
     ++running_;
     return Slot(this);
   }
@@ -25,10 +24,7 @@ absl::StatusOr<CompileSlots::Slot> CompileSlots::Acquire(const std::atomic<bool>
                      " waiting); retry later"));
   }
   ++waiting_;
-  if (urgent) ++urgent_waiting_;
-  auto free = [this, urgent]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-    return running_ < workers_ && (urgent || urgent_waiting_ == 0);
-  };
+  auto free = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return running_ < workers_; };
   // `give_up` changes without the lock: look at it at least every 100 ms.
   bool gave_up = false;
   while (!mu_.AwaitWithTimeout(absl::Condition(&free), absl::Milliseconds(100))) {
@@ -38,7 +34,6 @@ absl::StatusOr<CompileSlots::Slot> CompileSlots::Acquire(const std::atomic<bool>
     }
   }
   --waiting_;
-  if (urgent) --urgent_waiting_;
   if (gave_up) return Slot();
   ++running_;
   return Slot(this);

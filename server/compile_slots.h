@@ -38,10 +38,8 @@ class CompileSlots {
 
   // Waits for a free slot. RESOURCE_EXHAUSTED, naming compile_queue_depth,
   // when queue_depth compiles wait already. When `*give_up` (may be null)
-  // turns true while waiting, returns an empty Slot at once. An `urgent`
-  // compile (a tiered compile's quick artifact, which its caller waits for)
-  // takes a free slot before every other compile that waits.
-  absl::StatusOr<Slot> Acquire(const std::atomic<bool>* give_up, bool urgent = false);
+  // turns true while waiting, returns an empty Slot at once.
+  absl::StatusOr<Slot> Acquire(const std::atomic<bool>* give_up);
 
   int waiting() const;
 
@@ -52,8 +50,7 @@ class CompileSlots {
   const int queue_depth_;
   mutable absl::Mutex mu_;
   int running_ ABSL_GUARDED_BY(mu_) = 0;
-  int waiting_ ABSL_GUARDED_BY(mu_) = 0;  // urgent ones included
-  int urgent_waiting_ ABSL_GUARDED_BY(mu_) = 0;
+  int waiting_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace kiln::server

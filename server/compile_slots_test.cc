@@ -5,12 +5,9 @@
 
 #include <atomic>
 #include <optional>
-#include <string>
 #include <thread>
-#include <vector>
 
 #include "absl/strings/match.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 
 namespace kiln::server {
@@ -65,31 +62,6 @@ TEST(CompileSlotsTest, AWaitGivenUpEndsWithoutASlot) {
   give_up = true;
   waiter.join();
   EXPECT_EQ(outcome, 0);
-  EXPECT_EQ(slots.waiting(), 0);
-}
-
-// A quick artifact's compile takes the next free slot before an optimized
-// one that has waited longer; then the optimized one gets its turn.
-TEST(CompileSlotsTest, AnUrgentCompileTakesTheNextSlotFirst) {
-  CompileSlots slots(/*workers=*/1, /*queue_depth=*/4);
-  std::optional<absl::StatusOr<CompileSlots::Slot>> held(slots.Acquire(nullptr));
-  ASSERT_TRUE(held->ok());
-  absl::Mutex mu;
-  std::vector<std::string> order;
-  auto take = [&](bool urgent, const char* who) {
-    auto slot = slots.Acquire(nullptr, urgent);
-    ASSERT_TRUE(slot.ok() && slot->held());
-    absl::MutexLock l(&mu);
-    order.push_back(who);
-  };
-  std::thread ordinary(take, false, "ordinary");
-  AwaitWaiting(slots, 1);
-  std::thread urgent(take, true, "urgent");
-  AwaitWaiting(slots, 2);
-  held.reset();  // the slot is free: the urgent compile takes it
-  urgent.join();
-  ordinary.join();
-  EXPECT_EQ(order, (std::vector<std::string>{"urgent", "ordinary"}));
   EXPECT_EQ(slots.waiting(), 0);
 }
 

@@ -12,8 +12,9 @@
 //
 // Tiered compiles (CompileRequest.quick_first): on a miss, the optimized
 // compile leaves for a background thread as the flight that identical
-// requests join, and the caller's own thread compiles at the backend's quick
-// level (server/backend.h) for the reply, which is never cached.
+// requests join, and the caller's own thread builds the backend's quick
+// artifact (server/backend.h; for `kiln`, the graph for ATen) for the reply,
+// which is never cached and takes no compile worker.
 //
 // Thread-safe: every method may be called concurrently.
 #ifndef KILN_SERVER_ENGINE_H_
@@ -204,8 +205,8 @@ class Engine {
   // Single flight: the first caller of a (namespace, key, guards) runs the
   // job, the others wait for its result.
   absl::StatusOr<v1::CompileResponse> CompileMiss(Job job, Caller* caller);
-  // The job, on the leader's thread: once it holds a compile slot, the
-  // backend compiles and the artifact is published.
+  // The job, on the leader's thread: once it holds a compile slot (a quick
+  // job holds none), the backend compiles and the artifact is published.
   absl::StatusOr<v1::CompileResponse> RunJob(Job& job, Flight& flight);
   // A miss's job as the request asks (server/engine_tiers.cc). Without
   // quick_first, or when the backend has no quick level: CompileMiss.

@@ -160,6 +160,50 @@ TEST(TieredTest, ANamespaceHoldsAtMostHalfTheWorkersWithBackgroundCompiles) {
   AwaitIdle(*c);
 }
 
+// The quick artifact takes no compile worker: with the only one busy with
+// a long compile, a quick_first request is answered at once, while its own
+// optimized compile waits for the worker.
+TEST(TieredTest, TheQuickArtifactWaitsForNoCompileWorker) {
+  TempDir dir;
+  KilndProcess kilnd(dir.path(), {"--compile_workers=1"});
+  auto c = ConnectTo(kilnd);
+  absl::StatusOr<v1::CompileResponse> long_one = absl::UnknownError("not run");
+  std::chrono::steady_clock::duration long_took{};
+  std::thread busy([&] {
+    auto own = ConnectTo(kilnd);
+    const auto start = std::chrono::steady_clock::now();
+    long_one = own->Compile(Request(ChainGraph(1500, 8, 7), "kiln", false));
+    long_took = std::chrono::steady_clock::now() - start;
+  });
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::minutes(1);
+  bool started = false;
+  while (!started && std::chrono::steady_clock::now() < deadline) {
+    auto s = c->Stats();
+    started = s.ok() && s->in_flight() > 0;
+  }
+  ASSERT_TRUE(started);
+  v1::CompileRequest other = Request(ChainGraph(10, 8, 8), "kiln", true);
+  other.set_namespace_("other");
+  const auto start = std::chrono::steady_clock::now();
+  auto quick = c->Compile(other);
+  const auto quick_took = std::chrono::steady_clock::now() - start;
+  ASSERT_TRUE(quick.ok()) << quick.status();
+  EXPECT_TRUE(quick->quick());
+  EXPECT_EQ(quick->artifact().backend(), "eager");
+  busy.join();
+  ASSERT_TRUE(long_one.ok()) << long_one.status();
+  // The request began as the long compile (a second or more) did: had it
+  // waited for the worker, it would have taken nearly as long.
+  EXPECT_LT(quick_took, long_took / 2)
+      << std::chrono::duration<double>(quick_took).count() << " s against "
+      << std::chrono::duration<double>(long_took).count() << " s";
+  other.set_quick_first(false);
+  auto optimized = c->Compile(other);
+  ASSERT_TRUE(optimized.ok()) << optimized.status();
+  EXPECT_EQ(optimized->artifact().backend(), "kiln");
+  AwaitIdle(*c);
+}
+
 TEST(TieredTest, WithoutAQuickLevelOrWhileFrozenQuickFirstChangesNothing) {
   TempDir dir;
   KilndProcess kilnd(dir.path());
