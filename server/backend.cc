@@ -92,10 +92,7 @@ class KilnBackend final : public Backend {
         return absl::FailedPreconditionError("a fault is injected into the kernels");
       }
     }
-    bool training = false;
-    for (const auto& in : input.graph.inputs()) {
-      training = training || input.graph.value(in.value).meta.requires_grad;
-    }
+    const bool training = pipeline::AnyInputRequiresGrad(input.graph);
     v1::Artifact artifact = NewArtifact(input, training ? "aot_eager" : "eager");
     if (!training) {
       pipeline::RunEager(input.graph, times, &artifact);

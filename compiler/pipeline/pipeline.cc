@@ -288,6 +288,13 @@ void PhaseTimes::Add(const std::string& name, int64_t micros) {
   phases_.push_back(std::move(t));
 }
 
+bool AnyInputRequiresGrad(const ir::Graph& graph) {
+  for (const auto& in : graph.inputs()) {
+    if (graph.value(in.value).meta.requires_grad) return true;
+  }
+  return false;
+}
+
 void RunEager(const ir::Graph& graph, PhaseTimes* times, v1::Artifact* artifact) {
   *artifact->mutable_graph() = times->Time("canonicalize", [&] { return ir::Canonicalize(graph); });
   artifact->mutable_graph()->set_name(graph.name());
@@ -315,10 +322,7 @@ absl::Status RunKiln(const ir::Graph& graph, const v1::Target& wanted, const Kil
   ASSIGN_OR_RETURN(std::unique_ptr<target::Target> target, target::SelectTarget(wanted, graph));
   std::unique_ptr<codegen::CodegenBackend> backend = target->MakeCodegen(options.toolchain);
 
-  bool training = false;
-  for (const auto& in : graph.inputs()) {
-    training = training || graph.value(in.value).meta.requires_grad;
-  }
+  const bool training = AnyInputRequiresGrad(graph);
   // On CUDA, graph rewrites before lowering (in training graphs before the
   // joint graph is built, so that the backward derives from their result).
   Rewrites rewrites(graph, "", times, trace);

@@ -69,6 +69,10 @@ class PhaseTimes {
 
 using Trace = std::map<std::string, std::string>;
 
+// Whether an input of `graph` requires grad: the kiln and aot_eager
+// backends then build the joint forward/backward graph.
+bool AnyInputRequiresGrad(const ir::Graph& graph);
+
 // eager: the canonical graph into artifact->graph.
 void RunEager(const ir::Graph& graph, PhaseTimes* times, v1::Artifact* artifact);
 

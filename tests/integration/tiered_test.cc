@@ -39,6 +39,16 @@ void AwaitIdle(Client& c) {
   FAIL() << "a compile was still in flight after 3 minutes";
 }
 
+// Waits until a compile is in flight on the server; false after a minute.
+bool AwaitInFlight(Client& c) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::minutes(1);
+  while (std::chrono::steady_clock::now() < deadline) {
+    auto s = c.Stats();
+    if (s.ok() && s->in_flight() > 0) return true;
+  }
+  return false;
+}
+
 TEST(TieredTest, QuickFirstAnswersQuicklyAndCachesOnlyTheOptimizedArtifact) {
   TempDir dir;
   KilndProcess kilnd(dir.path());
@@ -138,13 +148,7 @@ TEST(TieredTest, ANamespaceHoldsAtMostHalfTheWorkersWithBackgroundCompiles) {
     auto own = ConnectTo(kilnd);
     first = own->Compile(Request(ChainGraph(1500, 8, 3), "kiln", true));
   });
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::minutes(1);
-  bool started = false;
-  while (!started && std::chrono::steady_clock::now() < deadline) {
-    auto s = c->Stats();
-    started = s.ok() && s->in_flight() > 0;
-  }
-  ASSERT_TRUE(started);
+  ASSERT_TRUE(AwaitInFlight(*c));
   auto second = c->Compile(Request(ChainGraph(10, 8, 4), "kiln", true));
   ASSERT_TRUE(second.ok()) << second.status();
   EXPECT_FALSE(second->quick());
@@ -175,13 +179,7 @@ TEST(TieredTest, TheQuickArtifactWaitsForNoCompileWorker) {
     long_one = own->Compile(Request(ChainGraph(1500, 8, 7), "kiln", false));
     long_took = std::chrono::steady_clock::now() - start;
   });
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::minutes(1);
-  bool started = false;
-  while (!started && std::chrono::steady_clock::now() < deadline) {
-    auto s = c->Stats();
-    started = s.ok() && s->in_flight() > 0;
-  }
-  ASSERT_TRUE(started);
+  ASSERT_TRUE(AwaitInFlight(*c));
   v1::CompileRequest other = Request(ChainGraph(10, 8, 8), "kiln", true);
   other.set_namespace_("other");
   const auto start = std::chrono::steady_clock::now();
