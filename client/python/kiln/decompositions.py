@@ -335,6 +335,47 @@ def _masked_scatter(x, mask, source):
     return aten.where.self(mask, aten.reshape.default(taken, shape), x)
 
 
+def _lstm_cell(input_gates, hidden_gates, cx, input_bias=None, hidden_bias=None):
+    """aten._thnn_fused_lstm_cell (what nn.LSTMCell and torch.lstm_cell run
+    on CUDA after their two matmuls) as the pointwise ops it fuses: gates
+    i, f, g and o in that order, c' = sigmoid(f) c + sigmoid(i) tanh(g),
+    h' = sigmoid(o) tanh(c'). kilnd fuses and differentiates them, where the
+    op whole ran through ATen and refused a gradient. The third result, the
+    activated gates ATen's backward reads, has its sizes; nothing in a
+    graph reads it."""
+    aten = torch.ops.aten
+    gates = aten.add.Tensor(input_gates, hidden_gates)
+    for bias in (input_bias, hidden_bias):
+        if bias is not None:
+            gates = aten.add.Tensor(gates, bias)
+    i, f, g, o = aten.split.Tensor(gates, gates.shape[1] // 4, 1)
+    i, f, g, o = aten.sigmoid.default(i), aten.sigmoid.default(f), aten.tanh.default(g), \
+        aten.sigmoid.default(o)
+    cy = aten.add.Tensor(aten.mul.Tensor(f, cx), aten.mul.Tensor(i, g))
+    hy = aten.mul.Tensor(o, aten.tanh.default(cy))
+    return hy, cy, aten.cat.default([i, f, g, o], 1)
+
+
+def _gru_cell(input_gates, hidden_gates, hx, input_bias=None, hidden_bias=None):
+    """aten._thnn_fused_gru_cell (nn.GRUCell on CUDA) likewise: gates r, z
+    and n, r and z the sigmoids of both halves' sums, n = tanh(in + r hn)
+    with each half's bias inside, h' = n + z (h - n). Its second result has
+    the sizes of ATen's saved [r, z, n, h, hn]."""
+    aten = torch.ops.aten
+    if input_bias is not None:
+        input_gates = aten.add.Tensor(input_gates, input_bias)
+    if hidden_bias is not None:
+        hidden_gates = aten.add.Tensor(hidden_gates, hidden_bias)
+    size = input_gates.shape[1] // 3
+    ir, iz, i_n = aten.split.Tensor(input_gates, size, 1)
+    hr, hz, hn = aten.split.Tensor(hidden_gates, size, 1)
+    r = aten.sigmoid.default(aten.add.Tensor(ir, hr))
+    z = aten.sigmoid.default(aten.add.Tensor(iz, hz))
+    n = aten.tanh.default(aten.add.Tensor(i_n, aten.mul.Tensor(r, hn)))
+    hy = aten.add.Tensor(n, aten.mul.Tensor(z, aten.sub.Tensor(hx, n)))
+    return hy, aten.cat.default([r, z, n, hx, hn], 1)
+
+
 # torch.export's core-ATen table is the post-autograd table plus an entry per
 # CompositeImplicitAutograd op of every namespace, whose collection costs
 # 70-150 ms per process (the first graph's warm start). Tracing below runs
@@ -383,6 +424,8 @@ def table():
         table[torch.ops.aten.cumprod.default] = _cumprod
         table[torch.ops.aten._embedding_bag.default] = _embedding_bag
         table[torch.ops.aten.masked_scatter.default] = _masked_scatter
+        table[torch.ops.aten._thnn_fused_lstm_cell.default] = _lstm_cell
+        table[torch.ops.aten._thnn_fused_gru_cell.default] = _gru_cell
         table[torch.ops.aten.elu.default] = _elu
         table[torch.ops.aten.softplus.default] = _softplus
         table[torch.ops.aten.linalg_vector_norm.default] = _vector_norm

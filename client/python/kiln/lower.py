@@ -480,18 +480,49 @@ def _functionalized(fx, fakes, fake_mode):
         return tracing.functional_graph(run, fakes)
 
 
-def _attention_choices(fakes):
+def _attention_choices(gm, fakes):
     """Where the graph's tensors are on CUDA, a context in which SDPA
     chooses between memory-efficient attention (whose results are tensors,
     and which kilnd differentiates) and the math form: the fused kernels it
     would pick for 16-bit tensors, cuDNN's and flash attention, return
     integers (the sequence lengths), which a graph cannot carry, and the
-    graph would run eagerly."""
+    graph would run eagerly. A graph whose attention has a mask (a padding
+    mask, nn.MultiheadAttention's key_padding_mask, a learned bias) takes
+    the math form alone, whose matmuls, masked softmax and gradients kilnd
+    compiles: memory-efficient attention would take the mask as its bias,
+    which kilnd does not pass."""
     if not any(isinstance(f, torch.Tensor) and f.is_cuda for f in fakes):
         return contextlib.nullcontext()
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
+    if _masked_attention(gm):
+        return sdpa_kernel([SDPBackend.MATH])
     return sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
+
+
+def _masked_attention(gm):
+    """Whether a call of scaled_dot_product_attention in `gm`, or of the
+    multi-head attention Dynamo keeps whole (nn.MultiheadAttention), has a
+    mask."""
+    def argument(node, name, position):
+        if name in node.kwargs:
+            return node.kwargs[name]
+        return node.args[position] if len(node.args) > position else None
+
+    for node in gm.graph.nodes:
+        if node.op != "call_function":
+            continue
+        if node.target in _SDPA and argument(node, "attn_mask", 3) is not None:
+            return True
+        if node.target is torch.nn.functional.multi_head_attention_forward and (
+                argument(node, "key_padding_mask", 14) is not None
+                or argument(node, "attn_mask", 16) is not None):
+            return True
+    return False
+
+
+_SDPA = (torch.nn.functional.scaled_dot_product_attention,
+         torch.ops.aten.scaled_dot_product_attention.default)
 
 
 def _complex_products_as_real(fx, fake_mode):
@@ -548,7 +579,7 @@ def _complex_products_as_real(fx, fake_mode):
 
 def _lower(gm, placeholders, fakes, fake_mode, name):
     grad = torch.is_grad_enabled()
-    with _attention_choices(fakes):
+    with _attention_choices(gm, fakes):
         fx = tracing.trace(gm, fakes, fake_mode)
     if _writes_intermediate(fx):
         fx = _functionalized(fx, fakes, fake_mode)
