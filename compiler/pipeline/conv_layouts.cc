@@ -131,10 +131,38 @@ class Rewriter {
       return absl::FailedPreconditionError(
           absl::StrCat("node '", n.name, "': _unsafe_view of a value whose layout changed"));
     }
-    ASSIGN_OR_RETURN(std::vector<ir::ValueId> outs,
-                     Add(n.target, ir::MapArguments(n.args, map_), ir::MapArguments(n.kwargs, map_),
-                         n.outputs, n.name, OutputNames(n)));
+    std::vector<ir::Argument> args = ir::MapArguments(n.args, map_);
+    std::vector<ir::Argument> kwargs = ir::MapArguments(n.kwargs, map_);
+    if (ReadsContiguousInput(n.target)) RETURN_IF_ERROR(InputContiguous(n, args, kwargs));
+    ASSIGN_OR_RETURN(
+        std::vector<ir::ValueId> outs,
+        Add(n.target, std::move(args), std::move(kwargs), n.outputs, n.name, OutputNames(n)));
     for (size_t k = 0; k < outs.size(); ++k) map_[n.outputs[k]] = outs[k];
+    return absl::OkStatus();
+  }
+
+  // ATen's CUDA kernels that refuse an input that is not contiguous: the
+  // composite op in front of them (group_norm) made it so, and in the graph
+  // as traced it was already; a channels-last one would fail as it runs.
+  static bool ReadsContiguousInput(const std::string& target) {
+    return target == "aten.native_group_norm.default";
+  }
+
+  // The input of `n` (its first operand, or the one named "input") copied
+  // contiguous where its new layout is not.
+  absl::Status InputContiguous(const ir::Node& n, std::vector<ir::Argument>& args,
+                               std::vector<ir::Argument>& kwargs) {
+    ir::ValueId* input = args.empty() ? nullptr : std::get_if<ir::ValueId>(&args[0].kind);
+    for (ir::Argument& a : kwargs) {
+      if (a.name == "input") input = std::get_if<ir::ValueId>(&a.kind);
+    }
+    if (input == nullptr || ops::IsContiguous(b_.value(*input).meta)) return absl::OkStatus();
+    ASSIGN_OR_RETURN(
+        std::vector<ir::ValueId> copy,
+        Add(kClone, {ir::Positional(*input)},
+            {ir::Argument{"memory_format", v1::CONTIGUOUS_FORMAT}}, {},
+            absl::StrCat(n.name, "_input_contiguous"), {b_.value(*input).name + "_contiguous"}));
+    *input = copy[0];
     return absl::OkStatus();
   }
 

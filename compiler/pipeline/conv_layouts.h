@@ -13,7 +13,9 @@
 // after it keep that layout (a pointwise result takes its first operand's),
 // so the next convolution's input is channels-last already; its weight,
 // which ATen would copy on every call as it does the input's, is copied by
-// a kernel of the plan too.
+// a kernel of the plan too. Group norm, whose CUDA kernel refuses an input
+// that is not contiguous (F.group_norm makes it so before the kernel),
+// reads a contiguous copy of a channels-last one.
 //
 //   conv(x, w)  ->  conv(clone(x, memory_format=channels_last),
 //                        clone(w, memory_format=channels_last))

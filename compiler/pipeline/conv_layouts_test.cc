@@ -163,5 +163,51 @@ TEST(ConvLayoutsTest, AViewThatWouldNotStayAViewLeavesTheGraph) {
   EXPECT_FALSE(ChannelsLastConvolutions(std::move(b).Build(), &out).ok());
 }
 
+// ATen's CUDA group norm refuses a channels-last input (F.group_norm makes
+// it contiguous before the kernel; a diffusion model's residual block):
+// the convolution's result reaches it through a contiguous copy, and the
+// pointwise ops after it are contiguous again.
+TEST(ConvLayoutsTest, GroupNormReadsAContiguousCopy) {
+  ir::GraphBuilder b("groupnorm");
+  const ir::ValueId x = Input(b, {2, 3, 8, 8}, "x");
+  const ir::ValueId w = Input(b, {16, 3, 3, 3}, "w");
+  const ir::ValueId gamma = Input(b, {16}, "gamma");
+  const ir::ValueId beta = Input(b, {16}, "beta");
+  const ir::ValueId c = Op(b, "aten.relu.default", {Ref(Conv(b, x, w))});
+  const absl::StatusOr<std::vector<ir::ValueId>> norm =
+      ops::Emit(b, ops::DefaultRegistry(), "aten.native_group_norm.default",
+                {Ref(c), Ref(gamma), Ref(beta), ir::Int(2), ir::Int(16), ir::Int(64), ir::Int(4),
+                 ir::Float(1e-5)},
+                {});
+  ASSERT_TRUE(norm.ok()) << norm.status();
+  b.AddOutput(Op(b, "aten.sigmoid.default", {Ref((*norm)[0])}));
+  ir::Graph out;
+  absl::StatusOr<int> n = ChannelsLastConvolutions(std::move(b).Build(), &out);
+  ASSERT_TRUE(n.ok()) << n.status();
+  EXPECT_EQ(*n, 1);
+  ASSERT_TRUE(ir::Verify(out).ok()) << ir::Verify(out);
+  int norms = 0;
+  for (const ir::Node& node : out.nodes()) {
+    if (node.target != "aten.native_group_norm.default") continue;
+    ++norms;
+    const auto* input = std::get_if<ir::ValueId>(&node.args[0].kind);
+    ASSERT_NE(input, nullptr);
+    EXPECT_TRUE(ops::IsContiguous(out.value(*input).meta));
+    const ir::Node* copy = nullptr;
+    for (const ir::Node& m : out.nodes()) {
+      if (!m.outputs.empty() && m.outputs[0] == *input) copy = &m;
+    }
+    ASSERT_NE(copy, nullptr);
+    EXPECT_EQ(copy->target, "aten.clone.default");
+    const auto* relu = std::get_if<ir::ValueId>(&copy->args[0].kind);
+    ASSERT_NE(relu, nullptr);
+    EXPECT_TRUE(ops::IsChannelsLast(out.value(*relu).meta));
+  }
+  EXPECT_EQ(norms, 1);
+  // x, w, and the group norm's input: no copy of the output, which stayed
+  // contiguous.
+  EXPECT_EQ(Count(out, "aten.clone.default"), 3);
+}
+
 }  // namespace
 }  // namespace kiln::pipeline

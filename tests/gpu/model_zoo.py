@@ -2,7 +2,9 @@
 them: a BERT encoder with a padding mask, nn.TransformerEncoderLayer and
 nn.MultiheadAttention, a ViT, a MobileNet block with squeeze-and-excitation,
 a U-Net with transposed convolutions, a T5 attention with relative position
-buckets, a mixture of experts, a 1-d conv net, and GRU and LSTM cells. Each through
+buckets, a mixture of experts, a 1-d conv net, GRU and LSTM cells, a
+ConvNeXt block, DLRM, CLIP's loss, a diffusion model's residual block, a
+sub-pixel super-resolution net, and an MLP with dropout. Each through
 torch.compile with the kiln backend against eager, in inference (eval, no
 grad) and training (outputs, and the gradients of inputs and parameters); a 16-bit case that
 differs from eager must be as close to the float32 run as eager is.
@@ -257,6 +259,119 @@ class RecurrentTagger(nn.Module):
         return F.log_softmax(self.head(torch.stack(ys, 1)), dim=-1)
 
 
+class ConvNeXtBlock(nn.Module):
+    """ConvNeXt: a 7x7 depthwise convolution, channels-last layer norm, an
+    inverted bottleneck of linears with GELU, a learned layer scale."""
+
+    def __init__(self, c=32):
+        super().__init__()
+        self.stem = nn.Conv2d(3, c, 4, stride=4)
+        self.dw = nn.Conv2d(c, c, 7, padding=3, groups=c)
+        self.norm = nn.LayerNorm(c, eps=1e-6)
+        self.up, self.down = nn.Linear(c, 4 * c), nn.Linear(4 * c, c)
+        self.gamma = nn.Parameter(torch.full((c,), 0.5))
+        self.head = nn.Linear(c, 10)
+
+    def forward(self, img):
+        x = self.stem(img)
+        y = self.norm(self.dw(x).permute(0, 2, 3, 1))
+        y = (self.gamma * self.down(F.gelu(self.up(y)))).permute(0, 3, 1, 2)
+        return self.head((x + y).mean((-2, -1)))
+
+
+class DLRM(nn.Module):
+    """Recommendation: dense features through an MLP, sparse ones through
+    embedding bags, their pairwise dot products (bmm, the upper triangle)
+    and a top MLP with a logit."""
+
+    def __init__(self, dense=8, d=16, tables=3, rows=40):
+        super().__init__()
+        self.bottom = nn.Sequential(nn.Linear(dense, 32), nn.ReLU(), nn.Linear(32, d), nn.ReLU())
+        self.bags = nn.ModuleList(nn.EmbeddingBag(rows, d, mode="sum") for _ in range(tables))
+        pairs = (tables + 1) * tables // 2
+        self.top = nn.Sequential(nn.Linear(d + pairs, 32), nn.ReLU(), nn.Linear(32, 1))
+
+    def forward(self, dense, indices, offsets):
+        x = self.bottom(dense)
+        features = torch.stack([x] + [bag(indices[k], offsets) for k, bag in
+                                      enumerate(self.bags)], 1)
+        dots = features @ features.transpose(1, 2)
+        i, j = torch.triu_indices(features.shape[1], features.shape[1], 1, device=x.device)
+        return torch.sigmoid(self.top(torch.cat([x, dots[:, i, j]], 1)))
+
+
+class CLIPLoss(nn.Module):
+    """Two towers, normalized embeddings, a learned temperature and the
+    symmetric cross-entropy of the similarity matrix."""
+
+    def __init__(self, d=24, e=16):
+        super().__init__()
+        self.image, self.text = nn.Linear(d, e), nn.Linear(d, e)
+        self.scale = nn.Parameter(torch.tensor(math.log(1 / 0.07)))
+
+    def forward(self, images, texts):
+        a = F.normalize(self.image(images), dim=-1)
+        b = F.normalize(self.text(texts), dim=-1)
+        logits = self.scale.exp() * a @ b.t()
+        labels = torch.arange(a.shape[0], device=a.device)
+        return (F.cross_entropy(logits, labels) + F.cross_entropy(logits.t(), labels)) / 2
+
+
+class DiffusionBlock(nn.Module):
+    """A diffusion U-Net's residual block: sinusoidal timestep embeddings
+    through an MLP, group norm, SiLU, the embedding added per channel."""
+
+    def __init__(self, c=16, t=32):
+        super().__init__()
+        self.t = t
+        self.time = nn.Sequential(nn.Linear(t, 4 * t), nn.SiLU(), nn.Linear(4 * t, c))
+        self.conv_in = nn.Conv2d(3, c, 3, padding=1)
+        self.norm1, self.norm2 = nn.GroupNorm(4, c), nn.GroupNorm(4, c)
+        self.conv1 = nn.Conv2d(c, c, 3, padding=1)
+        self.conv2 = nn.Conv2d(c, c, 3, padding=1)
+        self.out = nn.Conv2d(c, 3, 3, padding=1)
+
+    def forward(self, x, steps):
+        half = self.t // 2
+        freqs = torch.exp(-math.log(10000) * torch.arange(half, device=x.device) / half)
+        angles = steps[:, None].float() * freqs[None]
+        emb = self.time(torch.cat([angles.sin(), angles.cos()], -1).to(x.dtype))
+        h = self.conv_in(x)
+        y = self.conv1(F.silu(self.norm1(h))) + emb[:, :, None, None]
+        y = self.conv2(F.silu(self.norm2(y)))
+        return self.out(h + y)
+
+
+class SuperResolution(nn.Module):
+    """ESPCN-style: convolutions with tanh, sub-pixel upsampling by
+    pixel_shuffle, a bicubic skip connection."""
+
+    def __init__(self, scale=2):
+        super().__init__()
+        self.scale = scale
+        self.body = nn.Sequential(nn.Conv2d(3, 16, 5, padding=2), nn.Tanh(),
+                                  nn.Conv2d(16, 3 * scale * scale, 3, padding=1))
+
+    def forward(self, x):
+        skip = F.interpolate(x, scale_factor=self.scale, mode="bicubic", align_corners=False)
+        return F.pixel_shuffle(self.body(x), self.scale) + skip
+
+
+class DropoutMLP(nn.Module):
+    """Dropout in training (ATen's kernel, the same random stream as
+    eager's when the seed is), a padded-token loss with ignore_index."""
+
+    def __init__(self, d=32, classes=9):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(d, 64), nn.GELU(), nn.Dropout(0.1),
+                                 nn.Linear(64, classes))
+
+    def forward(self, x, target):
+        logits = self.net(x)
+        loss = F.cross_entropy(logits.flatten(0, 1).float(), target.flatten(), ignore_index=-100)
+        return loss, logits
+
+
 def cases(device, dtype):
     def rand(*shape, grad=True):
         return torch.randn(*shape, device=device, dtype=dtype, requires_grad=grad)
@@ -268,6 +383,12 @@ def cases(device, dtype):
     mask[1, 20:] = 0
     padding = torch.zeros(2, 12, device=device, dtype=torch.bool)
     padding[0, 9:] = True
+
+    def padded_target():
+        target = torch.randint(0, 9, (4, 6), device=device)
+        target[1, 3:] = -100
+        return target
+
     return {
         "bert": (BertLayer, lambda: (ids(2, 32), mask)),
         "torch_transformer": (TorchTransformer, lambda: (rand(2, 12, 64), padding)),
@@ -278,6 +399,14 @@ def cases(device, dtype):
         "moe": (MoE, lambda: (rand(2, 8, 32),)),
         "conv1d": (Conv1dNet, lambda: (rand(2, 1, 400),)),
         "recurrent": (RecurrentTagger, lambda: (ids(2, 10, high=50),)),
+        "convnext": (ConvNeXtBlock, lambda: (rand(2, 3, 32, 32),)),
+        "dlrm": (DLRM, lambda: (rand(4, 8), ids(3, 10, high=40),
+                                torch.tensor([0, 2, 5, 9], device=device))),
+        "clip_loss": (CLIPLoss, lambda: (rand(6, 24), rand(6, 24))),
+        "diffusion_block": (DiffusionBlock, lambda: (rand(2, 3, 16, 16),
+                                                     torch.tensor([3, 700], device=device))),
+        "super_resolution": (SuperResolution, lambda: (rand(2, 3, 12, 12),)),
+        "dropout_mlp": (DropoutMLP, lambda: (rand(4, 6, 32), padded_target())),
     }
 
 
@@ -341,9 +470,11 @@ def check(server, device, dtype, name, training):
     state = {k: v.clone() for k, v in model.state_dict().items()}
     backend = kiln.backend(server, on_unavailable="raise", tiered=False)
     try:
+        torch.manual_seed(2)  # dropout draws the same masks in both
         got, got_grads = step(torch.compile(model, backend=backend), inputs, training)
         got_state = {k: v.clone() for k, v in model.state_dict().items()}
         model.load_state_dict(state)  # eager starts where kiln did
+        torch.manual_seed(2)
         want, want_grads = step(model, inputs, training)
     except Exception as e:  # a refusal names the node and the op
         return False, f"ERROR {type(e).__name__}: {str(e)[:600]}"
