@@ -157,13 +157,23 @@ class Rewriter {
       if (a.name == "input") input = std::get_if<ir::ValueId>(&a.kind);
     }
     if (input == nullptr || ops::IsContiguous(b_.value(*input).meta)) return absl::OkStatus();
+    ASSIGN_OR_RETURN(*input, Copy(*input, v1::CONTIGUOUS_FORMAT, ir::kNoValue,
+                                  absl::StrCat(n.name, "_input_contiguous"),
+                                  b_.value(*input).name + "_contiguous"));
+    return absl::OkStatus();
+  }
+
+  // A copy of the new graph's `v` in `format`: node `name`, value
+  // `value_name`, with the old graph's value `like`'s metadata (but its
+  // strides) where `like` is one.
+  absl::StatusOr<ir::ValueId> Copy(ir::ValueId v, v1::MemoryFormat format, ir::ValueId like,
+                                   std::string name, std::string value_name) {
     ASSIGN_OR_RETURN(
         std::vector<ir::ValueId> copy,
-        Add(kClone, {ir::Positional(*input)},
-            {ir::Argument{"memory_format", v1::CONTIGUOUS_FORMAT}}, {},
-            absl::StrCat(n.name, "_input_contiguous"), {b_.value(*input).name + "_contiguous"}));
-    *input = copy[0];
-    return absl::OkStatus();
+        Add(kClone, {ir::Positional(v)}, {ir::Argument{"memory_format", format}},
+            like == ir::kNoValue ? std::vector<ir::ValueId>{} : std::vector<ir::ValueId>{like},
+            std::move(name), {std::move(value_name)}));
+    return copy[0];
   }
 
   // The convolution `n`, over the new graph's `args` and `kwargs`, with a
@@ -189,11 +199,9 @@ class Rewriter {
             absl::StrCat("node '", n.name, "': no ", roles[k], " operand"));
       }
       const ir::ValueId v = *operands[k];
-      ASSIGN_OR_RETURN(
-          std::vector<ir::ValueId> copy,
-          Add(kClone, {ir::Positional(v)}, {ir::Argument{"memory_format", v1::CHANNELS_LAST}}, {},
-              absl::StrCat(n.name, "_", roles[k], "_nhwc"), {b_.value(v).name + "_nhwc"}));
-      *operands[k] = copy[0];
+      ASSIGN_OR_RETURN(*operands[k], Copy(v, v1::CHANNELS_LAST, ir::kNoValue,
+                                          absl::StrCat(n.name, "_", roles[k], "_nhwc"),
+                                          b_.value(v).name + "_nhwc"));
     }
     ASSIGN_OR_RETURN(
         std::vector<ir::ValueId> outs,
@@ -216,11 +224,7 @@ class Rewriter {
       return absl::FailedPreconditionError(
           absl::StrCat("graph output '", old.name, "' would change its layout"));
     }
-    ASSIGN_OR_RETURN(
-        std::vector<ir::ValueId> copy,
-        Add(kClone, {ir::Positional(now)}, {ir::Argument{"memory_format", v1::CONTIGUOUS_FORMAT}},
-            {id}, old.name + "_contiguous", {old.name + "_contiguous"}));
-    return copy[0];
+    return Copy(now, v1::CONTIGUOUS_FORMAT, id, old.name + "_contiguous", old.name + "_contiguous");
   }
 
   const ir::Graph& g_;
