@@ -496,22 +496,32 @@ def check(server, device, dtype, name, training):
                 f"{[why[:160] for _, why in backend.unsupported]}")
 
 
+def add_selection(parser):
+    """The --dtypes and --models arguments of the zoo's scripts."""
+    parser.add_argument("--dtypes", default="float32,bfloat16")
+    parser.add_argument("--models", default="", help="comma-separated; default: all")
+
+
+def selected(args, device):
+    """(dtype, model name) of each case `args` (add_selection's) selects."""
+    for dtype in (getattr(torch, d) for d in args.dtypes.split(",")):
+        for name in cases(device, dtype):
+            if not args.models or name in args.models.split(","):
+                yield dtype, name
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cuda")
-    parser.add_argument("--dtypes", default="float32,bfloat16")
-    parser.add_argument("--models", default="")
+    add_selection(parser)
     args = parser.parse_args()
     failed = 0
-    for dtype in (getattr(torch, d) for d in args.dtypes.split(",")):
-        for name in cases(args.device, dtype):
-            if args.models and name not in args.models.split(","):
-                continue
-            for training in (False, True):
-                ok, detail = check(os.environ["KILN_SERVER"], args.device, dtype, name, training)
-                failed += not ok
-                print(f"{name} {'training' if training else 'inference'} {dtype}: "
-                      f"{'OK' if ok else 'FAILED'} {detail}", flush=True)
+    for dtype, name in selected(args, args.device):
+        for training in (False, True):
+            ok, detail = check(os.environ["KILN_SERVER"], args.device, dtype, name, training)
+            failed += not ok
+            print(f"{name} {'training' if training else 'inference'} {dtype}: "
+                  f"{'OK' if ok else 'FAILED'} {detail}", flush=True)
     print("failed:", failed)
     return 1 if failed else 0
 

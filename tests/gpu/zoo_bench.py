@@ -89,22 +89,19 @@ def row(server, dtype, name, training):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--dtypes", default="float32,bfloat16")
-    parser.add_argument("--models", default="")
+    model_zoo.add_selection(parser)
     parser.add_argument("--out", default="")
     args = parser.parse_args()
     server = os.environ["KILN_SERVER"]
+    rows_of = {}
+    for dtype, name in model_zoo.selected(args, "cuda"):
+        for training in (False, True):
+            r = row(server, dtype, name, training)
+            print(r, flush=True)
+            rows_of.setdefault(dtype, []).append(r)
     lines = []
-    for dtype_name in args.dtypes.split(","):
-        dtype = getattr(torch, dtype_name)
-        rows = []
-        for name in model_zoo.cases("cuda", dtype):
-            if args.models and name not in args.models.split(","):
-                continue
-            for training in (False, True):
-                r = row(server, dtype, name, training)
-                print(r, flush=True)
-                rows.append(r)
+    for dtype, rows in rows_of.items():
+        dtype_name = str(dtype).removeprefix("torch.")
         lines += [f"\n{dtype_name}:\n",
                   "| model | mode | eager ms | Inductor ms | kiln ms | kiln vs Inductor | "
                   "Inductor compile s | kiln compile s |",
