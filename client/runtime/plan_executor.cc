@@ -12,6 +12,7 @@
 #include <ATen/ops/empty_strided.h>
 #include <c10/core/GradMode.h>
 
+#include <exception>
 #include <string>
 #include <utility>
 #include <variant>
@@ -332,7 +333,13 @@ absl::Status PlanExecutor::Impl::RunStep(const Step& step, const std::vector<int
       }
       buffers.push_back(t.data_ptr());
     }
-    s->fn(buffers.data(), values.data());
+    // A kernel that gathers throws when an index is out of range
+    // (compiler/codegen/prelude/cpu.inc), after its loops.
+    try {
+      s->fn(buffers.data(), values.data());
+    } catch (const std::exception& e) {
+      return absl::OutOfRangeError(e.what());
+    }
     return absl::OkStatus();
   }
 

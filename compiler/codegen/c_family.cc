@@ -433,6 +433,14 @@ absl::StatusOr<KernelCheck> CheckKernel(const Kernel& k_, absl::string_view back
       case StmtKind::kAccumulate:
         want = 1;
         break;
+      case StmtKind::kGather:
+        want = s.gather_strides.size();
+        if (want == 0 || s.gather_sizes.size() != want) {
+          return StmtError(k_, j,
+                           absl::StrCat("a gather has ", s.gather_strides.size(), " strides and ",
+                                        s.gather_sizes.size(), " sizes; one of each per index"));
+        }
+        break;
       case StmtKind::kOp: {
         const loop::ScalarOpInfo* info = loop::FindScalarOp(s.op);
         if (info == nullptr) {
@@ -464,11 +472,12 @@ absl::StatusOr<KernelCheck> CheckKernel(const Kernel& k_, absl::string_view back
         }
       }
     }
-    if (s.kind == StmtKind::kLoad || s.kind == StmtKind::kStore || accumulates) {
+    const bool reads = s.kind == StmtKind::kLoad || s.kind == StmtKind::kGather;
+    if (reads || s.kind == StmtKind::kStore || accumulates) {
       if (s.buffer < 0 || s.buffer >= static_cast<int>(k_.buffers.size())) {
         return StmtError(k_, j, absl::StrCat("buffer ", s.buffer, " is out of range"));
       }
-      if (s.kind != StmtKind::kLoad && !k_.buffers[s.buffer].written) {
+      if (!reads && !k_.buffers[s.buffer].written) {
         return StmtError(k_, j,
                          absl::StrCat("stores to buf", s.buffer, ", which is not marked written"));
       }
@@ -476,6 +485,15 @@ absl::StatusOr<KernelCheck> CheckKernel(const Kernel& k_, absl::string_view back
     }
     if (s.kind == StmtKind::kReduce && !s.inner) {
       return StmtError(k_, j, "a reduction must be an inner statement");
+    }
+    if (s.kind == StmtKind::kGather) {
+      for (int a : s.args) {
+        if (a >= 0 && a < j && k_.stmts[a].dtype != v1::INT64 && k_.stmts[a].dtype != v1::INT32) {
+          return StmtError(k_, j,
+                           absl::StrCat("gathers by %", a, " of dtype ",
+                                        v1::DType_Name(k_.stmts[a].dtype), ", not an integer"));
+        }
+      }
     }
     // Where each operand is visible.
     for (int a : s.args) {

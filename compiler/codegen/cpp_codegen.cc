@@ -82,7 +82,12 @@ absl::StatusOr<std::string> KernelEmitter::Emit() {
                     "]);  // ", CommentText(buf.value), "\n");
   }
   for (const std::string& decl : ints_.hoisted()) absl::StrAppend(&out, "  ", decl, "\n");
-  absl::StrAppend(&out, body, "}\n");
+  if (gathers_) absl::StrAppend(&out, "  kiln_gather_check gather_check;\n");
+  absl::StrAppend(&out, body);
+  // An index out of range was read as 0 (never out of bounds); the error,
+  // raised after the parallel loop, names it.
+  if (gathers_) absl::StrAppend(&out, "  gather_check.raise(\"", k_.name, "\");\n");
+  absl::StrAppend(&out, "}\n");
   return out;
 }
 
@@ -117,7 +122,10 @@ absl::Status KernelEmitter::EmitBody(std::string* out) {
   const size_t n_outer = k_.outer.size();
   std::vector<bool> used(n_outer, false);
   for (const Stmt& s : k_.stmts) {
-    if (s.kind != StmtKind::kLoad && s.kind != StmtKind::kStore) continue;
+    if (s.kind != StmtKind::kLoad && s.kind != StmtKind::kStore && s.kind != StmtKind::kGather) {
+      continue;
+    }
+    gathers_ = gathers_ || s.kind == StmtKind::kGather;
     for (size_t k = 0; k < s.index.outer_strides.size(); ++k) {
       if (!IsZero(s.index.outer_strides[k])) used[k] = true;
     }
@@ -147,7 +155,9 @@ absl::Status KernelEmitter::EmitBody(std::string* out) {
   std::map<std::string, std::string> bases;
   for (int j = 0; j < n; ++j) {
     const Stmt& s = k_.stmts[j];
-    if (s.kind != StmtKind::kLoad && s.kind != StmtKind::kStore) continue;
+    if (s.kind != StmtKind::kLoad && s.kind != StmtKind::kStore && s.kind != StmtKind::kGather) {
+      continue;
+    }
     std::vector<std::string> terms;
     for (size_t k = 0; k < s.index.outer_strides.size(); ++k) {
       if (IsZero(s.index.outer_strides[k])) continue;

@@ -150,6 +150,7 @@ class KernelEmitter {
   std::vector<std::string> base_;  // per access: the row's base offset ("0", "b3")
   std::vector<Pass> passes_;
   std::set<int> reciprocal_;  // divisions inside a sweep by a row-invariant value
+  bool gathers_ = false;      // the kernel has gathers: it checks their indices
   IntExprs ints_{k_, symbols_, kCppDialect};
 };
 

@@ -78,6 +78,28 @@ absl::StatusOr<std::string> KernelEmitter::Statement(int j, SweepMode mode) {
                        LoadValue(k_.buffers[s.buffer].dtype, type_[j], addr, "C++"));
       return absl::StrCat("const ", T, " t", j, " = ", value, ";");
     }
+    case StmtKind::kGather: {
+      // g<j>_<k>: each index in range, or -1 (the load is skipped, the
+      // kernel raises the error after its loop).
+      ASSIGN_OR_RETURN(std::string addr, Access(j, mode));
+      addr.pop_back();  // "bufN[base" and the gathered terms
+      std::string line, ok;
+      for (size_t k = 0; k < s.args.size(); ++k) {
+        const std::string g = absl::StrCat("g", j, "_", k);
+        ASSIGN_OR_RETURN(std::string size, Int(s.gather_sizes[k]));
+        absl::StrAppend(&line, "const int64_t ", g, " = kiln_gather_index(static_cast<int64_t>(",
+                        Val(s.args[k]), "), ", size, ", ", s.gather_wraps ? "true" : "false",
+                        ", gather_check); ");
+        ASSIGN_OR_RETURN(std::string term, Term(g, s.gather_strides[k]));
+        absl::StrAppend(&addr, " + ", term);
+        absl::StrAppend(&ok, k == 0 ? "" : " && ", g, " >= 0");
+      }
+      absl::StrAppend(&addr, "]");
+      ASSIGN_OR_RETURN(std::string value,
+                       LoadValue(k_.buffers[s.buffer].dtype, type_[j], addr, "C++"));
+      return absl::StrCat(line, "const ", T, " t", j, " = (", ok, ") ? ", T, "(", value, ") : ", T,
+                          "(0);");
+    }
     case StmtKind::kConstant:
       return absl::StrCat("const ", T, " t", j, " = ", Literal(s.constant, type_[j], kCppDialect),
                           ";");

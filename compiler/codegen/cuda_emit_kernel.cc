@@ -140,6 +140,26 @@ absl::StatusOr<std::string> CudaKernelEmitter::Statement(int j, const std::strin
       if (!live.empty()) value = absl::StrCat("(", live, ") ? ", value, " : ", T, "(0)");
       return absl::StrCat("const ", T, " t", j, " = ", value, ";");
     }
+    case StmtKind::kGather: {
+      ASSIGN_OR_RETURN(std::string addr, Access(j));
+      addr.pop_back();  // "bufN[base" and the gathered terms
+      for (size_t k = 0; k < s.args.size(); ++k) {
+        ASSIGN_OR_RETURN(std::string size, Int(s.gather_sizes[k]));
+        std::string term =
+            absl::StrCat("kiln_gather_index(static_cast<int64_t>(", Val(s.args[k]), "), ", size,
+                         ", ", s.gather_wraps ? "true" : "false", ", \"", k_.name, "\")");
+        if (!IsOne(s.gather_strides[k])) {
+          ASSIGN_OR_RETURN(std::string stride, Int(s.gather_strides[k]));
+          term = absl::StrCat(term, " * ", stride);
+        }
+        absl::StrAppend(&addr, addr.back() == '[' ? "" : " + ", term);
+      }
+      absl::StrAppend(&addr, "]");
+      ASSIGN_OR_RETURN(std::string value,
+                       LoadValue(k_.buffers[s.buffer].dtype, type_[j], addr, "CUDA"));
+      if (!live.empty()) value = absl::StrCat("(", live, ") ? ", value, " : ", T, "(0)");
+      return absl::StrCat("const ", T, " t", j, " = ", value, ";");
+    }
     case StmtKind::kConstant:
       return absl::StrCat("const ", T, " t", j, " = ", Literal(s.constant, type_[j], kCudaDialect),
                           ";");

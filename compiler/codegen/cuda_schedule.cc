@@ -115,6 +115,11 @@ int VectorWidth(const Kernel& k, int dim, std::vector<ir::SymInt>* checks = null
   const int n_outer = static_cast<int>(k.outer.size());
   const ir::SymInt& size = dim < n_outer ? k.outer[dim] : k.inner[dim - n_outer];
   if (checks == nullptr && !size.is_constant()) return 1;
+  // A gather's lanes read where their own indices say: one at a time.
+  if (std::any_of(k.stmts.begin(), k.stmts.end(),
+                  [](const Stmt& s) { return s.kind == StmtKind::kGather; })) {
+    return 1;
+  }
   int widest = 0;
   for (const Stmt& s : k.stmts) {
     if (!MovesAlong(k, s, dim)) continue;
@@ -353,7 +358,11 @@ bool IndexesFitInt32(const Kernel& k) {
   const int64_t inner = ConstantProduct(k.inner, &constant);
   if (!constant || outer > kLimit || inner > kLimit || outer * inner > kLimit) return false;
   for (const Stmt& s : k.stmts) {
-    if (s.kind != StmtKind::kLoad && s.kind != StmtKind::kStore) continue;
+    // A gather's gathered terms are 64-bit (kiln_gather_index); the rest
+    // of its address counts here.
+    if (s.kind != StmtKind::kLoad && s.kind != StmtKind::kStore && s.kind != StmtKind::kGather) {
+      continue;
+    }
     if (!s.index.offset.is_constant()) return false;
     int64_t reach = std::abs(s.index.offset.constant());
     auto add = [&](const std::vector<ir::SymInt>& strides, const std::vector<ir::SymInt>& sizes) {

@@ -55,7 +55,7 @@ BufferUse UseOf(const Kernel& k, int b) {
   BufferUse use;
   for (const Stmt& s : k.stmts) {
     if (s.buffer != b) continue;
-    use.loads |= s.kind == StmtKind::kLoad;
+    use.loads |= s.kind == StmtKind::kLoad || s.kind == StmtKind::kGather;
     use.stores |= s.kind == StmtKind::kStore;
     use.accumulates |= s.kind == StmtKind::kAccumulate;
   }

@@ -16,6 +16,7 @@ namespace {
 using kernel_edit::Append;
 using kernel_edit::Const;
 using kernel_edit::ContiguousStrides;
+using kernel_edit::HasGather;
 using kernel_edit::MarkWritten;
 using kernel_edit::Needed;
 using kernel_edit::Product;
@@ -28,6 +29,7 @@ bool AllConstant(const std::vector<ir::SymInt>& sizes) {
 // Why `c` cannot be folded into a row kernel, or "" when it can.
 std::string ColumnIllegal(const Kernel& c) {
   if (c.passes != 1) return "more than one pass";
+  if (HasGather(c)) return "a gather";
   if (c.row_groups > 0) return "row groups of its own";
   if (c.outer.empty() || c.inner.empty()) return "no inner or no outer dimensions";
   if (!AllConstant(c.outer) || !AllConstant(c.inner)) return "symbolic or empty sizes";
@@ -81,7 +83,7 @@ std::set<std::string> Values(const Kernel& k, bool written) {
 void DropUnusedBuffers(Kernel* k) {
   std::vector<int> renumber(k->buffers.size(), -1);
   for (const Stmt& s : k->stmts) {
-    if (s.kind == StmtKind::kLoad || s.kind == StmtKind::kStore ||
+    if (s.kind == StmtKind::kLoad || s.kind == StmtKind::kGather || s.kind == StmtKind::kStore ||
         s.kind == StmtKind::kAccumulate) {
       renumber[s.buffer] = 0;
     }
@@ -94,7 +96,7 @@ void DropUnusedBuffers(Kernel* k) {
   }
   k->buffers = std::move(kept);
   for (Stmt& s : k->stmts) {
-    if (s.kind == StmtKind::kLoad || s.kind == StmtKind::kStore ||
+    if (s.kind == StmtKind::kLoad || s.kind == StmtKind::kGather || s.kind == StmtKind::kStore ||
         s.kind == StmtKind::kAccumulate) {
       s.buffer = renumber[s.buffer];
     }
@@ -409,6 +411,7 @@ class Folder {
   std::string Refuse(const Kernel& r, const Kernel& c) const {
     const int rl = LaunchOf(r.name), cl = LaunchOf(c.name);
     if (rl < 0 || cl < 0) return "not launched once each by the plan";
+    if (HasGather(r)) return "the row kernel gathers";
     int launches = 0;
     for (const v1::PlanStep& s : plan_.steps()) {
       launches +=

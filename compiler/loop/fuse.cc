@@ -263,6 +263,9 @@ absl::StatusOr<FusedGraph> Fuser::Run() {
     } else if (l.kind == NodeKind::kReduction) {
       ASSIGN_OR_RETURN(bool placed, PlaceReduction(i));
       if (placed) continue;
+    } else if (l.kind == NodeKind::kGather) {
+      ASSIGN_OR_RETURN(bool placed, PlaceGather(i));
+      if (placed) continue;
     } else {
       decisions_.push_back(
           absl::StrCat("extern: ", node.name, " (", node.target, ") runs through ATen: ", l.why));

@@ -66,7 +66,12 @@ Stmt StmtOf(const GVal& v, int pass, bool in_sweep, const std::vector<int>& oute
   s.op = v.op;
   s.constant = v.constant;
   s.buffer = v.buffer;
-  if (v.kind == StmtKind::kLoad) s.index = LoadIndex(v, outer, inner);
+  if (v.kind == StmtKind::kLoad || v.kind == StmtKind::kGather) {
+    s.index = LoadIndex(v, outer, inner);
+  }
+  s.gather_strides = v.gather_strides;
+  s.gather_sizes = v.gather_sizes;
+  s.gather_wraps = v.gather_wraps;
   return s;
 }
 

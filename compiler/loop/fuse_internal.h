@@ -42,12 +42,18 @@ struct GVal {
   std::vector<int> args;
   double constant = 0;
   v1::DType dtype = v1::FLOAT32;
-  int buffer = -1;  // kLoad
-  // kLoad: strides over the consumer's output dims (graph coordinates) and
+  int buffer = -1;  // kLoad, kGather
+  // kLoad, kGather: strides over the consumer's output dims (graph coordinates) and
   // the offset; split into outer/inner strides when the kernel is emitted,
   // since a pointwise kernel adopts a reduction's loop order when one joins.
   std::vector<SymInt> over;
   SymInt offset{int64_t{0}};
+  // kGather: `over` and `offset` address the dims not gathered; args[k]
+  // indexes a dim of gather_sizes[k] elements and gather_strides[k] stride
+  // (Stmt::gather_strides).
+  std::vector<SymInt> gather_strides;
+  std::vector<SymInt> gather_sizes;
+  bool gather_wraps = false;
   ReduceOp reduce = ReduceOp::kSum;
   Level level = Level::kFull;
   // kFull: the first pass that can compute it. Rows: the pass at whose end
@@ -117,6 +123,15 @@ class Fuser {
   void PlaceView(int node_index);
   absl::StatusOr<bool> PlacePointwise(int node_index);
   absl::StatusOr<bool> PlaceReduction(int node_index);
+  // A gather node (lower.h's GatherSpec), into the newest open kernel
+  // over its output's space that may read its operands, or into a kernel
+  // of its own; false when it cannot be built at all (it runs through ATen).
+  absl::StatusOr<bool> PlaceGather(int node_index);
+  // Whether `grp` may gather from `source` (in memory before it, not
+  // written by it) and read the index tensors; the reason when not.
+  absl::Status GatherLegal(const Group& grp, const GatherSpec& spec, const SymSizes& out) const;
+  // The gather's values in `grp`: its index operands and the gathered load.
+  absl::StatusOr<int> BuildGather(Group& grp, const GatherSpec& spec, const SymSizes& out);
   // The refusals of the kernels a node did not join, for its decision.
   static std::string NotFused(const std::vector<std::string>& refusals);
 
@@ -197,6 +212,9 @@ class Fuser {
   // compute again.
   bool WorthRecomputing(const Group& grp, ValueId v, Level level) const;
   absl::StatusOr<std::optional<int>> Recompute(Group& grp, ValueId v, Level level);
+  // Recompute for a gather's value `v` (fuse_gather.cc): its spec read
+  // over the kernel's space, which its output broadcasts to.
+  absl::StatusOr<std::optional<int>> RecomputeGather(Group& grp, ValueId v, Level level);
   void ForgetRecomputed(size_t mark);
   void MarkStored(ValueId v);
   int ProducerItem(ValueId v) const {
@@ -223,6 +241,11 @@ class Fuser {
   std::vector<std::pair<int, ValueId>> recomputed_;  // (group, value), in order
   std::vector<std::pair<int, ValueId>> stored_log_;  // MarkStored's insertions, in order
 };
+
+// Gathers (lower_gather.cc): whether `target` is one, and its lowering, a
+// GatherSpec (or `out->why`, when kiln leaves the node to ATen).
+bool IsGather(const std::string& target);
+absl::Status LowerGather(const ir::Graph& g, const ir::Node& node, NodeLowering* out);
 
 // ---------------------------------------------------------------------------
 // Pointwise lowering: a node becomes a small expression over its operands.

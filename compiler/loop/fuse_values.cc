@@ -316,7 +316,8 @@ absl::StatusOr<int> Fuser::Operand(Group& grp, ValueId v, Level level, const Sym
 
 bool Fuser::SinglePointwise(int node) const {
   return node >= 0 && g_.nodes()[node].outputs.size() == 1 &&
-         PointwiseRules().count(g_.nodes()[node].target) > 0;
+         (PointwiseRules().count(g_.nodes()[node].target) > 0 ||
+          nodes_[node].kind == NodeKind::kGather);
 }
 
 std::optional<Level> Fuser::RecomputeLevel(const Group& grp, const SymSizes& sizes,
@@ -348,11 +349,12 @@ void Fuser::BroadcastsToRows(Group& grp) const {
     if (auto m = memo.find(id); m != memo.end()) return m->second;
     const GVal& v = grp.vals[id];
     bool ok = v.level == Level::kRowKeep;
-    if (v.level == Level::kFull && v.kind == StmtKind::kLoad) {
+    if (v.level == Level::kFull && (v.kind == StmtKind::kLoad || v.kind == StmtKind::kGather)) {
       ok = true;
       for (int d : grp.reduced) {
         ok = ok && (static_cast<size_t>(d) >= v.over.size() || ops::IsConstant(v.over[d], 0));
       }
+      for (int a : v.args) ok = ok && per_row(a);
     } else if (v.level == Level::kFull && v.kind != StmtKind::kReduce) {
       ok = true;
       for (int a : v.args) ok = ok && per_row(a);
@@ -432,7 +434,18 @@ bool Fuser::RecomputeCost(const Group& grp, ValueId v, Level level, int depth,
   const RecomputeCount before = *count;
   count->counted.push_back(v);
   ++count->nodes;
-  for (ValueId u : ir::Graph::Operands(g_.nodes()[p])) {
+  // A gather reads its source from memory, where it must be before this
+  // kernel; its indices are operands as any.
+  std::vector<ValueId> operands = ir::Graph::Operands(g_.nodes()[p]);
+  if (nodes_[p].kind == NodeKind::kGather) {
+    const GatherSpec& spec = nodes_[p].gather;
+    if (*have != Level::kFull) return false;
+    ValueId root = spec.source;
+    if (auto a = alias_.find(root); a != alias_.end()) root = a->second.root;
+    if (ProducerItem(spec.source) >= grp.item || ProducerItem(root) >= grp.item) return false;
+    operands = spec.indices;
+  }
+  for (ValueId u : operands) {
     if (u != ir::kNoValue && !RecomputeCost(grp, u, *have, depth + 1, count)) {
       // A broadcast operand that cannot be computed here after all is read
       // from memory, as above.
@@ -460,6 +473,7 @@ absl::StatusOr<std::optional<int>> Fuser::Recompute(Group& grp, ValueId v, Level
   const int made = group_of_.at(v);
   const int p = g_.value(v).producer;
   const ir::Node& node = g_.nodes()[p];
+  if (nodes_[p].kind == NodeKind::kGather) return RecomputeGather(grp, v, level);
   const PointwiseRule& rule = PointwiseRules().at(node.target);
   // A pointwise node that a kernel computes was lowered with its call.
   const ops::OpCall& call = *nodes_[p].call;
@@ -507,6 +521,10 @@ std::optional<Fuser::ReshapeUndo> Fuser::ReshapeFor(Group& grp, int node_index,
                                 SameSizes(g_.value(v).meta.sizes, to));
   }
   if (!reads_view || !grp.reduced.empty() || !grp.keep_in_output.empty()) return std::nullopt;
+  // A gather's index strides are its source's, not the kernel's space's.
+  for (const GVal& v : grp.vals) {
+    if (v.kind == StmtKind::kGather) return std::nullopt;
+  }
   for (const auto& [v, level] : grp.level_of) {
     if (level != Level::kFull) return std::nullopt;
   }

@@ -180,6 +180,17 @@ std::string PrintKernel(const Kernel& kernel) {
         absl::StrAppend(&out, "%", j, " = load ", BufferName(kernel, s.buffer), "[",
                         IndexString(s.index), "]", type, where);
         break;
+      case StmtKind::kGather: {
+        std::vector<std::string> terms;
+        for (size_t k = 0; k < s.args.size(); ++k) {
+          terms.push_back(absl::StrCat("%", s.args[k], " in ", s.gather_sizes[k].ToString(),
+                                       " step ", s.gather_strides[k].ToString()));
+        }
+        absl::StrAppend(&out, "%", j, " = gather ", BufferName(kernel, s.buffer), "[",
+                        IndexString(s.index), "] by ", absl::StrJoin(terms, ", "),
+                        s.gather_wraps ? " wrapping" : "", type, where);
+        break;
+      }
       case StmtKind::kConstant:
         absl::StrAppend(&out, "%", j, " = constant ", absl::StrFormat("%.17g", s.constant), type,
                         where);

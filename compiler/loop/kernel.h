@@ -67,6 +67,15 @@ enum class StmtKind {
   // `dtype`. The index's other outer strides are 0. An inner statement; it
   // has no value.
   kAccumulate,
+  // buffer[index + sum_k args[k] * gather_strides[k]]: a load at
+  // positions that loaded values name (an embedding's rows, a gather's
+  // elements, advanced indexing). Each args[k] is an integer statement
+  // indexing a dimension of gather_sizes[k] elements; with gather_wraps, a
+  // negative one counts from the end (advanced indexing), and one out of
+  // range stops the kernel with an error naming it (the code generators
+  // check) rather than read out of bounds. `index` addresses the
+  // dimensions that are not gathered.
+  kGather,
 };
 
 // The scalar ops of kOp statements. Operands are converted to the
@@ -153,8 +162,13 @@ struct Stmt {
   ScalarOp op = ScalarOp::kCast;  // kOp only
   std::vector<int> args;          // statement indices
   double constant = 0;
-  int buffer = -1;  // kLoad / kStore: index into Kernel::buffers
+  int buffer = -1;  // kLoad / kStore / kGather: index into Kernel::buffers
   Index index;
+  // kGather only: one per args[k], the gathered dimension's stride in the
+  // buffer and its size.
+  std::vector<ir::SymInt> gather_strides;
+  std::vector<ir::SymInt> gather_sizes;
+  bool gather_wraps = false;
   ReduceOp reduce = ReduceOp::kSum;
 };
 

@@ -39,6 +39,15 @@ inline int Append(Kernel* k, Stmt s) {
   return static_cast<int>(k->stmts.size()) - 1;
 }
 
+// Whether `k` gathers (StmtKind::kGather): the passes that move a kernel's
+// accesses into another space leave such a kernel as it is.
+inline bool HasGather(const Kernel& k) {
+  for (const Stmt& s : k.stmts) {
+    if (s.kind == StmtKind::kGather) return true;
+  }
+  return false;
+}
+
 // Marks written exactly the buffers that `k`'s statements store into or
 // accumulate into.
 inline void MarkWritten(Kernel* k) {

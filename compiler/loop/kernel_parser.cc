@@ -315,6 +315,10 @@ class KernelParser {
       s.kind = StmtKind::kLoad;
       RETURN_IF_ERROR(Access(n, &t, &s));
       if (!t.empty()) return Error(n, absl::StrCat("unexpected ", Quote(t), " after the load"));
+    } else if (absl::ConsumePrefix(&t, "gather ")) {
+      s.kind = StmtKind::kGather;
+      RETURN_IF_ERROR(Access(n, &t, &s));
+      RETURN_IF_ERROR(GatherTerms(n, t, position, &s));
     } else if (absl::ConsumePrefix(&t, "constant ")) {
       s.kind = StmtKind::kConstant;
       if (t.empty() || t.find(' ') != absl::string_view::npos ||
@@ -335,8 +339,8 @@ class KernelParser {
       const absl::string_view name = t.substr(0, space);
       std::optional<ScalarOp> op = ParseScalarOp(name);
       if (!op) {
-        return Error(
-            n, absl::StrCat("expected load, constant, reduce or a scalar op, got ", Quote(name)));
+        return Error(n, absl::StrCat("expected load, gather, constant, reduce or a scalar op, got ",
+                                     Quote(name)));
       }
       s.op = *op;
       const ScalarOpInfo* info = FindScalarOp(s.op);
@@ -345,6 +349,37 @@ class KernelParser {
       RETURN_IF_ERROR(Args(n, args, position, info->arity, info->name, &s.args));
     }
     k_.stmts.push_back(std::move(s));
+    return absl::OkStatus();
+  }
+
+  // " by %3 in 100 step 64, %5 in s0 step 1": a gather's index operands,
+  // each with its dimension's size and stride.
+  absl::Status GatherTerms(int n, absl::string_view t, int position, Stmt* s) {
+    if (!absl::ConsumePrefix(&t, " by ")) {
+      return Error(n, "expected ' by %<index> in <size> step <stride>' after the gathered buffer");
+    }
+    s->gather_wraps = absl::ConsumeSuffix(&t, " wrapping");
+    for (absl::string_view term : SplitTopLevel(t)) {
+      const size_t in = term.find(" in "), step = term.find(" step ");
+      if (in == absl::string_view::npos || step == absl::string_view::npos || step < in) {
+        return Error(
+            n, absl::StrCat("expected '%<index> in <size> step <stride>', got ", Quote(term)));
+      }
+      std::vector<int> arg;
+      RETURN_IF_ERROR(Args(n, term.substr(0, in), position, 1, "gather", &arg));
+      ASSIGN_OR_RETURN(ir::SymInt size,
+                       ParseSize(n, term.substr(in + 4, step - in - 4), "gathered size"));
+      ASSIGN_OR_RETURN(ir::SymInt stride, ParseSize(n, term.substr(step + 6), "gathered stride"));
+      const v1::DType t = k_.stmts[arg[0]].dtype;
+      if (t != v1::INT64 && t != v1::INT32) {
+        return Error(n, absl::StrCat("gather index %", arg[0], " is ", ir::DTypeShortName(t),
+                                     ", not an integer"));
+      }
+      s->args.push_back(arg[0]);
+      s->gather_sizes.push_back(std::move(size));
+      s->gather_strides.push_back(std::move(stride));
+    }
+    if (s->args.empty()) return Error(n, "a gather takes at least one index operand");
     return absl::OkStatus();
   }
 

@@ -76,6 +76,15 @@ void ExpectSameKernel(const Kernel& want, const Kernel& got, const std::string& 
         EXPECT_EQ(g.index.inner_strides, w.index.inner_strides);
         EXPECT_EQ(g.index.offset, w.index.offset);
         break;
+      case StmtKind::kGather:
+        EXPECT_EQ(g.buffer, w.buffer);
+        EXPECT_EQ(g.index.outer_strides, w.index.outer_strides);
+        EXPECT_EQ(g.index.inner_strides, w.index.inner_strides);
+        EXPECT_EQ(g.index.offset, w.index.offset);
+        EXPECT_EQ(g.gather_strides, w.gather_strides);
+        EXPECT_EQ(g.gather_sizes, w.gather_sizes);
+        EXPECT_EQ(g.gather_wraps, w.gather_wraps);
+        break;
       case StmtKind::kConstant:
         // Bit for bit, NaNs and signed zeros included.
         EXPECT_EQ(std::memcmp(&g.constant, &w.constant, sizeof(double)), 0)
@@ -437,7 +446,7 @@ TEST(KernelParserTest, MalformedTextNamesTheLine) {
       {WithLine(6, "  %3 = neg %0 : f32 [pass 0, inner]"), "line 6: expected %1"},
       {WithLine(6, "  %" + huge + " = neg %0 : f32 [pass 0, inner]"), "line 6: expected %1"},
       {WithLine(6, "  %1 = frobnicate %0 : f32 [pass 0, inner]"),
-       "line 6: expected load, constant, reduce or a scalar op, got 'frobnicate'"},
+       "line 6: expected load, gather, constant, reduce or a scalar op, got 'frobnicate'"},
       {WithLine(6, "  %1 = neg %2 : f32 [pass 0, inner]"),
        "line 6: operand %2 is not a statement before %1"},
       {WithLine(6, "  %1 = neg %1 : f32 [pass 0, inner]"),

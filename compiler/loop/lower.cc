@@ -163,6 +163,10 @@ absl::StatusOr<std::vector<NodeLowering>> LowerNodes(const ir::Graph& g,
       RETURN_IF_ERROR(LowerReduction(g, node, &l));
       continue;
     }
+    if (fuse_internal::IsGather(node.target)) {
+      RETURN_IF_ERROR(fuse_internal::LowerGather(g, node, &l));
+      continue;
+    }
     l.why = "no loop lowering";
   }
   return out;
@@ -186,6 +190,10 @@ std::string PrintNodeLowerings(const ir::Graph& g, const std::vector<NodeLowerin
         absl::StrAppend(&out, "reduction of '", g.value(l.input).name, "' ",
                         ops::SizesToString(g.value(l.input).meta.sizes), " over dims [",
                         absl::StrJoin(l.dims, ", "), "]", l.keepdim ? " (kept)" : "");
+        break;
+      case NodeKind::kGather:
+        absl::StrAppend(&out, "gather from '", g.value(l.gather.source).name, "' over ",
+                        ops::SizesToString(g.value(node.outputs[0]).meta.sizes));
         break;
       case NodeKind::kExtern:
         absl::StrAppend(&out, "extern (", l.why, ")");

@@ -8,6 +8,9 @@
 //   - reduction: accumulations over named dimensions of one input, with
 //     init and combine (sum, mean, amax, amin, var, softmax, log softmax,
 //     layer norm);
+//   - gather: a load at positions that index tensors name (embedding,
+//     index_select, gather, advanced indexing): one value per point of its
+//     output, read from its source in memory;
 //   - extern: no loop lowering; it runs through ATen, with the reason.
 // The arguments of pointwise and reduction nodes are bound to their schema
 // here, so that a malformed one is refused by node name before fusion.
@@ -29,7 +32,25 @@
 
 namespace kiln::loop {
 
-enum class NodeKind { kView, kPointwise, kReduction, kExtern };
+enum class NodeKind { kView, kPointwise, kReduction, kGather, kExtern };
+
+// What a gather node reads, in its output's coordinates: out[p] =
+// source[offset + sum_d p_d * source_over[d] + sum_k wrap(index_k[p]) *
+// strides[k]], where index tensor k is read at p with the strides
+// index_over[k] over the output's dims, and indexes a dimension of
+// sizes[k] elements of the source. Strides are of the source's view, whose
+// offset is its own (meta.storage_offset).
+struct GatherSpec {
+  ir::ValueId source = ir::kNoValue;
+  std::vector<ir::SymInt> source_over;
+  std::vector<ir::ValueId> indices;
+  std::vector<std::vector<ir::SymInt>> index_over;
+  std::vector<ir::SymInt> strides;
+  std::vector<ir::SymInt> sizes;
+  // Negative indices count from the end (advanced indexing); elsewhere
+  // they are out of range, as in torch.
+  bool wraps = false;
+};
 
 struct NodeLowering {
   NodeKind kind = NodeKind::kExtern;
@@ -41,6 +62,8 @@ struct NodeLowering {
   ir::ValueId input = ir::kNoValue;
   std::vector<int> dims;
   bool keepdim = false;
+  // kGather.
+  GatherSpec gather;
 };
 
 // One NodeLowering per node of `graph`, by node index. `graph` must outlive

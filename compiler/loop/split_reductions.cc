@@ -26,6 +26,7 @@ using kernel_edit::Product;
 std::string Illegal(const Kernel& k) {
   if (k.inner.empty()) return "no inner dimensions";
   if (k.row_groups > 0) return "row groups (sums across rows)";
+  if (kernel_edit::HasGather(k)) return "a gather";
   for (const ir::SymInt& s : k.outer) {
     if (!s.is_constant()) return "symbolic sizes";
     if (s.constant() <= 0) return "an empty space";

@@ -41,7 +41,7 @@ int ReverseAfterExterns(LoweredGraph* lowered) {
       const Kernel& k = *it->second;
       std::vector<bool> loaded(k.buffers.size(), false);
       for (const Stmt& s : k.stmts) {
-        if (s.kind == StmtKind::kLoad && s.buffer >= 0 &&
+        if ((s.kind == StmtKind::kLoad || s.kind == StmtKind::kGather) && s.buffer >= 0 &&
             s.buffer < static_cast<int>(loaded.size())) {
           loaded[s.buffer] = true;
         }
@@ -95,7 +95,8 @@ int MarkStreamedLoads(LoweredGraph* lowered) {
       if (it == kernel_of.end()) continue;
       const Kernel& k = *it->second;
       for (const Stmt& s : k.stmts) {
-        if (s.kind == StmtKind::kLoad && s.buffer >= 0 && s.buffer < step.launch().buffers_size()) {
+        if ((s.kind == StmtKind::kLoad || s.kind == StmtKind::kGather) && s.buffer >= 0 &&
+            s.buffer < step.launch().buffers_size()) {
           last_read[root_of(step.launch().buffers(s.buffer))] = i;
         }
       }

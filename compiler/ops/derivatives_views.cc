@@ -358,12 +358,15 @@ void RegisterViews(Registry* r) {
       }));
   // index.Tensor: the gradient accumulated into zeros at the indices
   // (index_put with accumulate, as libtorch's index_backward). With one
-  // integer index tensor on dimension 0 that accumulation is
-  // embedding_dense_backward over self viewed as [N, rest].
+  // integer index tensor on dimension 0 of constant size N that
+  // accumulation is embedding_dense_backward over self viewed as [N, rest],
+  // at the indices with the negative ones counted from the end (as
+  // indexing counts them; embedding_dense_backward does not).
   Def(r, "aten.index.Tensor", SelfRule([](Ctx& c, ValueId g) -> Val {
         ASSIGN_OR_RETURN(const ir::TensorMeta m, MetaOf(c, "self"));
         ASSIGN_OR_RETURN(std::vector<ValueId> indices, c.call().Tensors("indices"));
         if (indices.size() != 1 || indices[0] == kNoValue || m.sizes.empty() ||
+            !m.sizes[0].is_constant() ||
             (c.meta(indices[0]).dtype != v1::INT64 && c.meta(indices[0]).dtype != v1::INT32)) {
           ASSIGN_OR_RETURN(ValueId self, c.call().Tensor("self"));
           ASSIGN_OR_RETURN(ValueId zeros, ZerosLike(c, self));
@@ -374,9 +377,14 @@ void RegisterViews(Registry* r) {
         std::vector<ir::SymInt> flat = c.meta(indices[0]).sizes;
         flat.push_back(Numel(rest));
         ASSIGN_OR_RETURN(g, Reshape(c, g, flat));
-        ASSIGN_OR_RETURN(g, c.Op("aten.embedding_dense_backward.default",
-                                 {Ref(g), Ref(indices[0]), SymIntArg(m.sizes[0]), ir::Int(-1),
-                                  ir::Bool(false)}));
+        ASSIGN_OR_RETURN(ValueId negative, c.Op("aten.lt.Scalar", {Ref(indices[0]), ir::Int(0)}));
+        ASSIGN_OR_RETURN(ValueId shifted, c.Op("aten.add.Scalar",
+                                               {Ref(indices[0]), ir::Int(m.sizes[0].constant())}));
+        ASSIGN_OR_RETURN(ValueId wrapped,
+                         c.Op("aten.where.self", {Ref(negative), Ref(shifted), Ref(indices[0])}));
+        ASSIGN_OR_RETURN(
+            g, c.Op("aten.embedding_dense_backward.default",
+                    {Ref(g), Ref(wrapped), SymIntArg(m.sizes[0]), ir::Int(-1), ir::Bool(false)}));
         return Reshape(c, g, m.sizes);
       }),
       {"indices"});

@@ -1,0 +1,131 @@
+// Gathers in generated kernels (loop::StmtKind::kGather): embedding,
+// index_select, gather and advanced indexing, fused with what computes
+// their indices and what reads their results, compiled to C++ and compared
+// with ATen; and an index out of range, refused with an error naming it.
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/arange.h>
+#include <ATen/ops/randint.h>
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "client/runtime/backend_test_util.h"
+
+namespace kiln::runtime {
+namespace {
+
+using backend_test::CheckOne;
+using backend_test::Compile;
+using backend_test::Compiled;
+using backend_test::Meta;
+using backend_test::Op;
+using backend_test::Rand;
+using backend_test::S;
+using ir::Ref;
+
+at::Tensor Ints(int64_t low, int64_t high, std::vector<int64_t> sizes) {
+  return at::randint(low, high, sizes, at::TensorOptions().dtype(at::kLong));
+}
+
+// The kernels' statements of kind kGather.
+int Gathers(const loop::LoweredGraph& l) {
+  int n = 0;
+  for (const loop::Kernel& k : l.kernels) {
+    for (const loop::Stmt& s : k.stmts) n += s.kind == loop::StmtKind::kGather;
+  }
+  return n;
+}
+
+TEST(GatherTest, EmbeddingPlusPositionsIsOneKernel) {
+  // Token embeddings plus position embeddings, then a GELU: one kernel,
+  // two gathers.
+  const std::vector<ir::TensorMeta> metas = {Meta(S({50, 16})), Meta(S({4, 7}), v1::INT64),
+                                             Meta(S({7, 16})), Meta(S({7}), v1::INT64)};
+  at::Tensor ids = Ints(0, 50, {4, 7});
+  CheckOne(
+      "embedding", metas,
+      [](ir::GraphBuilder& b, const std::vector<ir::ValueId>& in) {
+        ir::ValueId tok = Op(b, "aten.embedding.default", {Ref(in[0]), Ref(in[1])});
+        ir::ValueId pos = Op(b, "aten.embedding.default", {Ref(in[2]), Ref(in[3])});
+        b.AddOutput(
+            Op(b, "aten.gelu.default", {Ref(Op(b, "aten.add.Tensor", {Ref(tok), Ref(pos)}))}));
+      },
+      {Rand({50, 16}), ids, Rand({7, 16}), at::arange(7, at::TensorOptions().dtype(at::kLong))},
+      /*expect_kernels=*/1);
+}
+
+TEST(GatherTest, IndexSelectAndGatherFuseWithTheirIndicesAndReaders) {
+  CheckOne(
+      "index_select", {Meta(S({6, 5, 3})), Meta(S({4}), v1::INT64)},
+      [](ir::GraphBuilder& b, const std::vector<ir::ValueId>& in) {
+        ir::ValueId x = Op(b, "aten.index_select.default", {Ref(in[0]), ir::Int(1), Ref(in[1])});
+        b.AddOutput(Op(b, "aten.mul.Scalar", {Ref(x), ir::Float(2.0)}));
+      },
+      {Rand({6, 5, 3}), Ints(0, 5, {4})}, 1);
+  // gather along the last dim with an index smaller than the input, summed
+  // over its rows (a loss's picked log-probabilities).
+  CheckOne(
+      "gather", {Meta(S({8, 10})), Meta(S({8, 3}), v1::INT64)},
+      [](ir::GraphBuilder& b, const std::vector<ir::ValueId>& in) {
+        ir::ValueId g = Op(b, "aten.gather.default", {Ref(in[0]), ir::Int(1), Ref(in[1])});
+        b.AddOutput(
+            Op(b, "aten.sum.dim_IntList", {Ref(g), ir::Argument{"", std::vector<int64_t>{1}}}));
+      },
+      {Rand({8, 10}), Ints(0, 10, {8, 3})}, 1);
+}
+
+TEST(GatherTest, AdvancedIndexingWithComputedIndices) {
+  // x[:, :, clamp(ys, 0, 5), clamp(xs, 0, 6)] with ys [4, 1] and xs [9]
+  // broadcast (the shape of an upsampling's taps): the clamps, the gather
+  // and the scale in one kernel.
+  CheckOne(
+      "index", {Meta(S({2, 3, 6, 7})), Meta(S({4, 1}), v1::INT64), Meta(S({9}), v1::INT64)},
+      [](ir::GraphBuilder& b, const std::vector<ir::ValueId>& in) {
+        ir::ValueId ys = Op(b, "aten.clamp.default", {Ref(in[1]), ir::Int(0), ir::Int(5)});
+        ir::ValueId xs = Op(b, "aten.clamp.default", {Ref(in[2]), ir::Int(0), ir::Int(6)});
+        ir::ValueId g =
+            Op(b, "aten.index.Tensor",
+               {Ref(in[0]),
+                ir::Argument{"", std::vector<ir::ValueId>{ir::kNoValue, ir::kNoValue, ys, xs}}});
+        b.AddOutput(Op(b, "aten.mul.Scalar", {Ref(g), ir::Float(0.5)}));
+      },
+      {Rand({2, 3, 6, 7}), Ints(-2, 8, {4, 1}), Ints(-2, 9, {9})}, 1);
+  // Indices not adjacent (dims 0 and 2): the broadcast index dims lead;
+  // negative ones count from the end.
+  CheckOne(
+      "index_apart", {Meta(S({5, 4, 6})), Meta(S({3}), v1::INT64), Meta(S({3}), v1::INT64)},
+      [](ir::GraphBuilder& b, const std::vector<ir::ValueId>& in) {
+        b.AddOutput(Op(
+            b, "aten.index.Tensor",
+            {Ref(in[0]), ir::Argument{"", std::vector<ir::ValueId>{in[1], ir::kNoValue, in[2]}}}));
+      },
+      {Rand({5, 4, 6}), Ints(-5, 5, {3}), Ints(0, 6, {3})}, 1);
+}
+
+TEST(GatherTest, AnIndexOutOfRangeIsAnErrorNamingIt) {
+  ir::GraphBuilder b("oob");
+  ir::ValueId w = b.AddInput(Meta(S({10, 4})), v1::Placeholder::USER_INPUT, "w");
+  ir::ValueId i = b.AddInput(Meta(S({3}), v1::INT64), v1::Placeholder::USER_INPUT, "i");
+  b.AddOutput(Op(b, "aten.embedding.default", {Ref(w), Ref(i)}));
+  ir::Graph g = std::move(b).Build();
+  Compiled c = Compile(g);
+  ASSERT_EQ(Gathers(c.lowered), 1) << loop::PrintLowered(c.lowered);
+  ASSERT_NE(c.exec, nullptr);
+  at::Tensor ids = at::arange(3, at::TensorOptions().dtype(at::kLong));
+  ids[1] = 10;
+  auto got = c.exec->Run({Rand({10, 4}), ids});
+  ASSERT_FALSE(got.ok());
+  EXPECT_TRUE(absl::StrContains(got.status().message(),
+                                "index 10 is out of bounds for a dimension with size 10"))
+      << got.status();
+  // An embedding's ids do not count from the end (advanced indexing's do).
+  ids[1] = -1;
+  EXPECT_FALSE(c.exec->Run({Rand({10, 4}), ids}).ok());
+  ids[1] = 9;
+  EXPECT_TRUE(c.exec->Run({Rand({10, 4}), ids}).ok());
+}
+
+}  // namespace
+}  // namespace kiln::runtime
