@@ -1,12 +1,15 @@
 // Gathers in generated kernels (loop::StmtKind::kGather): embedding,
 // index_select, gather and advanced indexing, fused with what computes
 // their indices and what reads their results, compiled to C++ and compared
-// with ATen; and an index out of range, refused with an error naming it.
+// with ATen; an index out of range, refused with an error naming it; and
+// the creation ops computed where they are read (arange as index values,
+// full and zeros as constants).
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/arange.h>
 #include <ATen/ops/randint.h>
 #include <gtest/gtest.h>
 
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -27,6 +30,12 @@ using ir::Ref;
 
 at::Tensor Ints(int64_t low, int64_t high, std::vector<int64_t> sizes) {
   return at::randint(low, high, sizes, at::TensorOptions().dtype(at::kLong));
+}
+
+int Count(const v1::ExecutionPlan& plan, v1::PlanStep::KindCase kind) {
+  int n = 0;
+  for (const auto& s : plan.steps()) n += s.kind_case() == kind;
+  return n;
 }
 
 // The kernels' statements of kind kGather.
@@ -102,6 +111,34 @@ TEST(GatherTest, AdvancedIndexingWithComputedIndices) {
             {Ref(in[0]), ir::Argument{"", std::vector<ir::ValueId>{in[1], ir::kNoValue, in[2]}}}));
       },
       {Rand({5, 4, 6}), Ints(-5, 5, {3}), Ints(0, 6, {3})}, 1);
+}
+
+TEST(GatherTest, CreationOpsAreComputedWhereTheyAreRead) {
+  // A causal mask from two aranges, filled with a full's -inf where it is
+  // masked, added to the scores and summed by rows: one kernel, no extern
+  // (nothing is created in memory).
+  const int64_t n = 6;
+  ir::GraphBuilder b("causal");
+  ir::ValueId x = b.AddInput(Meta(S({3, n, n})), v1::Placeholder::USER_INPUT, "x");
+  ir::ValueId rows =
+      Op(b, "aten.arange.default", {ir::Int(n)}, {ir::Kwarg("dtype", ir::Argument{"", v1::INT32})});
+  ir::ValueId cols = Op(b, "aten.arange.start_step", {ir::Int(1), ir::Int(n + 1), ir::Int(1)});
+  ir::ValueId col = Op(b, "aten.unsqueeze.default", {Ref(cols), ir::Int(0)});
+  ir::ValueId row = Op(b, "aten.unsqueeze.default", {Ref(rows), ir::Int(1)});
+  ir::ValueId masked =
+      Op(b, "aten.gt.Tensor", {Ref(col), Ref(Op(b, "aten.add.Scalar", {Ref(row), ir::Int(1)}))});
+  ir::ValueId inf = Op(b, "aten.full.default",
+                       {ir::Ints({n, n}), ir::Float(-std::numeric_limits<double>::infinity())});
+  ir::ValueId zeros = Op(b, "aten.zeros.default", {ir::Ints({n, n})});
+  ir::ValueId bias = Op(b, "aten.where.self", {Ref(masked), Ref(inf), Ref(zeros)});
+  ir::ValueId scores = Op(b, "aten.add.Tensor", {Ref(x), Ref(bias)});
+  b.AddOutput(Op(b, "aten.amax.default", {Ref(scores), ir::Ints({-1})}));
+  b.AddOutput(
+      Op(b, "aten.mul.Tensor", {Ref(scores), Ref(Op(b, "aten.arange.default", {ir::Int(n)}))}));
+  ir::Graph g = std::move(b).Build();
+  Compiled c = Compile(g);
+  EXPECT_EQ(Count(c.lowered.plan, v1::PlanStep::kExternCall), 0) << loop::PrintLowered(c.lowered);
+  backend_test::ExpectSame(c, g, {Rand({3, n, n})}, "causal");
 }
 
 TEST(GatherTest, AnIndexOutOfRangeIsAnErrorNamingIt) {

@@ -428,6 +428,13 @@ absl::StatusOr<KernelCheck> CheckKernel(const Kernel& k_, absl::string_view back
       case StmtKind::kConstant:
         want = 0;
         break;
+      case StmtKind::kIndex:
+        want = 0;
+        if (s.dtype != v1::INT64 && s.dtype != v1::INT32) {
+          return StmtError(k_, j, "an index value must be of an integer dtype");
+        }
+        RETURN_IF_ERROR(ValidateIndex(k_, j, s.index));
+        break;
       case StmtKind::kReduce:
       case StmtKind::kStore:
       case StmtKind::kAccumulate:

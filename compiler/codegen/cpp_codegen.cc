@@ -122,7 +122,8 @@ absl::Status KernelEmitter::EmitBody(std::string* out) {
   const size_t n_outer = k_.outer.size();
   std::vector<bool> used(n_outer, false);
   for (const Stmt& s : k_.stmts) {
-    if (s.kind != StmtKind::kLoad && s.kind != StmtKind::kStore && s.kind != StmtKind::kGather) {
+    if (s.kind != StmtKind::kLoad && s.kind != StmtKind::kStore && s.kind != StmtKind::kGather &&
+        s.kind != StmtKind::kIndex) {
       continue;
     }
     gathers_ = gathers_ || s.kind == StmtKind::kGather;
@@ -155,7 +156,8 @@ absl::Status KernelEmitter::EmitBody(std::string* out) {
   std::map<std::string, std::string> bases;
   for (int j = 0; j < n; ++j) {
     const Stmt& s = k_.stmts[j];
-    if (s.kind != StmtKind::kLoad && s.kind != StmtKind::kStore && s.kind != StmtKind::kGather) {
+    if (s.kind != StmtKind::kLoad && s.kind != StmtKind::kStore && s.kind != StmtKind::kGather &&
+        s.kind != StmtKind::kIndex) {
       continue;
     }
     std::vector<std::string> terms;

@@ -100,6 +100,18 @@ absl::StatusOr<std::string> KernelEmitter::Statement(int j, SweepMode mode) {
       return absl::StrCat(line, "const ", T, " t", j, " = (", ok, ") ? ", T, "(", value, ") : ", T,
                           "(0);");
     }
+    case StmtKind::kIndex: {
+      std::string offset;
+      if (s.inner) {
+        ASSIGN_OR_RETURN(offset, InnerOffset(s.index));
+      }
+      const std::string& base = base_[j];
+      std::string value = base == "0"      ? offset
+                          : offset.empty() ? base
+                                           : absl::StrCat(base, " + ", offset);
+      if (value.empty()) value = "0";
+      return absl::StrCat("const ", T, " t", j, " = static_cast<", T, ">(", value, ");");
+    }
     case StmtKind::kConstant:
       return absl::StrCat("const ", T, " t", j, " = ", Literal(s.constant, type_[j], kCppDialect),
                           ";");

@@ -24,7 +24,8 @@ bool KernelEmitter::Contiguous(const Pass& pass) const {
   if (k_.inner.size() != 1) return false;
   for (int j : pass.inner) {
     const Stmt& s = k_.stmts[j];
-    if (s.kind == StmtKind::kGather) return false;  // addressed in full, in plain loops
+    // Gathers and index values take the plain loops' full addresses.
+    if (s.kind == StmtKind::kGather || s.kind == StmtKind::kIndex) return false;
     if (s.kind != StmtKind::kLoad && s.kind != StmtKind::kStore) continue;
     const ir::SymInt& st = Stride(s.index.inner_strides, 0);
     if (IsOne(st)) continue;
@@ -42,7 +43,7 @@ bool KernelEmitter::InnermostContiguous(const Pass& pass) const {
   const size_t last = k_.inner.size() - 1;
   for (int j : pass.inner) {
     const Stmt& s = k_.stmts[j];
-    if (s.kind == StmtKind::kGather) return false;
+    if (s.kind == StmtKind::kGather || s.kind == StmtKind::kIndex) return false;
     if (s.kind != StmtKind::kLoad && s.kind != StmtKind::kStore) continue;
     const ir::SymInt& st = Stride(s.index.inner_strides, last);
     if (IsOne(st)) continue;

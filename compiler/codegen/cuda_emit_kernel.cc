@@ -160,6 +160,12 @@ absl::StatusOr<std::string> CudaKernelEmitter::Statement(int j, const std::strin
       if (!live.empty()) value = absl::StrCat("(", live, ") ? ", value, " : ", T, "(0)");
       return absl::StrCat("const ", T, " t", j, " = ", value, ";");
     }
+    case StmtKind::kIndex: {
+      // Access's address without its buffer: "buf-1[" ... "]".
+      ASSIGN_OR_RETURN(std::string addr, Access(j));
+      const std::string value = addr.substr(addr.find('[') + 1, addr.size() - addr.find('[') - 2);
+      return absl::StrCat("const ", T, " t", j, " = static_cast<", T, ">(", value, ");");
+    }
     case StmtKind::kConstant:
       return absl::StrCat("const ", T, " t", j, " = ", Literal(s.constant, type_[j], kCudaDialect),
                           ";");

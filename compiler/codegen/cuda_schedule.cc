@@ -115,9 +115,11 @@ int VectorWidth(const Kernel& k, int dim, std::vector<ir::SymInt>* checks = null
   const int n_outer = static_cast<int>(k.outer.size());
   const ir::SymInt& size = dim < n_outer ? k.outer[dim] : k.inner[dim - n_outer];
   if (checks == nullptr && !size.is_constant()) return 1;
-  // A gather's lanes read where their own indices say: one at a time.
-  if (std::any_of(k.stmts.begin(), k.stmts.end(),
-                  [](const Stmt& s) { return s.kind == StmtKind::kGather; })) {
+  // A gather's lanes read where their own indices say, and index values
+  // differ lane by lane: one element at a time.
+  if (std::any_of(k.stmts.begin(), k.stmts.end(), [](const Stmt& s) {
+        return s.kind == StmtKind::kGather || s.kind == StmtKind::kIndex;
+      })) {
     return 1;
   }
   int widest = 0;
@@ -360,7 +362,8 @@ bool IndexesFitInt32(const Kernel& k) {
   for (const Stmt& s : k.stmts) {
     // A gather's gathered terms are 64-bit (kiln_gather_index); the rest
     // of its address counts here.
-    if (s.kind != StmtKind::kLoad && s.kind != StmtKind::kStore && s.kind != StmtKind::kGather) {
+    if (s.kind != StmtKind::kLoad && s.kind != StmtKind::kStore && s.kind != StmtKind::kGather &&
+        s.kind != StmtKind::kIndex) {
       continue;
     }
     if (!s.index.offset.is_constant()) return false;

@@ -122,7 +122,8 @@ absl::StatusOr<bool> Fuser::PlacePointwise(int node_index) {
     }
     const Mark mark = MarkOf(grp);
     Builder b(
-        grp, *level, [&](ValueId u) { return Operand(grp, u, *level, out.sizes); }, call);
+        grp, *level, [&](ValueId u) { return Operand(grp, u, *level, out.sizes); }, call,
+        *level == Level::kFull ? out.sizes : SymSizes{});
     absl::StatusOr<int> result = rule(b, call, out.dtype);
     if (!result.ok()) {
       // Its operands are readable here, but the op's lowering refused
@@ -153,7 +154,7 @@ absl::StatusOr<bool> Fuser::PlacePointwise(int node_index) {
   Group& fresh = groups_[gi];
   Builder b(
       fresh, Level::kFull, [&](ValueId u) { return Operand(fresh, u, Level::kFull, out.sizes); },
-      call);
+      call, out.sizes);
   absl::StatusOr<int> result = rule(b, call, out.dtype);
   if (!result.ok()) {
     // Not lowerable after all (an operand dtype, a rank): run it through ATen.

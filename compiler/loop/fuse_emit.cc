@@ -66,7 +66,7 @@ Stmt StmtOf(const GVal& v, int pass, bool in_sweep, const std::vector<int>& oute
   s.op = v.op;
   s.constant = v.constant;
   s.buffer = v.buffer;
-  if (v.kind == StmtKind::kLoad || v.kind == StmtKind::kGather) {
+  if (v.kind == StmtKind::kLoad || v.kind == StmtKind::kGather || v.kind == StmtKind::kIndex) {
     s.index = LoadIndex(v, outer, inner);
   }
   s.gather_strides = v.gather_strides;

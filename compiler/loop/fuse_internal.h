@@ -252,9 +252,15 @@ absl::Status LowerGather(const ir::Graph& g, const ir::Node& node, NodeLowering*
 
 class Builder {
  public:
+  // `space`: the sizes the values are built over (a node's output, or the
+  // kernel's space it broadcasts to); empty where values are built per row.
   Builder(Group& grp, Level level, std::function<absl::StatusOr<int>(ValueId)> operand,
-          const ops::OpCall& call)
-      : grp_(grp), level_(level), operand_(std::move(operand)), call_(call) {}
+          const ops::OpCall& call, SymSizes space = {})
+      : grp_(grp),
+        level_(level),
+        operand_(std::move(operand)),
+        call_(call),
+        space_(std::move(space)) {}
 
   absl::StatusOr<int> T(const std::string& param) {
     ASSIGN_OR_RETURN(ValueId v, call_.Tensor(param));
@@ -288,6 +294,21 @@ class Builder {
     for (int& a : args) a = Cast(a, Compute(t));
     return Op(op, std::move(args), Compute(t));
   }
+  // The int64 value start + step * p_last at each point p of a node's
+  // 1-d output of `size` elements (arange), right-aligned in the space.
+  absl::StatusOr<int> Iota(const SymInt& size, int64_t start, int64_t step) {
+    if (level_ != Level::kFull || space_.empty()) {
+      return absl::FailedPreconditionError("an index value is built over a whole space only");
+    }
+    GVal v;
+    v.kind = StmtKind::kIndex;
+    v.dtype = v1::INT64;
+    v.level = level_;
+    v.over.assign(space_.size(), SymInt{int64_t{0}});
+    if (!ops::IsConstant(size, 1)) v.over.back() = SymInt{step};
+    v.offset = SymInt{start};
+    return Add(std::move(v));
+  }
   int Compare(ScalarOp op, int a, int b) {
     const v1::DType t = ops::PromoteTypes(D(a), D(b));
     return Op(op, {Cast(a, Compute(t)), Cast(b, Compute(t))}, v1::BOOL);
@@ -302,6 +323,7 @@ class Builder {
   Level level_;
   std::function<absl::StatusOr<int>(ValueId)> operand_;
   const ops::OpCall& call_;
+  SymSizes space_;
 };
 
 using PointwiseRule = std::function<absl::StatusOr<int>(Builder&, const ops::OpCall&, v1::DType)>;

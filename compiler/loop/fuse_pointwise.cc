@@ -1,6 +1,8 @@
 // The pointwise ops' lowerings: for each target, the expression over its
 // operands that a Builder adds to a kernel (arithmetic in the computation
 // type: float16 and bfloat16 are carried in float32).
+#include <algorithm>
+#include <cstdlib>
 #include <map>
 #include <string>
 #include <utility>
@@ -8,6 +10,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "compiler/loop/fuse_internal.h"
@@ -297,6 +300,64 @@ const std::map<std::string, PointwiseRule>& PointwiseRules() {
       ASSIGN_OR_RETURN(double v, c.Double("value"));
       return b.C(v, t);
     };
+    // arange with integer bounds: the index value start + step * i, cast
+    // to the output's dtype (exact below 2^24 in float32, where ATen's
+    // values are the same integers).
+    for (const char* target : {"aten.arange.default", "aten.arange.start_step"}) {
+      (*m)[target] = [](Builder& b, const ops::OpCall& c, v1::DType t) -> absl::StatusOr<int> {
+        auto integer = [&](const char* name, int64_t fallback) -> absl::StatusOr<SymInt> {
+          if (c.schema().FindParam(name) < 0 || c.IsNone(name)) return SymInt{fallback};
+          const ir::Argument* a = c.Find(name);
+          if (const auto* i = std::get_if<int64_t>(&a->kind)) return SymInt{*i};
+          if (const auto* i = std::get_if<SymInt>(&a->kind)) return *i;
+          return absl::FailedPreconditionError(absl::StrCat("its ", name, " is not an integer"));
+        };
+        ASSIGN_OR_RETURN(SymInt start, integer("start", 0));
+        ASSIGN_OR_RETURN(SymInt end, integer("end", 0));
+        ASSIGN_OR_RETURN(SymInt step, integer("step", 1));
+        if (!start.is_constant() || !step.is_constant() || step.constant() == 0) {
+          return absl::FailedPreconditionError("its start or step is symbolic");
+        }
+        const int64_t st = step.constant();
+        SymInt size = end;  // symbolic: more than one element
+        if (end.is_constant()) {
+          const int64_t span = end.constant() - start.constant();
+          size = SymInt{std::max<int64_t>(0, (span + st + (st > 0 ? -1 : 1)) / st)};
+          if (std::abs(end.constant()) > (int64_t{1} << 24) && Compute(t) == v1::FLOAT32) {
+            return absl::FailedPreconditionError("its values are not exact in float32");
+          }
+        }
+        ASSIGN_OR_RETURN(int i, b.Iota(size, start.constant(), st));
+        return b.Cast(i, Compute(t));
+      };
+    }
+    // Tensors of one value (lower.cc lowers them on the graph's device
+    // only): a constant where they are read.
+    for (const auto& [target, param] :
+         std::vector<std::pair<std::string, const char*>>{{"aten.full.default", "fill_value"},
+                                                          {"aten.full_like.default", "fill_value"},
+                                                          {"aten.scalar_tensor.default", "s"},
+                                                          {"aten.zeros.default", nullptr},
+                                                          {"aten.zeros_like.default", nullptr},
+                                                          {"aten.new_zeros.default", nullptr},
+                                                          {"aten.ones.default", nullptr},
+                                                          {"aten.ones_like.default", nullptr}}) {
+      const double one = absl::StrContains(target, "ones") ? 1.0 : 0.0;
+      (*m)[target] = [param, one](Builder& b, const ops::OpCall& c,
+                                  v1::DType t) -> absl::StatusOr<int> {
+        double v = one;
+        if (param != nullptr) {
+          ASSIGN_OR_RETURN(v, c.Double(param));
+        }
+        // Integers past 2^53 have no exact double: ATen fills them.
+        if (!(v > -9007199254740992.0 && v < 9007199254740992.0) && Compute(t) == t &&
+            t != v1::FLOAT32 && t != v1::FLOAT64) {
+          return absl::FailedPreconditionError(
+              absl::StrCat("its value ", v, " is not exact as a double"));
+        }
+        return b.C(v, t);
+      };
+    }
     return m;
   }();
   return *rules;

@@ -349,7 +349,8 @@ void Fuser::BroadcastsToRows(Group& grp) const {
     if (auto m = memo.find(id); m != memo.end()) return m->second;
     const GVal& v = grp.vals[id];
     bool ok = v.level == Level::kRowKeep;
-    if (v.level == Level::kFull && (v.kind == StmtKind::kLoad || v.kind == StmtKind::kGather)) {
+    if (v.level == Level::kFull &&
+        (v.kind == StmtKind::kLoad || v.kind == StmtKind::kGather || v.kind == StmtKind::kIndex)) {
       ok = true;
       for (int d : grp.reduced) {
         ok = ok && (static_cast<size_t>(d) >= v.over.size() || ops::IsConstant(v.over[d], 0));
@@ -486,7 +487,8 @@ absl::StatusOr<std::optional<int>> Fuser::Recompute(Group& grp, ValueId v, Level
   const SymSizes& space = have == Level::kFull ? grp.full : m.sizes;
   const Mark mark = MarkOf(grp);
   Builder b(
-      grp, have, [&](ValueId u) { return Operand(grp, u, have, space); }, call);
+      grp, have, [&](ValueId u) { return Operand(grp, u, have, space); }, call,
+      have == Level::kFull ? space : SymSizes{});
   absl::StatusOr<int> result = rule(b, call, m.dtype);
   if (!result.ok()) {
     Rollback(grp, mark);
@@ -531,7 +533,7 @@ std::optional<Fuser::ReshapeUndo> Fuser::ReshapeFor(Group& grp, int node_index,
   // Every load and every value (it may be stored) must map onto `to`.
   std::vector<std::pair<int, SymSizes>> overs;
   for (size_t i = 0; i < grp.vals.size(); ++i) {
-    if (grp.vals[i].kind != StmtKind::kLoad) continue;
+    if (grp.vals[i].kind != StmtKind::kLoad && grp.vals[i].kind != StmtKind::kIndex) continue;
     auto over = Restride(grp.full, grp.vals[i].over, to);
     if (!over) return std::nullopt;
     overs.emplace_back(static_cast<int>(i), *std::move(over));

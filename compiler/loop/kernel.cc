@@ -191,6 +191,9 @@ std::string PrintKernel(const Kernel& kernel) {
                         s.gather_wraps ? " wrapping" : "", type, where);
         break;
       }
+      case StmtKind::kIndex:
+        absl::StrAppend(&out, "%", j, " = index [", IndexString(s.index), "]", type, where);
+        break;
       case StmtKind::kConstant:
         absl::StrAppend(&out, "%", j, " = constant ", absl::StrFormat("%.17g", s.constant), type,
                         where);

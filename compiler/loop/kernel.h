@@ -76,6 +76,10 @@ enum class StmtKind {
   // check) rather than read out of bounds. `index` addresses the
   // dimensions that are not gathered.
   kGather,
+  // The integer `index` (offset + strides times the loop coordinates) as a
+  // value of `dtype` (an integer one): arange's elements, where they are
+  // read.
+  kIndex,
 };
 
 // The scalar ops of kOp statements. Operands are converted to the

@@ -39,11 +39,12 @@ inline int Append(Kernel* k, Stmt s) {
   return static_cast<int>(k->stmts.size()) - 1;
 }
 
-// Whether `k` gathers (StmtKind::kGather): the passes that move a kernel's
-// accesses into another space leave such a kernel as it is.
+// Whether `k` gathers or computes index values (StmtKind::kGather,
+// kIndex): the passes that move a kernel's accesses into another space
+// leave such a kernel as it is.
 inline bool HasGather(const Kernel& k) {
   for (const Stmt& s : k.stmts) {
-    if (s.kind == StmtKind::kGather) return true;
+    if (s.kind == StmtKind::kGather || s.kind == StmtKind::kIndex) return true;
   }
   return false;
 }

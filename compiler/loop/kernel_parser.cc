@@ -315,6 +315,13 @@ class KernelParser {
       s.kind = StmtKind::kLoad;
       RETURN_IF_ERROR(Access(n, &t, &s));
       if (!t.empty()) return Error(n, absl::StrCat("unexpected ", Quote(t), " after the load"));
+    } else if (absl::ConsumePrefix(&t, "index [")) {
+      s.kind = StmtKind::kIndex;
+      if (!absl::ConsumeSuffix(&t, "]")) return Error(n, "expected ']' after the index value");
+      RETURN_IF_ERROR(Index(n, t, &s.index));
+      if (s.dtype != v1::INT64 && s.dtype != v1::INT32) {
+        return Error(n, "an index value is an integer (i64 or i32)");
+      }
     } else if (absl::ConsumePrefix(&t, "gather ")) {
       s.kind = StmtKind::kGather;
       RETURN_IF_ERROR(Access(n, &t, &s));
@@ -339,8 +346,9 @@ class KernelParser {
       const absl::string_view name = t.substr(0, space);
       std::optional<ScalarOp> op = ParseScalarOp(name);
       if (!op) {
-        return Error(n, absl::StrCat("expected load, gather, constant, reduce or a scalar op, got ",
-                                     Quote(name)));
+        return Error(
+            n, absl::StrCat("expected load, gather, index, constant, reduce or a scalar op, got ",
+                            Quote(name)));
       }
       s.op = *op;
       const ScalarOpInfo* info = FindScalarOp(s.op);

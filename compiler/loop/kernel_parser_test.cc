@@ -76,6 +76,11 @@ void ExpectSameKernel(const Kernel& want, const Kernel& got, const std::string& 
         EXPECT_EQ(g.index.inner_strides, w.index.inner_strides);
         EXPECT_EQ(g.index.offset, w.index.offset);
         break;
+      case StmtKind::kIndex:
+        EXPECT_EQ(g.index.outer_strides, w.index.outer_strides);
+        EXPECT_EQ(g.index.inner_strides, w.index.inner_strides);
+        EXPECT_EQ(g.index.offset, w.index.offset);
+        break;
       case StmtKind::kGather:
         EXPECT_EQ(g.buffer, w.buffer);
         EXPECT_EQ(g.index.outer_strides, w.index.outer_strides);
@@ -446,7 +451,7 @@ TEST(KernelParserTest, MalformedTextNamesTheLine) {
       {WithLine(6, "  %3 = neg %0 : f32 [pass 0, inner]"), "line 6: expected %1"},
       {WithLine(6, "  %" + huge + " = neg %0 : f32 [pass 0, inner]"), "line 6: expected %1"},
       {WithLine(6, "  %1 = frobnicate %0 : f32 [pass 0, inner]"),
-       "line 6: expected load, gather, constant, reduce or a scalar op, got 'frobnicate'"},
+       "line 6: expected load, gather, index, constant, reduce or a scalar op, got 'frobnicate'"},
       {WithLine(6, "  %1 = neg %2 : f32 [pass 0, inner]"),
        "line 6: operand %2 is not a statement before %1"},
       {WithLine(6, "  %1 = neg %1 : f32 [pass 0, inner]"),

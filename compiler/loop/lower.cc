@@ -3,6 +3,7 @@
 #include "compiler/loop/lower.h"
 
 #include <algorithm>
+#include <optional>
 #include <set>
 #include <string>
 #include <utility>
@@ -139,6 +140,23 @@ absl::Status LowerReduction(const ir::Graph& g, const ir::Node& node, NodeLoweri
 absl::StatusOr<std::vector<NodeLowering>> LowerNodes(const ir::Graph& g,
                                                      const ops::Registry& registry) {
   std::vector<NodeLowering> out(g.nodes().size());
+  // The device of the graph's inputs, when they share one: a creation op
+  // elsewhere (a CPU scalar beside CUDA tensors) runs through ATen, since
+  // its tensor is not where the kernels run.
+  std::optional<ir::TensorMeta> device;
+  bool mixed = false;
+  auto same_device = [](const ir::TensorMeta& a, const ir::TensorMeta& b) {
+    auto type = [](const ir::TensorMeta& m) {
+      return m.device_type.empty() ? std::string("cpu") : m.device_type;
+    };
+    return type(a) == type(b) &&
+           (a.device_index < 0 || b.device_index < 0 || a.device_index == b.device_index);
+  };
+  for (const ir::Input& in : g.inputs()) {
+    const ir::TensorMeta& m = g.value(in.value).meta;
+    if (!device) device = m;
+    mixed = mixed || !same_device(*device, m);
+  }
   for (size_t i = 0; i < g.nodes().size(); ++i) {
     const ir::Node& node = g.nodes()[i];
     NodeLowering& l = out[i];
@@ -149,7 +167,11 @@ absl::StatusOr<std::vector<NodeLowering>> LowerNodes(const ir::Graph& g,
       continue;
     }
     if (fuse_internal::PointwiseRules().count(node.target) > 0) {
-      if (node.outputs.size() != 1) {
+      const ir::TensorMeta* first = node.outputs.empty() ? nullptr : &g.value(node.outputs[0]).meta;
+      if (def != nullptr && def->traits.creation && first != nullptr &&
+          (!device || mixed || !same_device(*device, *first))) {
+        l.why = "it creates a tensor on another device than the graph's inputs";
+      } else if (node.outputs.size() != 1) {
         l.why = "it has more than one output";
       } else if (const v1::DType t = g.value(node.outputs[0]).meta.dtype; !SupportedDType(t)) {
         l.why = absl::StrCat("its output has dtype ", v1::DType_Name(t));

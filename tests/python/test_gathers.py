@@ -22,7 +22,8 @@ from test_server import KILND, SharedKilnd  # noqa: E402
 
 DEVICE = os.environ.get("KILN_TEST_DEVICE", "cpu")
 GATHERS = {"aten.embedding.default", "aten.index.Tensor", "aten.gather.default",
-           "aten.index_select.default"}
+           "aten.index_select.default", "aten.arange.default", "aten.arange.start_step",
+           "aten.full.default", "aten.scalar_tensor.default"}
 
 
 def extern_targets(artifact_function):
@@ -48,6 +49,14 @@ class Tokens(torch.nn.Module):
 def picked_loss(logits, target):
     logp = logits.log_softmax(-1)
     return -logp.gather(-1, target.unsqueeze(-1)).squeeze(-1).mean()
+
+
+def contrastive_loss(a, b):
+    # CLIP's loss: the labels are arange(n), the targets' log-probabilities
+    # gathered from each row.
+    logits = (a @ b.T) * 10.0
+    labels = torch.arange(logits.shape[0], device=logits.device)
+    return (F.cross_entropy(logits, labels) + F.cross_entropy(logits.T, labels)) / 2
 
 
 def rows_and_columns(x, rows, cols, picked):
@@ -105,6 +114,10 @@ class GatherTest(SharedKilnd, unittest.TestCase):
     def test_picked_log_probabilities(self):
         torch.manual_seed(0)
         self.check("picked_loss", picked_loss, [torch.randn(6, 10), torch.randint(0, 10, (6,))])
+
+    def test_contrastive_loss(self):
+        torch.manual_seed(0)
+        self.check("contrastive_loss", contrastive_loss, [torch.randn(6, 8), torch.randn(6, 8)])
 
     def test_advanced_indexing_and_index_select(self):
         torch.manual_seed(0)
