@@ -347,7 +347,10 @@ const std::map<std::string, PointwiseRule>& PointwiseRules() {
                                   v1::DType t) -> absl::StatusOr<int> {
         double v = one;
         if (param != nullptr) {
-          ASSIGN_OR_RETURN(v, c.Double(param));
+          // A symbolic value (a size as a scalar) is left to ATen.
+          absl::StatusOr<double> given = c.Double(param);
+          if (!given.ok()) return absl::FailedPreconditionError(given.status().message());
+          v = *given;
         }
         // Integers past 2^53 have no exact double: ATen fills them.
         if (!(v > -9007199254740992.0 && v < 9007199254740992.0) && Compute(t) == t &&
