@@ -134,7 +134,11 @@ class CudaKernelEmitter {
   const SymbolTable& symbols_;
   std::vector<CType> type_;
   std::vector<bool> after_;
-  std::set<int> vectorized_;     // accesses read or written as chunks of the vector width
+  std::set<int> vectorized_;  // accesses read or written as chunks of the vector width
+  // The vector width and the dimension it runs along (DeclareVectors); lane
+  // `v` of a chunk is `v` elements along it from the chunk's first.
+  int vector_ = 1;
+  int vector_dim_ = -1;
   std::string idx_ = "int64_t";  // the type of indices: int32_t where IndexesFitInt32
   IntExprs ints_{k_, symbols_, kCudaDialect};
   const Dialect* dialect_ = &kCudaDialect;

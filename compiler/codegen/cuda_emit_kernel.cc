@@ -161,9 +161,20 @@ absl::StatusOr<std::string> CudaKernelEmitter::Statement(int j, const std::strin
       return absl::StrCat("const ", T, " t", j, " = ", value, ";");
     }
     case StmtKind::kIndex: {
-      // Access's address without its buffer: "buf-1[" ... "]".
+      // Access's address without its buffer: "buf-1[" ... "]", at the
+      // chunk's first element; lane v is v elements along the vector's dim.
       ASSIGN_OR_RETURN(std::string addr, Access(j));
-      const std::string value = addr.substr(addr.find('[') + 1, addr.size() - addr.find('[') - 2);
+      std::string value = addr.substr(addr.find('[') + 1, addr.size() - addr.find('[') - 2);
+      if (vector_ > 1 && s.inner) {
+        const int n_outer = static_cast<int>(k_.outer.size());
+        const std::vector<ir::SymInt>& strides =
+            vector_dim_ < n_outer ? s.index.outer_strides : s.index.inner_strides;
+        const size_t at = vector_dim_ < n_outer ? vector_dim_ : vector_dim_ - n_outer;
+        if (at < strides.size() && !IsZero(strides[at])) {
+          ASSIGN_OR_RETURN(std::string stride, Int(strides[at]));
+          value = absl::StrCat("(", value, ") + v * ", stride);
+        }
+      }
       return absl::StrCat("const ", T, " t", j, " = static_cast<", T, ">(", value, ");");
     }
     case StmtKind::kConstant:
@@ -208,6 +219,8 @@ absl::Status CudaKernelEmitter::DeclareVectors(int vector, int dim,
   for (size_t j = 0; j < k_.stmts.size(); ++j) {
     if (MovesAlong(k_, k_.stmts[j], dim)) vectorized_.insert(static_cast<int>(j));
   }
+  vector_ = vector;
+  vector_dim_ = dim;
   // The buffers' alignment is the launcher's (LaunchSize::alignment): only
   // symbolic strides and offsets are left to test.
   if (checks.empty()) {

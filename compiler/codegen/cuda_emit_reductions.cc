@@ -638,13 +638,16 @@ absl::Status CudaKernelEmitter::EmitReduction(const Schedule& sched, std::string
       // A row of symbolic length: its last inner_n % vector elements one
       // by one.
       const std::set<int> chunked = vectorized_;
+      const int width = vector_;
       vectorized_.clear();
+      vector_ = 1;
       absl::StrAppend(out, "    for (", idx_, " i = inner_n / ", vector, " * ", vector,
                       " + lane; i < inner_n; i += ", lanes, ") {\n      {\n");
       RETURN_IF_ERROR(Decompose(k_.inner, "i", "i", 4, out));
       RETURN_IF_ERROR(body(4, false));
       absl::StrAppend(out, "      }\n    }\n");
       vectorized_ = chunked;
+      vector_ = width;
     }
     // The combination and the epilogue, for each group in turn.
     std::string pad = "    ";

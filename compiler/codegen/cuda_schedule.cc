@@ -115,11 +115,11 @@ int VectorWidth(const Kernel& k, int dim, std::vector<ir::SymInt>* checks = null
   const int n_outer = static_cast<int>(k.outer.size());
   const ir::SymInt& size = dim < n_outer ? k.outer[dim] : k.inner[dim - n_outer];
   if (checks == nullptr && !size.is_constant()) return 1;
-  // A gather's lanes read where their own indices say, and index values
-  // differ lane by lane: one element at a time.
-  if (std::any_of(k.stmts.begin(), k.stmts.end(), [](const Stmt& s) {
-        return s.kind == StmtKind::kGather || s.kind == StmtKind::kIndex;
-      })) {
+  // A gather's lanes read where their own indices say: one element at a
+  // time. (Index values are computed lane by lane: CudaKernelEmitter adds
+  // the lane's offset along `dim`.)
+  if (std::any_of(k.stmts.begin(), k.stmts.end(),
+                  [](const Stmt& s) { return s.kind == StmtKind::kGather; })) {
     return 1;
   }
   int widest = 0;
@@ -200,6 +200,12 @@ int ColumnGroups(const Kernel& k) {
 // as the kernel runs).
 bool ColumnPacked(const Kernel& k, int groups) {
   if (groups <= 1 || k.outer.empty()) return false;
+  // Gathers and index values are one row at a time.
+  if (std::any_of(k.stmts.begin(), k.stmts.end(), [](const Stmt& s) {
+        return s.kind == StmtKind::kGather || s.kind == StmtKind::kIndex;
+      })) {
+    return false;
+  }
   const int dim = static_cast<int>(k.outer.size()) - 1;
   if (!k.outer.back().is_constant() || k.outer.back().constant() % groups != 0) return false;
   const int n = static_cast<int>(k.outer.size() + k.inner.size());

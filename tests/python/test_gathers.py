@@ -51,6 +51,15 @@ def picked_loss(logits, target):
     return -logp.gather(-1, target.unsqueeze(-1)).squeeze(-1).mean()
 
 
+def causal_softmax(x):
+    # A mask from two aranges over the rows of a softmax: index values in
+    # the softmax's kernel, each lane its own on a GPU.
+    t = x.shape[-1]
+    rows = torch.arange(t, device=x.device).unsqueeze(1)
+    cols = torch.arange(t, device=x.device).unsqueeze(0)
+    return torch.softmax(x.masked_fill(cols > rows, float("-inf")), -1) * 3
+
+
 def contrastive_loss(a, b):
     # CLIP's loss: the labels are arange(n), the targets' log-probabilities
     # gathered from each row.
@@ -114,6 +123,10 @@ class GatherTest(SharedKilnd, unittest.TestCase):
     def test_picked_log_probabilities(self):
         torch.manual_seed(0)
         self.check("picked_loss", picked_loss, [torch.randn(6, 10), torch.randint(0, 10, (6,))])
+
+    def test_causal_mask_from_aranges(self):
+        torch.manual_seed(0)
+        self.check("causal_softmax", causal_softmax, [torch.randn(2, 4, 64, 64)])
 
     def test_contrastive_loss(self):
         torch.manual_seed(0)
