@@ -156,6 +156,7 @@ class PlanBuilder {
       }
     }
     s.options = at::TensorOptions().dtype(*dtype).device(device);
+    s.zero = p.zero();
     ASSIGN_OR_RETURN(s.sizes, Dims(p.sizes(), where, "sizes"));
     ASSIGN_OR_RETURN(s.strides, Dims(p.strides(), where, "strides"));
     if (s.sizes.size() != s.strides.size()) {

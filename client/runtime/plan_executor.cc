@@ -311,12 +311,14 @@ absl::Status PlanExecutor::Impl::RunStep(const Step& step, const std::vector<int
         if (needed <= old.storage().nbytes()) {
           at::Tensor t = at::empty({0}, s->options);
           t.set_(old.storage(), /*storage_offset=*/0, sizes, strides);
+          if (s->zero) t.zero_();
           env[s->slot] = std::move(t);
           return absl::OkStatus();
         }
       }
     }
     env[s->slot] = at::empty_strided(sizes, strides, s->options);
+    if (s->zero) env[s->slot].zero_();
     return absl::OkStatus();
   }
 

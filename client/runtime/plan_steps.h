@@ -99,7 +99,8 @@ struct AllocStep {
   at::TensorOptions options;
   std::vector<Dim> sizes;
   std::vector<Dim> strides;
-  int reuse = -1;  // the freed slot whose storage to reuse, or -1
+  int reuse = -1;     // the freed slot whose storage to reuse, or -1
+  bool zero = false;  // filled with zeros (a scatter-add's target)
 };
 
 struct LaunchStep {

@@ -441,8 +441,9 @@ absl::StatusOr<KernelCheck> CheckKernel(const Kernel& k_, absl::string_view back
         want = 1;
         break;
       case StmtKind::kGather:
-        want = s.gather_strides.size();
-        if (want == 0 || s.gather_sizes.size() != want) {
+      case StmtKind::kScatterAdd:
+        want = s.gather_strides.size() + (s.kind == StmtKind::kScatterAdd ? 1 : 0);
+        if (s.gather_strides.empty() || s.gather_sizes.size() != s.gather_strides.size()) {
           return StmtError(k_, j,
                            absl::StrCat("a gather has ", s.gather_strides.size(), " strides and ",
                                         s.gather_sizes.size(), " sizes; one of each per index"));
@@ -480,7 +481,7 @@ absl::StatusOr<KernelCheck> CheckKernel(const Kernel& k_, absl::string_view back
       }
     }
     const bool reads = s.kind == StmtKind::kLoad || s.kind == StmtKind::kGather;
-    if (reads || s.kind == StmtKind::kStore || accumulates) {
+    if (reads || s.kind == StmtKind::kStore || s.kind == StmtKind::kScatterAdd || accumulates) {
       if (s.buffer < 0 || s.buffer >= static_cast<int>(k_.buffers.size())) {
         return StmtError(k_, j, absl::StrCat("buffer ", s.buffer, " is out of range"));
       }
@@ -493,8 +494,12 @@ absl::StatusOr<KernelCheck> CheckKernel(const Kernel& k_, absl::string_view back
     if (s.kind == StmtKind::kReduce && !s.inner) {
       return StmtError(k_, j, "a reduction must be an inner statement");
     }
-    if (s.kind == StmtKind::kGather) {
-      for (int a : s.args) {
+    if (s.kind == StmtKind::kScatterAdd && !s.inner) {
+      return StmtError(k_, j, "a scatter-add must be an inner statement");
+    }
+    if (s.kind == StmtKind::kGather || s.kind == StmtKind::kScatterAdd) {
+      for (size_t q = s.kind == StmtKind::kScatterAdd ? 1 : 0; q < s.args.size(); ++q) {
+        const int a = s.args[q];
         if (a >= 0 && a < j && k_.stmts[a].dtype != v1::INT64 && k_.stmts[a].dtype != v1::INT32) {
           return StmtError(k_, j,
                            absl::StrCat("gathers by %", a, " of dtype ",
@@ -508,7 +513,8 @@ absl::StatusOr<KernelCheck> CheckKernel(const Kernel& k_, absl::string_view back
         return StmtError(k_, j, absl::StrCat("operand %", a, " is not an earlier statement"));
       }
       const Stmt& arg = k_.stmts[a];
-      if (arg.kind == StmtKind::kStore || arg.kind == StmtKind::kAccumulate) {
+      if (arg.kind == StmtKind::kStore || arg.kind == StmtKind::kAccumulate ||
+          arg.kind == StmtKind::kScatterAdd) {
         return StmtError(k_, j,
                          absl::StrCat("operand %", a, " is a ",
                                       arg.kind == StmtKind::kStore ? "store" : "sum across rows"));

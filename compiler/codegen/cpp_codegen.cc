@@ -123,10 +123,10 @@ absl::Status KernelEmitter::EmitBody(std::string* out) {
   std::vector<bool> used(n_outer, false);
   for (const Stmt& s : k_.stmts) {
     if (s.kind != StmtKind::kLoad && s.kind != StmtKind::kStore && s.kind != StmtKind::kGather &&
-        s.kind != StmtKind::kIndex) {
+        s.kind != StmtKind::kIndex && s.kind != StmtKind::kScatterAdd) {
       continue;
     }
-    gathers_ = gathers_ || s.kind == StmtKind::kGather;
+    gathers_ = gathers_ || s.kind == StmtKind::kGather || s.kind == StmtKind::kScatterAdd;
     for (size_t k = 0; k < s.index.outer_strides.size(); ++k) {
       if (!IsZero(s.index.outer_strides[k])) used[k] = true;
     }
@@ -157,7 +157,7 @@ absl::Status KernelEmitter::EmitBody(std::string* out) {
   for (int j = 0; j < n; ++j) {
     const Stmt& s = k_.stmts[j];
     if (s.kind != StmtKind::kLoad && s.kind != StmtKind::kStore && s.kind != StmtKind::kGather &&
-        s.kind != StmtKind::kIndex) {
+        s.kind != StmtKind::kIndex && s.kind != StmtKind::kScatterAdd) {
       continue;
     }
     std::vector<std::string> terms;

@@ -100,6 +100,40 @@ absl::StatusOr<std::string> KernelEmitter::Statement(int j, SweepMode mode) {
       return absl::StrCat(line, "const ", T, " t", j, " = (", ok, ") ? ", T, "(", value, ") : ", T,
                           "(0);");
     }
+    case StmtKind::kScatterAdd: {
+      // Each position checked (kiln_gather_index); duplicates from other
+      // threads add up atomically: `omp atomic` for 32- and 64-bit
+      // elements, a compare-and-swap loop for 16-bit floats.
+      ASSIGN_OR_RETURN(std::string addr, Access(j, mode));
+      addr.pop_back();
+      std::string line = "{ ", ok;
+      for (size_t k = 1; k < s.args.size(); ++k) {
+        const std::string g = absl::StrCat("g", j, "_", k - 1);
+        ASSIGN_OR_RETURN(std::string size, Int(s.gather_sizes[k - 1]));
+        absl::StrAppend(&line, "const int64_t ", g, " = kiln_gather_index(static_cast<int64_t>(",
+                        Val(s.args[k]), "), ", size, ", ", s.gather_wraps ? "true" : "false",
+                        ", gather_check); ");
+        ASSIGN_OR_RETURN(std::string term, Term(g, s.gather_strides[k - 1]));
+        absl::StrAppend(&addr, " + ", term);
+        absl::StrAppend(&ok, k == 1 ? "" : " && ", g, " >= 0");
+      }
+      absl::StrAppend(&addr, "]");
+      const v1::DType dtype = k_.buffers[s.buffer].dtype;
+      const std::string value = Val(s.args[0]);
+      if (dtype == v1::FLOAT16 || dtype == v1::BFLOAT16) {
+        const std::string sum = ToStorage(
+            dtype, CType::kF32,
+            absl::StrCat("(", FromStorage(dtype, "o"), " + static_cast<float>(", value, "))"));
+        absl::StrAppend(&line, "if (", ok, ") { uint16_t* p = &", addr,
+                        "; uint16_t o = __atomic_load_n(p, __ATOMIC_RELAXED), n; do { n = ", sum,
+                        "; } while (!__atomic_compare_exchange_n(p, &o, n, false, "
+                        "__ATOMIC_RELAXED, __ATOMIC_RELAXED)); } }");
+        return line;
+      }
+      absl::StrAppend(&line, "if (", ok, ") {\n#pragma omp atomic\n", addr,
+                      " += ", ToStorage(dtype, type_[s.args[0]], value), ";\n} }");
+      return line;
+    }
     case StmtKind::kIndex: {
       std::string offset;
       if (s.inner) {

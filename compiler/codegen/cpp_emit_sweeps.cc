@@ -25,7 +25,10 @@ bool KernelEmitter::Contiguous(const Pass& pass) const {
   for (int j : pass.inner) {
     const Stmt& s = k_.stmts[j];
     // Gathers and index values take the plain loops' full addresses.
-    if (s.kind == StmtKind::kGather || s.kind == StmtKind::kIndex) return false;
+    if (s.kind == StmtKind::kGather || s.kind == StmtKind::kIndex ||
+        s.kind == StmtKind::kScatterAdd) {
+      return false;
+    }
     if (s.kind != StmtKind::kLoad && s.kind != StmtKind::kStore) continue;
     const ir::SymInt& st = Stride(s.index.inner_strides, 0);
     if (IsOne(st)) continue;
@@ -43,7 +46,10 @@ bool KernelEmitter::InnermostContiguous(const Pass& pass) const {
   const size_t last = k_.inner.size() - 1;
   for (int j : pass.inner) {
     const Stmt& s = k_.stmts[j];
-    if (s.kind == StmtKind::kGather || s.kind == StmtKind::kIndex) return false;
+    if (s.kind == StmtKind::kGather || s.kind == StmtKind::kIndex ||
+        s.kind == StmtKind::kScatterAdd) {
+      return false;
+    }
     if (s.kind != StmtKind::kLoad && s.kind != StmtKind::kStore) continue;
     const ir::SymInt& st = Stride(s.index.inner_strides, last);
     if (IsOne(st)) continue;

@@ -160,6 +160,43 @@ absl::StatusOr<std::string> CudaKernelEmitter::Statement(int j, const std::strin
       if (!live.empty()) value = absl::StrCat("(", live, ") ? ", value, " : ", T, "(0)");
       return absl::StrCat("const ", T, " t", j, " = ", value, ";");
     }
+    case StmtKind::kScatterAdd: {
+      ASSIGN_OR_RETURN(std::string addr, Access(j));
+      addr.pop_back();  // "bufN[base" and the gathered terms
+      for (size_t k = 1; k < s.args.size(); ++k) {
+        ASSIGN_OR_RETURN(std::string size, Int(s.gather_sizes[k - 1]));
+        std::string term =
+            absl::StrCat("kiln_gather_index(static_cast<int64_t>(", Val(s.args[k]), "), ", size,
+                         ", ", s.gather_wraps ? "true" : "false", ", \"", k_.name, "\")");
+        if (!IsOne(s.gather_strides[k - 1])) {
+          ASSIGN_OR_RETURN(std::string stride, Int(s.gather_strides[k - 1]));
+          term = absl::StrCat(term, " * ", stride);
+        }
+        absl::StrAppend(&addr, " + ", term);
+      }
+      absl::StrAppend(&addr, "]");
+      const v1::DType dtype = k_.buffers[s.buffer].dtype;
+      const std::string value = Val(s.args[0]);
+      std::string line;
+      switch (dtype) {
+        case v1::FLOAT16:
+          line = absl::StrCat("kiln_atomic_add_f16(&", addr, ", static_cast<float>(", value, "));");
+          break;
+        case v1::BFLOAT16:
+          line =
+              absl::StrCat("kiln_atomic_add_bf16(&", addr, ", static_cast<float>(", value, "));");
+          break;
+        case v1::INT64:
+          line = absl::StrCat("atomicAdd(reinterpret_cast<unsigned long long*>(&", addr,
+                              "), static_cast<unsigned long long>(", value, "));");
+          break;
+        default:
+          line = absl::StrCat("atomicAdd(&", addr, ", ", ToStorage(dtype, type_[s.args[0]], value),
+                              ");");
+      }
+      if (!live.empty()) line = absl::StrCat("if (", live, ") ", line);
+      return line;
+    }
     case StmtKind::kIndex: {
       // Access's address without its buffer: "buf-1[" ... "]", at the
       // chunk's first element; lane v is v elements along the vector's dim.

@@ -64,6 +64,11 @@ std::vector<int> CudaKernelEmitter::CacheOf() const {
       bool equal = false;
       if (s.kind == StmtKind::kLoad) {
         equal = SameLoad(q, j);
+      } else if (s.kind == StmtKind::kGather || s.kind == StmtKind::kIndex ||
+                 s.kind == StmtKind::kScatterAdd) {
+        // Not the same value unless the same statement (its buffer and
+        // positions are not compared here).
+        equal = false;
       } else if (s.kind == StmtKind::kConstant) {
         equal = t.constant == s.constant;
       } else {

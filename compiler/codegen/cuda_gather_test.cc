@@ -8,6 +8,7 @@
 #include <string>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "compiler/codegen/codegen.h"
 #include "compiler/codegen/cuda_schedule.h"
 #include "compiler/loop/kernel_parser.h"
@@ -101,6 +102,38 @@ TEST(CudaGather, IndexValuesAreEachLanesOwnInVectorizedKernels) {
   EXPECT_TRUE(absl::StrContains(*source, "static_cast<int64_t>(o1)")) << *source;
   auto module = backend->Compile(*source);
   EXPECT_TRUE(module.ok()) << module.status();
+}
+
+TEST(CudaGather, ScatterAddsAreAtomicInEveryDtype) {
+  // An embedding's gradient: rows of grad added into the table's rows the
+  // ids name, atomically (ids repeat).
+  for (const char* dtype : {"f32", "bf16", "f16", "f64", "i64"}) {
+    SCOPED_TRACE(dtype);
+    const loop::Kernel k = Parse(absl::StrCat(R"(kernel scatter: outer [64] inner [256] passes 1
+  buffers:
+    buf0 = grad : )",
+                                              dtype, R"(
+    buf1 = ids : i64
+    buf2 = table : )",
+                                              dtype, R"( (written)
+  %0 = load buf0[o0*256 + i0*1 + 0] : )",
+                                              dtype, R"( [pass 0, inner]
+  %1 = load buf1[o0*1 + 0] : i64 [pass 0, inner]
+  scatter_add buf2[i0*1 + 0] by %1 in 1000 step 256 += %0 : )",
+                                              dtype, R"( [pass 0, inner]
+)"));
+    EXPECT_EQ(ScheduleOf(k).vector, 1);
+    auto backend = Backend();
+    auto source = backend->Generate({k}, {});
+    ASSERT_TRUE(source.ok()) << source.status();
+    const std::string body = source->substr(source->find("scatter("));
+    EXPECT_TRUE(absl::StrContains(body, "atomicAdd(") ||
+                absl::StrContains(body, "kiln_atomic_add_"))
+        << body;
+    EXPECT_TRUE(absl::StrContains(body, "kiln_gather_index(")) << body;
+    auto module = backend->Compile(*source);
+    EXPECT_TRUE(module.ok()) << module.status();
+  }
 }
 
 }  // namespace

@@ -115,11 +115,12 @@ int VectorWidth(const Kernel& k, int dim, std::vector<ir::SymInt>* checks = null
   const int n_outer = static_cast<int>(k.outer.size());
   const ir::SymInt& size = dim < n_outer ? k.outer[dim] : k.inner[dim - n_outer];
   if (checks == nullptr && !size.is_constant()) return 1;
-  // A gather's lanes read where their own indices say: one element at a
-  // time. (Index values are computed lane by lane: CudaKernelEmitter adds
+  // A gather's (a scatter's) lanes read (add) where their own indices say:
+  // one element at a time. (Index values are computed lane by lane: CudaKernelEmitter adds
   // the lane's offset along `dim`.)
-  if (std::any_of(k.stmts.begin(), k.stmts.end(),
-                  [](const Stmt& s) { return s.kind == StmtKind::kGather; })) {
+  if (std::any_of(k.stmts.begin(), k.stmts.end(), [](const Stmt& s) {
+        return s.kind == StmtKind::kGather || s.kind == StmtKind::kScatterAdd;
+      })) {
     return 1;
   }
   int widest = 0;
@@ -164,7 +165,10 @@ bool GroupsAllowed(const Kernel& k) {
   ConstantProduct(k.inner, &constant);
   if (!constant) return false;
   for (const Stmt& s : k.stmts) {
-    if (s.kind == StmtKind::kLoad && !s.inner) return false;
+    if ((s.kind == StmtKind::kLoad || s.kind == StmtKind::kGather || s.kind == StmtKind::kIndex) &&
+        !s.inner) {
+      return false;
+    }
   }
   return true;
 }
@@ -202,7 +206,8 @@ bool ColumnPacked(const Kernel& k, int groups) {
   if (groups <= 1 || k.outer.empty()) return false;
   // Gathers and index values are one row at a time.
   if (std::any_of(k.stmts.begin(), k.stmts.end(), [](const Stmt& s) {
-        return s.kind == StmtKind::kGather || s.kind == StmtKind::kIndex;
+        return s.kind == StmtKind::kGather || s.kind == StmtKind::kIndex ||
+               s.kind == StmtKind::kScatterAdd;
       })) {
     return false;
   }
@@ -369,7 +374,7 @@ bool IndexesFitInt32(const Kernel& k) {
     // A gather's gathered terms are 64-bit (kiln_gather_index); the rest
     // of its address counts here.
     if (s.kind != StmtKind::kLoad && s.kind != StmtKind::kStore && s.kind != StmtKind::kGather &&
-        s.kind != StmtKind::kIndex) {
+        s.kind != StmtKind::kIndex && s.kind != StmtKind::kScatterAdd) {
       continue;
     }
     if (!s.index.offset.is_constant()) return false;

@@ -27,11 +27,16 @@ bool AllConstant(const std::vector<ir::SymInt>& v) {
 
 // The bytes of each buffer `k` reaches (the largest element offset of its
 // accesses, plus one element); nullopt when a size, stride or offset is
-// symbolic or negative.
+// symbolic or negative, or when the kernel gathers or scatters (where it
+// reaches, and how fast, depends on the indices' values: such a kernel
+// keeps the heuristic's launch).
 std::optional<std::vector<int64_t>> BufferBytes(const loop::Kernel& k) {
   if (!AllConstant(k.outer) || !AllConstant(k.inner)) return std::nullopt;
   std::vector<int64_t> elements(k.buffers.size(), 1);
   for (const loop::Stmt& s : k.stmts) {
+    if (s.kind == loop::StmtKind::kGather || s.kind == loop::StmtKind::kScatterAdd) {
+      return std::nullopt;
+    }
     if (s.kind != loop::StmtKind::kLoad && s.kind != loop::StmtKind::kStore) continue;
     if (s.buffer < 0 || s.buffer >= static_cast<int>(k.buffers.size())) return std::nullopt;
     const loop::Index& x = s.index;
@@ -226,8 +231,8 @@ absl::Status CudaTuner::Tune(const CodegenBackend& backend, const std::string& s
       std::optional<std::vector<int64_t>> bytes = BufferBytes(k);
       int64_t total = 0;
       for (int64_t b : bytes.value_or(std::vector<int64_t>{})) total += b;
-      const char* why = candidates.size() < 2   ? "one block size fits its layout"
-                        : !bytes                ? "its sizes are symbolic"
+      const char* why = candidates.size() < 2 ? "one block size fits its layout"
+                        : !bytes              ? "its sizes are symbolic, or it gathers or scatters"
                         : total > kMaxTuneBytes ? "its buffers take over 4 GiB"
                         : total < kMinTuneBytes ? "it moves under 32 MiB"
                                                 : nullptr;

@@ -57,7 +57,7 @@ BufferUse UseOf(const Kernel& k, int b) {
     if (s.buffer != b) continue;
     use.loads |= s.kind == StmtKind::kLoad || s.kind == StmtKind::kGather;
     use.stores |= s.kind == StmtKind::kStore;
-    use.accumulates |= s.kind == StmtKind::kAccumulate;
+    use.accumulates |= s.kind == StmtKind::kAccumulate || s.kind == StmtKind::kScatterAdd;
   }
   return use;
 }

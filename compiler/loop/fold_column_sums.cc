@@ -84,7 +84,7 @@ void DropUnusedBuffers(Kernel* k) {
   std::vector<int> renumber(k->buffers.size(), -1);
   for (const Stmt& s : k->stmts) {
     if (s.kind == StmtKind::kLoad || s.kind == StmtKind::kGather || s.kind == StmtKind::kStore ||
-        s.kind == StmtKind::kAccumulate) {
+        s.kind == StmtKind::kAccumulate || s.kind == StmtKind::kScatterAdd) {
       renumber[s.buffer] = 0;
     }
   }
@@ -97,7 +97,7 @@ void DropUnusedBuffers(Kernel* k) {
   k->buffers = std::move(kept);
   for (Stmt& s : k->stmts) {
     if (s.kind == StmtKind::kLoad || s.kind == StmtKind::kGather || s.kind == StmtKind::kStore ||
-        s.kind == StmtKind::kAccumulate) {
+        s.kind == StmtKind::kAccumulate || s.kind == StmtKind::kScatterAdd) {
       s.buffer = renumber[s.buffer];
     }
   }

@@ -267,6 +267,9 @@ absl::StatusOr<FusedGraph> Fuser::Run() {
     } else if (l.kind == NodeKind::kGather) {
       ASSIGN_OR_RETURN(bool placed, PlaceGather(i));
       if (placed) continue;
+    } else if (l.kind == NodeKind::kScatter) {
+      ASSIGN_OR_RETURN(bool placed, PlaceScatter(i));
+      if (placed) continue;
     } else {
       decisions_.push_back(
           absl::StrCat("extern: ", node.name, " (", node.target, ") runs through ATen: ", l.why));
@@ -295,7 +298,7 @@ absl::StatusOr<FusedGraph> Fuser::Run() {
   // where it is read) is not launched; the others keep their names.
   std::vector<int> index(groups_.size(), -1);
   for (size_t gi = 0; gi < groups_.size(); ++gi) {
-    if (groups_[gi].stored.empty()) {
+    if (groups_[gi].stored.empty() && groups_[gi].scatters.empty()) {
       decisions_.push_back(absl::StrCat("drop: kernel_", gi,
                                         " stores nothing: its values are computed where they "
                                         "are read"));
@@ -310,6 +313,12 @@ absl::StatusOr<FusedGraph> Fuser::Run() {
   for (const auto& [v, gi] : group_of_) {
     if (index[gi] >= 0) out.computed[index[gi]].push_back(v);
   }
+  for (size_t gi = 0; gi < groups_.size(); ++gi) {
+    for (const Group::Scatter& s : groups_[gi].scatters) {
+      if (index[gi] >= 0) out.computed[index[gi]].push_back(s.into);
+    }
+  }
+  out.zeroed = zeroed_;
   for (const Item& item : items_) {
     if (item.kind != Item::kGroup) {
       out.steps.push_back(FusedGraph::Step{-1, item.node});

@@ -37,6 +37,7 @@
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -101,6 +102,8 @@ struct FusedGraph {
   std::vector<std::vector<ir::ValueId>> computed;
   // Views: the materialized value each reads and its storage.
   std::map<ir::ValueId, ir::ValueId> view_root;
+  // Values a kernel scatter-adds into: allocated filled with zeros.
+  std::set<ir::ValueId> zeroed;
   std::vector<std::string> decisions;
 };
 

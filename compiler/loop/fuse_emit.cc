@@ -226,6 +226,18 @@ absl::StatusOr<Kernel> Fuser::EmitKernel(int gi) {
     for (const auto& [v, id] : stores) {
       if (vals[id].level == Level::kFull && pass[id] == p) store_full(id, v);
     }
+    // Scatter-adds, in the pass of their value.
+    for (const Group::Scatter& sc : grp.scatters) {
+      if (pass[sc.value] != p) continue;
+      Stmt s = StmtOf(sc.at, p, /*in_sweep=*/true, outer, inner);
+      s.kind = StmtKind::kScatterAdd;
+      s.buffer = sc.buffer;
+      s.dtype = g_.value(sc.into).meta.dtype;
+      s.index = LoadIndex(sc.at, outer, inner);
+      s.args = {emit_full(sc.value)};
+      for (int a : sc.args) s.args.push_back(emit_full(a));
+      k.stmts.push_back(std::move(s));
+    }
     // Outer level, after the sweep: the other per-row values of this pass,
     // and the stores of them all.
     emit_rows(p, /*before=*/false);

@@ -60,41 +60,147 @@ absl::Status Fuser::GatherLegal(const Group& grp, const GatherSpec& spec,
   return absl::OkStatus();
 }
 
-absl::StatusOr<int> Fuser::BuildGather(Group& grp, const GatherSpec& spec, const SymSizes& out) {
-  auto load = [&](ValueId v, SymSizes over) {
-    ValueId root = v;
-    SymInt offset{int64_t{0}};
-    if (auto a = alias_.find(v); a != alias_.end()) {
-      root = a->second.root;
-      offset = a->second.offset;
+absl::StatusOr<std::vector<int>> Fuser::GatherIndices(Group& grp, const GatherSpec& spec,
+                                                      const SymSizes& out) {
+  std::vector<int> ids;
+  for (size_t k = 0; k < spec.indices.size(); ++k) {
+    const ValueId v = spec.indices[k];
+    if (RightAligned(g_.value(v).meta, out) == spec.index_over[k]) {
+      ASSIGN_OR_RETURN(int id, Operand(grp, v, Level::kFull, out));
+      ids.push_back(id);
+    } else {
+      ids.push_back(Add(grp, MemoryLoad(grp, v, spec.index_over[k])));
     }
-    MarkStored(v);
-    MarkStored(root);
-    GVal l;
-    l.kind = StmtKind::kLoad;
-    l.dtype = g_.value(v).meta.dtype;
-    l.level = Level::kFull;
-    l.over = std::move(over);
-    l.offset = std::move(offset);
-    l.buffer = BufferOf(grp, root, false);
-    return l;
-  };
-  GVal gather = load(spec.source, spec.source_over);
+  }
+  return ids;
+}
+
+GVal Fuser::MemoryLoad(Group& grp, ValueId v, SymSizes over) {
+  ValueId root = v;
+  SymInt offset{int64_t{0}};
+  if (auto a = alias_.find(v); a != alias_.end()) {
+    root = a->second.root;
+    offset = a->second.offset;
+  }
+  MarkStored(v);
+  MarkStored(root);
+  GVal l;
+  l.kind = StmtKind::kLoad;
+  l.dtype = g_.value(v).meta.dtype;
+  l.level = Level::kFull;
+  l.over = std::move(over);
+  l.offset = std::move(offset);
+  l.buffer = BufferOf(grp, root, false);
+  return l;
+}
+
+absl::StatusOr<int> Fuser::BuildGather(Group& grp, const GatherSpec& spec, const SymSizes& out) {
+  GVal gather = MemoryLoad(grp, spec.source, spec.source_over);
   gather.kind = StmtKind::kGather;
   gather.gather_strides = spec.strides;
   gather.gather_sizes = spec.sizes;
   gather.gather_wraps = spec.wraps;
-  for (size_t k = 0; k < spec.indices.size(); ++k) {
-    const ValueId v = spec.indices[k];
-    int id = -1;
-    if (RightAligned(g_.value(v).meta, out) == spec.index_over[k]) {
-      ASSIGN_OR_RETURN(id, Operand(grp, v, Level::kFull, out));
-    } else {
-      id = Add(grp, load(v, spec.index_over[k]));
-    }
-    gather.args.push_back(id);
-  }
+  ASSIGN_OR_RETURN(gather.args, GatherIndices(grp, spec, out));
   return Add(grp, std::move(gather));
+}
+
+absl::StatusOr<bool> Fuser::PlaceScatter(int node_index) {
+  const ir::Node& node = g_.nodes()[node_index];
+  const NodeLowering& l = nodes_[node_index];
+  const ValueId v = node.outputs[0];
+  const ir::TensorMeta& m = g_.value(v).meta;
+  int copied = -1;  // the kernel copying the base, if any
+  // What the copy and the scatter change in other kernels (stored values,
+  // recomputations), to take back if the node runs through ATen after all.
+  const Mark before{0, 0, recomputed_.size(), stored_log_.size()};
+  if (l.base != ir::kNoValue) {
+    // A kernel of its own copies the base into the output, which the
+    // scatter kernel then adds into.
+    Group copy;
+    copy.item = static_cast<int>(items_.size());
+    copy.full = m.sizes;
+    groups_.push_back(std::move(copy));
+    copied = static_cast<int>(groups_.size()) - 1;
+    items_.push_back(Item{Item::kGroup, copied, -1});
+    absl::StatusOr<int> id = Operand(groups_[copied], l.base, Level::kFull, m.sizes);
+    if (!id.ok()) {
+      Rollback(groups_[copied], before);
+      groups_.pop_back();
+      items_.pop_back();
+      if (!absl::IsFailedPrecondition(id.status())) return id.status();
+      decisions_.push_back(
+          absl::StrCat("extern: ", node.name, " (", node.target, "): ", id.status().message()));
+      return false;
+    }
+    Group& c = groups_[copied];
+    c.value_of[v] = *id;
+    c.level_of[v] = Level::kFull;
+    c.nodes.push_back(node.name);
+    c.open = false;
+    group_of_[v] = copied;
+    producer_item_[v] = c.item;
+    MarkStored(v);
+    decisions_.push_back(absl::StrCat("new kernel_", copied, ": ", node.name, " (", node.target,
+                                      "), its base '", g_.value(l.base).name, "' copied"));
+  }
+  Group fresh;
+  fresh.item = static_cast<int>(items_.size());
+  fresh.full = l.space;
+  groups_.push_back(std::move(fresh));
+  const int gi = static_cast<int>(groups_.size()) - 1;
+  items_.push_back(Item{Item::kGroup, gi, -1});
+  Group& grp = groups_[gi];
+  const Mark mark = MarkOf(grp);
+  auto build = [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(int value, Operand(grp, l.values, Level::kFull, l.space));
+    ASSIGN_OR_RETURN(std::vector<int> args, GatherIndices(grp, l.gather, l.space));
+    if (l.skip >= 0) {
+      // embedding's padding_idx: its rows add nothing.
+      Builder b(
+          grp, Level::kFull, [](ValueId) -> absl::StatusOr<int> { return -1; }, *l.call);
+      const v1::DType t = grp.vals[value].dtype;
+      const int skipped = b.Compare(ScalarOp::kEq, args[0], b.C(l.skip, v1::INT64));
+      value = b.Op(ScalarOp::kWhere, {skipped, b.C(0, t), b.Cast(value, Compute(t))}, Compute(t));
+    }
+    Group::Scatter s;
+    s.value = value;
+    s.args = std::move(args);
+    s.at.over = l.gather.source_over;
+    s.at.gather_strides = l.gather.strides;
+    s.at.gather_sizes = l.gather.sizes;
+    s.at.gather_wraps = l.gather.wraps;
+    s.buffer = BufferOf(grp, v, true);
+    s.into = v;
+    grp.scatters.push_back(std::move(s));
+    return absl::OkStatus();
+  };
+  if (absl::Status built = build(); !built.ok()) {
+    Rollback(grp, mark);
+    groups_.pop_back();
+    items_.pop_back();
+    if (copied >= 0) {
+      // The copy goes too: the node runs through ATen.
+      Rollback(groups_[copied], before);
+      group_of_.erase(v);
+      producer_item_.erase(v);
+      groups_.pop_back();
+      items_.pop_back();
+      decisions_.pop_back();
+    }
+    if (!absl::IsFailedPrecondition(built)) return built;
+    decisions_.push_back(
+        absl::StrCat("extern: ", node.name, " (", node.target, "): ", built.message()));
+    return false;
+  }
+  // What reads the sums reads them from memory, after this kernel.
+  grp.open = false;
+  grp.nodes.push_back(node.name);
+  producer_item_[v] = grp.item;
+  if (copied < 0) zeroed_.insert(v);
+  decisions_.push_back(absl::StrCat("new kernel_", gi, ": ", node.name, " (", node.target,
+                                    "), adding '", g_.value(l.values).name, "' into ",
+                                    copied < 0 ? "zeros" : "the copy", " at gathered positions"));
+  return true;
 }
 
 absl::StatusOr<bool> Fuser::PlaceGather(int node_index) {

@@ -83,6 +83,18 @@ struct Group {
     ValueId value;
   };
   std::vector<KeepInOutput> keep_in_output;
+  // Scatter-adds (StmtKind::kScatterAdd): `value` (a GVal) added at the
+  // position that `at` (its over, its offset, its gathered strides and
+  // sizes) and the index GVals `args` name in `buffer`, which holds the
+  // graph value `into`.
+  struct Scatter {
+    int value = -1;
+    std::vector<int> args;
+    GVal at;
+    int buffer = -1;
+    ValueId into = ir::kNoValue;
+  };
+  std::vector<Scatter> scatters;
   // Strides over `full` of values computed in a shape other than `full`
   // (before the kernel took the shape of a view of them, see
   // Fuser::ReshapeFor); other values are stored with their graph strides.
@@ -132,6 +144,14 @@ class Fuser {
   absl::Status GatherLegal(const Group& grp, const GatherSpec& spec, const SymSizes& out) const;
   // The gather's values in `grp`: its index operands and the gathered load.
   absl::StatusOr<int> BuildGather(Group& grp, const GatherSpec& spec, const SymSizes& out);
+  // A load of `v` from memory with strides `over` (its kernel stores it).
+  GVal MemoryLoad(Group& grp, ValueId v, SymSizes over);
+  // The index GVals of `spec` in `grp` (BuildGather's).
+  absl::StatusOr<std::vector<int>> GatherIndices(Group& grp, const GatherSpec& spec,
+                                                 const SymSizes& out);
+  // A scatter-add node (NodeKind::kScatter): a kernel of its own over its
+  // space, closed after it; false when it cannot be built.
+  absl::StatusOr<bool> PlaceScatter(int node_index);
   // The refusals of the kernels a node did not join, for its decision.
   static std::string NotFused(const std::vector<std::string>& refusals);
 
@@ -240,12 +260,16 @@ class Fuser {
   std::vector<std::string> decisions_;
   std::vector<std::pair<int, ValueId>> recomputed_;  // (group, value), in order
   std::vector<std::pair<int, ValueId>> stored_log_;  // MarkStored's insertions, in order
+  std::set<ValueId> zeroed_;                         // scatter-add targets (FusedGraph::zeroed)
 };
 
 // Gathers (lower_gather.cc): whether `target` is one, and its lowering, a
 // GatherSpec (or `out->why`, when kiln leaves the node to ATen).
 bool IsGather(const std::string& target);
 absl::Status LowerGather(const ir::Graph& g, const ir::Node& node, NodeLowering* out);
+// Scatter-adds (NodeLowering::kScatter), likewise.
+bool IsScatter(const std::string& target);
+absl::Status LowerScatter(const ir::Graph& g, const ir::Node& node, NodeLowering* out);
 
 // ---------------------------------------------------------------------------
 // Pointwise lowering: a node becomes a small expression over its operands.

@@ -103,6 +103,17 @@ std::string IndexString(const Index& index) {
   return absl::StrJoin(terms, " + ");
 }
 
+// "%3 in 100 step 64, %4 in s0 step 1[ wrapping]": a gather's or
+// scatter's index operands (its args from `first` on).
+std::string GatherTerms(const Stmt& s, size_t first) {
+  std::vector<std::string> terms;
+  for (size_t k = first; k < s.args.size() && k - first < s.gather_sizes.size(); ++k) {
+    terms.push_back(absl::StrCat("%", s.args[k], " in ", s.gather_sizes[k - first].ToString(),
+                                 " step ", s.gather_strides[k - first].ToString()));
+  }
+  return absl::StrCat(absl::StrJoin(terms, ", "), s.gather_wraps ? " wrapping" : "");
+}
+
 const char* ReduceName(ReduceOp op) {
   switch (op) {
     case ReduceOp::kSum:
@@ -180,17 +191,15 @@ std::string PrintKernel(const Kernel& kernel) {
         absl::StrAppend(&out, "%", j, " = load ", BufferName(kernel, s.buffer), "[",
                         IndexString(s.index), "]", type, where);
         break;
-      case StmtKind::kGather: {
-        std::vector<std::string> terms;
-        for (size_t k = 0; k < s.args.size(); ++k) {
-          terms.push_back(absl::StrCat("%", s.args[k], " in ", s.gather_sizes[k].ToString(),
-                                       " step ", s.gather_strides[k].ToString()));
-        }
+      case StmtKind::kGather:
         absl::StrAppend(&out, "%", j, " = gather ", BufferName(kernel, s.buffer), "[",
-                        IndexString(s.index), "] by ", absl::StrJoin(terms, ", "),
-                        s.gather_wraps ? " wrapping" : "", type, where);
+                        IndexString(s.index), "] by ", GatherTerms(s, 0), type, where);
         break;
-      }
+      case StmtKind::kScatterAdd:
+        absl::StrAppend(&out, "scatter_add ", BufferName(kernel, s.buffer), "[",
+                        IndexString(s.index), "] by ", GatherTerms(s, 1), " += %",
+                        s.args.empty() ? -1 : s.args[0], type, where);
+        break;
       case StmtKind::kIndex:
         absl::StrAppend(&out, "%", j, " = index [", IndexString(s.index), "]", type, where);
         break;

@@ -76,6 +76,12 @@ enum class StmtKind {
   // check) rather than read out of bounds. `index` addresses the
   // dimensions that are not gathered.
   kGather,
+  // buffer[index + sum_k args[k + 1] * gather_strides[k]] += args[0],
+  // atomically (duplicate positions add up): a scatter-add into a buffer
+  // the plan fills with zeros first (index_put with accumulation,
+  // index_add, embedding_dense_backward into zeros). The positions are
+  // checked as a gather's are. An inner statement; it has no value.
+  kScatterAdd,
   // The integer `index` (offset + strides times the loop coordinates) as a
   // value of `dtype` (an integer one): arange's elements, where they are
   // read.

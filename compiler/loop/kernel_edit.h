@@ -39,12 +39,15 @@ inline int Append(Kernel* k, Stmt s) {
   return static_cast<int>(k->stmts.size()) - 1;
 }
 
-// Whether `k` gathers or computes index values (StmtKind::kGather,
-// kIndex): the passes that move a kernel's accesses into another space
+// Whether `k` gathers, scatters or computes index values (StmtKind::kGather,
+// kScatterAdd, kIndex): the passes that move a kernel's accesses into another space
 // leave such a kernel as it is.
 inline bool HasGather(const Kernel& k) {
   for (const Stmt& s : k.stmts) {
-    if (s.kind == StmtKind::kGather || s.kind == StmtKind::kIndex) return true;
+    if (s.kind == StmtKind::kGather || s.kind == StmtKind::kIndex ||
+        s.kind == StmtKind::kScatterAdd) {
+      return true;
+    }
   }
   return false;
 }
@@ -54,7 +57,8 @@ inline bool HasGather(const Kernel& k) {
 inline void MarkWritten(Kernel* k) {
   for (KernelBuffer& b : k->buffers) b.written = false;
   for (const Stmt& s : k->stmts) {
-    if (s.kind == StmtKind::kStore || s.kind == StmtKind::kAccumulate) {
+    if (s.kind == StmtKind::kStore || s.kind == StmtKind::kAccumulate ||
+        s.kind == StmtKind::kScatterAdd) {
       k->buffers[s.buffer].written = true;
     }
   }
@@ -79,7 +83,8 @@ inline void DropUnneeded(Kernel* k) {
   std::vector<bool> keep(k->stmts.size(), false);
   for (size_t j = 0; j < k->stmts.size(); ++j) {
     const StmtKind kind = k->stmts[j].kind;
-    keep[j] = kind == StmtKind::kStore || kind == StmtKind::kAccumulate;
+    keep[j] =
+        kind == StmtKind::kStore || kind == StmtKind::kAccumulate || kind == StmtKind::kScatterAdd;
   }
   keep = Needed(*k, std::move(keep));
   // A Welford M2 is read off the accumulator its mean names (the same

@@ -238,7 +238,7 @@ class KernelParser {
     const int n = line.number;
     const int position = static_cast<int>(k_.stmts.size());
     if (!absl::StartsWith(t, "%") && !absl::StartsWith(t, "store ") &&
-        !absl::StartsWith(t, "accumulate ")) {
+        !absl::StartsWith(t, "accumulate ") && !absl::StartsWith(t, "scatter_add ")) {
       return Error(
           n, absl::StrCat("expected a statement ('%", position,
                           " = ...', 'store ...' or 'accumulate ...'), got ", Quote(line.text)));
@@ -272,6 +272,28 @@ class KernelParser {
       }
       RETURN_IF_ERROR(Args(n, t, position, 1, "store", &s.args));
       s.dtype = k_.buffers[s.buffer].dtype;
+      k_.stmts.push_back(std::move(s));
+      return absl::OkStatus();
+    }
+
+    if (absl::ConsumePrefix(&t, "scatter_add ")) {
+      // "scatter_add buf<b>[<index>] by <terms> += %<value> : <dtype>"
+      s.kind = StmtKind::kScatterAdd;
+      RETURN_IF_ERROR(Access(n, &t, &s));
+      const size_t colon = t.rfind(" : ");
+      const size_t plus = t.rfind(" += ");
+      if (colon == absl::string_view::npos || plus == absl::string_view::npos || plus > colon) {
+        return Error(n, "expected ' += %<value> : <dtype>' after the scatter's indices");
+      }
+      ASSIGN_OR_RETURN(s.dtype, ParseDType(n, t.substr(colon + 3)));
+      std::vector<int> value;
+      RETURN_IF_ERROR(
+          Args(n, t.substr(plus + 4, colon - plus - 4), position, 1, "scatter_add", &value));
+      s.args = value;
+      RETURN_IF_ERROR(GatherTerms(n, t.substr(0, plus), position, &s));
+      if (!k_.buffers[s.buffer].written) {
+        return Error(n, absl::StrCat("scatter_add into buf", s.buffer, ", not marked written"));
+      }
       k_.stmts.push_back(std::move(s));
       return absl::OkStatus();
     }
@@ -387,7 +409,7 @@ class KernelParser {
       s->gather_sizes.push_back(std::move(size));
       s->gather_strides.push_back(std::move(stride));
     }
-    if (s->args.empty()) return Error(n, "a gather takes at least one index operand");
+    if (s->gather_sizes.empty()) return Error(n, "a gather takes at least one index operand");
     return absl::OkStatus();
   }
 
@@ -409,11 +431,14 @@ class KernelParser {
           return Error(n, absl::StrCat("operand %", digits.substr(0, kQuoteLimit),
                                        " is not a statement before %", position));
         }
-        if (k_.stmts[a].kind == StmtKind::kStore || k_.stmts[a].kind == StmtKind::kAccumulate) {
-          return Error(
-              n, absl::StrCat("operand %", a, " is a ",
-                              k_.stmts[a].kind == StmtKind::kStore ? "store" : "sum across rows",
-                              ", which has no value"));
+        if (k_.stmts[a].kind == StmtKind::kStore || k_.stmts[a].kind == StmtKind::kAccumulate ||
+            k_.stmts[a].kind == StmtKind::kScatterAdd) {
+          return Error(n,
+                       absl::StrCat("operand %", a, " is a ",
+                                    k_.stmts[a].kind == StmtKind::kStore        ? "store"
+                                    : k_.stmts[a].kind == StmtKind::kScatterAdd ? "scatter-add"
+                                                                                : "sum across rows",
+                                    ", which has no value"));
         }
         args->push_back(a);
       }

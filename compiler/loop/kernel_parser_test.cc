@@ -82,6 +82,7 @@ void ExpectSameKernel(const Kernel& want, const Kernel& got, const std::string& 
         EXPECT_EQ(g.index.offset, w.index.offset);
         break;
       case StmtKind::kGather:
+      case StmtKind::kScatterAdd:
         EXPECT_EQ(g.buffer, w.buffer);
         EXPECT_EQ(g.index.outer_strides, w.index.outer_strides);
         EXPECT_EQ(g.index.inner_strides, w.index.inner_strides);

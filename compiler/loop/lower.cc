@@ -189,6 +189,10 @@ absl::StatusOr<std::vector<NodeLowering>> LowerNodes(const ir::Graph& g,
       RETURN_IF_ERROR(fuse_internal::LowerGather(g, node, &l));
       continue;
     }
+    if (fuse_internal::IsScatter(node.target)) {
+      RETURN_IF_ERROR(fuse_internal::LowerScatter(g, node, &l));
+      continue;
+    }
     l.why = "no loop lowering";
   }
   return out;
@@ -216,6 +220,10 @@ std::string PrintNodeLowerings(const ir::Graph& g, const std::vector<NodeLowerin
       case NodeKind::kGather:
         absl::StrAppend(&out, "gather from '", g.value(l.gather.source).name, "' over ",
                         ops::SizesToString(g.value(node.outputs[0]).meta.sizes));
+        break;
+      case NodeKind::kScatter:
+        absl::StrAppend(&out, "scatter-add of '", g.value(l.values).name, "' over ",
+                        ops::SizesToString(l.space));
         break;
       case NodeKind::kExtern:
         absl::StrAppend(&out, "extern (", l.why, ")");

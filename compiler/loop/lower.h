@@ -32,7 +32,7 @@
 
 namespace kiln::loop {
 
-enum class NodeKind { kView, kPointwise, kReduction, kGather, kExtern };
+enum class NodeKind { kView, kPointwise, kReduction, kGather, kScatter, kExtern };
 
 // What a gather node reads, in its output's coordinates: out[p] =
 // source[offset + sum_d p_d * source_over[d] + sum_k wrap(index_k[p]) *
@@ -62,8 +62,19 @@ struct NodeLowering {
   ir::ValueId input = ir::kNoValue;
   std::vector<int> dims;
   bool keepdim = false;
-  // kGather.
+  // kGather; kScatter (below).
   GatherSpec gather;
+  // kScatter: a scatter-add (index_put with accumulation, index_add,
+  // embedding_dense_backward): the output starts as a copy of `base`
+  // (zeros where it is kNoValue), then for each point p of `space`,
+  // `values` (read as an operand broadcast over the space) is added to it
+  // at the position `gather` addresses (its `source` is the output; its
+  // strides are the output's). Indices equal to `skip` (>= 0: embedding's
+  // padding_idx) add nothing.
+  std::vector<ir::SymInt> space;
+  ir::ValueId values = ir::kNoValue;
+  ir::ValueId base = ir::kNoValue;
+  int64_t skip = -1;
 };
 
 // One NodeLowering per node of `graph`, by node index. `graph` must outlive

@@ -51,6 +51,7 @@ LoweredGraph BuildPlan(const ir::Graph& g, FusedGraph fused) {
     for (const auto& s : m.strides) *a->add_strides() = ir::SymIntToProto(s);
     a->mutable_device()->set_type(m.device_type.empty() ? "cpu" : m.device_type);
     a->mutable_device()->set_index(m.device_index);
+    if (fused.zeroed.count(v)) a->set_zero(true);
   };
   std::set<std::string> materialized;
   for (const auto& in : g.inputs()) materialized.insert(g.value(in.value).name);

@@ -125,7 +125,7 @@ int MarkStreamedLoads(LoweredGraph* lowered) {
     if (it == last.end()) continue;
     std::vector<std::set<int>> passes(k.buffers.size());
     for (const Stmt& s : k.stmts) {
-      if (s.kind == StmtKind::kLoad && s.buffer >= 0 &&
+      if ((s.kind == StmtKind::kLoad || s.kind == StmtKind::kGather) && s.buffer >= 0 &&
           s.buffer < static_cast<int>(k.buffers.size())) {
         passes[s.buffer].insert(s.pass);
       }

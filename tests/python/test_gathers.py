@@ -26,10 +26,16 @@ GATHERS = {"aten.embedding.default", "aten.index.Tensor", "aten.gather.default",
            "aten.full.default", "aten.scalar_tensor.default"}
 
 
+SCATTERS = {"aten.index_put.default", "aten.index_add.default",
+            "aten.embedding_dense_backward.default"}
+
+
 def extern_targets(artifact_function):
-    """The ATen ops the forward plan of a loaded artifact calls."""
+    """The ATen ops the plans of a loaded artifact call (forward and
+    backward, for training)."""
     art = artifact_function.artifact
-    plans = [art.compiled_forward if art.HasField("compiled_forward") else art.compiled]
+    plans = [art.compiled_forward, art.compiled_backward] \
+        if art.HasField("compiled_forward") else [art.compiled]
     return [s.extern_call.node.target for p in plans for s in p.plan.steps
             if s.WhichOneof("kind") == "extern_call"]
 
@@ -113,8 +119,8 @@ class GatherTest(SharedKilnd, unittest.TestCase):
                 backend = self.run_both(fn, args, training)
                 self.assertTrue(backend.loaded, name)
                 for loaded in backend.loaded:
-                    called = set(extern_targets(loaded)) & GATHERS
-                    self.assertFalse(called, f"{name}: gathers run through ATen")
+                    called = set(extern_targets(loaded)) & (GATHERS | SCATTERS)
+                    self.assertFalse(called, f"{name}: gathers or scatters run through ATen")
 
     def test_embeddings_and_positions(self):
         torch.manual_seed(0)
@@ -138,6 +144,15 @@ class GatherTest(SharedKilnd, unittest.TestCase):
         cols = torch.tensor([1, 7, -8])
         picked = torch.tensor([7, 0, 2, 2, 4])
         self.check("rows_and_columns", rows_and_columns, [torch.randn(8, 8), rows, cols, picked])
+
+    def test_embedding_bags(self):
+        # DLRM's sparse features: sum and mean bags, decomposed into an
+        # embedding and index_add into zeros (a scatter-add kernel).
+        torch.manual_seed(0)
+        bags = torch.nn.EmbeddingBag(40, 8, mode="mean")
+        offsets = torch.tensor([0, 3, 3, 7])
+        self.check("embedding_bag", lambda ids: bags(ids, offsets) * 2,
+                   [torch.randint(0, 40, (10,))])
 
     def test_bicubic_upsampling(self):
         torch.manual_seed(0)
