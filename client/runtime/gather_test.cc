@@ -211,6 +211,21 @@ TEST(GatherTest, ScatterAddsAreKernelsWithDuplicatesAddedUp) {
       {Rand({4, 5, 8}), Ints(0, 11, {4, 5})}, 1, 0, 1);
 }
 
+TEST(GatherTest, SixteenBitScatterAddsStayWithATen) {
+  // bfloat16 would round after every addition where ATen sums each
+  // position in float32.
+  ir::GraphBuilder b("bf16");
+  ir::ValueId g = b.AddInput(Meta(S({4, 8}), v1::BFLOAT16), v1::Placeholder::USER_INPUT, "g");
+  ir::ValueId i = b.AddInput(Meta(S({4}), v1::INT64), v1::Placeholder::USER_INPUT, "i");
+  b.AddOutput(Op(b, "aten.embedding_dense_backward.default",
+                 {Ref(g), Ref(i), ir::Int(10), ir::Int(-1), ir::Bool(false)}));
+  ir::Graph graph = std::move(b).Build();
+  Compiled c = Compile(graph);
+  EXPECT_EQ(Count(c.lowered.plan, v1::PlanStep::kExternCall), 1) << loop::PrintLowered(c.lowered);
+  EXPECT_EQ(Statements(c.lowered, loop::StmtKind::kScatterAdd), 0);
+  backend_test::ExpectSame(c, graph, {Rand({4, 8}, at::kBFloat16), Ints(0, 10, {4})}, "bf16");
+}
+
 TEST(GatherTest, AnIndexOutOfRangeIsAnErrorNamingIt) {
   ir::GraphBuilder b("oob");
   ir::ValueId w = b.AddInput(Meta(S({10, 4})), v1::Placeholder::USER_INPUT, "w");

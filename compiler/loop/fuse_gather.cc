@@ -113,6 +113,7 @@ absl::StatusOr<bool> Fuser::PlaceScatter(int node_index) {
   // What the copy and the scatter change in other kernels (stored values,
   // recomputations), to take back if the node runs through ATen after all.
   const Mark before{0, 0, recomputed_.size(), stored_log_.size()};
+  const size_t decided = decisions_.size();
   if (l.base != ir::kNoValue) {
     // A kernel of its own copies the base into the output, which the
     // scatter kernel then adds into.
@@ -185,7 +186,7 @@ absl::StatusOr<bool> Fuser::PlaceScatter(int node_index) {
       producer_item_.erase(v);
       groups_.pop_back();
       items_.pop_back();
-      decisions_.pop_back();
+      decisions_.resize(decided);
     }
     if (!absl::IsFailedPrecondition(built)) return built;
     decisions_.push_back(

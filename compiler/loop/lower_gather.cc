@@ -236,6 +236,11 @@ absl::Status Scatter(const ir::Graph& g, const ops::OpCall& call, const ir::Node
     if (!IndexDType(m.dtype) || o.sizes.size() != 2 || gm.sizes.size() != m.sizes.size() + 1) {
       return Refuse(why, "its indices or gradient have another form");
     }
+    // Sizes equal only by assumption would index past one of them.
+    for (size_t d = 0; d < m.sizes.size(); ++d) {
+      if (!(m.sizes[d] == gm.sizes[d])) return Refuse(why, "its indices' sizes are not grad's");
+    }
+    if (!(gm.sizes.back() == o.sizes[1])) return Refuse(why, "its rows are not the output's");
     out->space = gm.sizes;
     out->values = grad;
     out->skip = padding;
@@ -272,6 +277,15 @@ absl::Status Scatter(const ir::Graph& g, const ops::OpCall& call, const ir::Node
         dim < 0 || dim >= rank) {
       return Refuse(why, "its index or source have another form");
     }
+    // Sizes equal only by assumption would index past one of them.
+    for (int d = 0; d < rank; ++d) {
+      if (d != dim && !(src.sizes[d] == o.sizes[d])) {
+        return Refuse(why, absl::StrCat("its source's size at dim ", d, " is not the output's"));
+      }
+    }
+    if (!(m.sizes.empty() ? ops::IsConstant(src.sizes[dim], 1) : m.sizes[0] == src.sizes[dim])) {
+      return Refuse(why, "its index's length is not its source's");
+    }
     out->space = src.sizes;
     spec.source_over = o.strides;
     spec.source_over[dim] = Zero();
@@ -304,9 +318,14 @@ bool IsScatter(const std::string& target) {
 
 absl::Status LowerScatter(const ir::Graph& g, const ir::Node& node, NodeLowering* out) {
   const ir::TensorMeta& m = g.value(node.outputs[0]).meta;
-  // Atomic additions: floating point and 32- and 64-bit integers.
-  if (node.outputs.size() != 1 || !SupportedDType(m.dtype) || m.dtype == v1::BOOL) {
-    out->why = absl::StrCat("its output has dtype ", v1::DType_Name(m.dtype));
+  // Atomic additions in the output's dtype: float32, float64 and 32- and
+  // 64-bit integers. A 16-bit float would round after every addition, where
+  // ATen sorts the indices and sums each position's values in float32 (a
+  // frequent token's embedding gradient would stall): those stay with ATen.
+  if (node.outputs.size() != 1 || (m.dtype != v1::FLOAT32 && m.dtype != v1::FLOAT64 &&
+                                   m.dtype != v1::INT64 && m.dtype != v1::INT32)) {
+    out->why = absl::StrCat("a scatter kiln does not generate: its output has dtype ",
+                            v1::DType_Name(m.dtype));
     return absl::OkStatus();
   }
   auto meta_of = [&g](ValueId v) -> const ir::TensorMeta& { return g.value(v).meta; };
