@@ -109,6 +109,8 @@ class KernelEmitter {
 
   absl::StatusOr<std::string> InnerOffset(const loop::Index& index);
   absl::StatusOr<std::string> Access(int j, SweepMode mode);
+  absl::StatusOr<std::string> GatheredAccess(int j, SweepMode mode, size_t first, std::string* line,
+                                             std::string* ok);
   absl::StatusOr<std::string> Statement(int j, SweepMode mode);
 
   // ---- reductions (cpp_emit_reductions.cc) --------------------------------

@@ -67,6 +67,28 @@ absl::StatusOr<std::string> KernelEmitter::Access(int j, SweepMode mode) {
   return absl::StrCat("buf", s.buffer, "[", addr, "]");
 }
 
+// A gather's or scatter-add's address: Access(j, mode) with the gathered
+// terms of args[first..]. Each index is checked into g<j>_<k>
+// (kiln_gather_index: -1 when out of range), declared in `line`; `ok` is
+// the condition that all are in range.
+absl::StatusOr<std::string> KernelEmitter::GatheredAccess(int j, SweepMode mode, size_t first,
+                                                          std::string* line, std::string* ok) {
+  const Stmt& s = k_.stmts[j];
+  ASSIGN_OR_RETURN(std::string addr, Access(j, mode));
+  addr.pop_back();  // "bufN[base" and the gathered terms
+  for (size_t k = first; k < s.args.size(); ++k) {
+    const std::string g = absl::StrCat("g", j, "_", k - first);
+    ASSIGN_OR_RETURN(std::string size, Int(s.gather_sizes[k - first]));
+    absl::StrAppend(line, "const int64_t ", g, " = kiln_gather_index(static_cast<int64_t>(",
+                    Val(s.args[k]), "), ", size, ", ", s.gather_wraps ? "true" : "false",
+                    ", gather_check); ");
+    ASSIGN_OR_RETURN(std::string term, Term(g, s.gather_strides[k - first]));
+    absl::StrAppend(&addr, " + ", term);
+    absl::StrAppend(ok, k == first ? "" : " && ", g, " >= 0");
+  }
+  return absl::StrCat(addr, "]");
+}
+
 // One statement that is not a reduction, as a line.
 absl::StatusOr<std::string> KernelEmitter::Statement(int j, SweepMode mode) {
   const Stmt& s = k_.stmts[j];
@@ -79,45 +101,21 @@ absl::StatusOr<std::string> KernelEmitter::Statement(int j, SweepMode mode) {
       return absl::StrCat("const ", T, " t", j, " = ", value, ";");
     }
     case StmtKind::kGather: {
-      // g<j>_<k>: each index in range, or -1 (the load is skipped, the
-      // kernel raises the error after its loop).
-      ASSIGN_OR_RETURN(std::string addr, Access(j, mode));
-      addr.pop_back();  // "bufN[base" and the gathered terms
+      // Each index in range, or -1: the load is skipped, the kernel raises
+      // the error after its loop.
       std::string line, ok;
-      for (size_t k = 0; k < s.args.size(); ++k) {
-        const std::string g = absl::StrCat("g", j, "_", k);
-        ASSIGN_OR_RETURN(std::string size, Int(s.gather_sizes[k]));
-        absl::StrAppend(&line, "const int64_t ", g, " = kiln_gather_index(static_cast<int64_t>(",
-                        Val(s.args[k]), "), ", size, ", ", s.gather_wraps ? "true" : "false",
-                        ", gather_check); ");
-        ASSIGN_OR_RETURN(std::string term, Term(g, s.gather_strides[k]));
-        absl::StrAppend(&addr, " + ", term);
-        absl::StrAppend(&ok, k == 0 ? "" : " && ", g, " >= 0");
-      }
-      absl::StrAppend(&addr, "]");
+      ASSIGN_OR_RETURN(std::string addr, GatheredAccess(j, mode, 0, &line, &ok));
       ASSIGN_OR_RETURN(std::string value,
                        LoadValue(k_.buffers[s.buffer].dtype, type_[j], addr, "C++"));
       return absl::StrCat(line, "const ", T, " t", j, " = (", ok, ") ? ", T, "(", value, ") : ", T,
                           "(0);");
     }
     case StmtKind::kScatterAdd: {
-      // Each position checked (kiln_gather_index); duplicates from other
-      // threads add up atomically: `omp atomic` for 32- and 64-bit
-      // elements, a compare-and-swap loop for 16-bit floats.
-      ASSIGN_OR_RETURN(std::string addr, Access(j, mode));
-      addr.pop_back();
+      // Each position checked as a gather's; duplicates from other threads
+      // add up atomically: `omp atomic` for 32- and 64-bit elements, a
+      // compare-and-swap loop for 16-bit floats.
       std::string line = "{ ", ok;
-      for (size_t k = 1; k < s.args.size(); ++k) {
-        const std::string g = absl::StrCat("g", j, "_", k - 1);
-        ASSIGN_OR_RETURN(std::string size, Int(s.gather_sizes[k - 1]));
-        absl::StrAppend(&line, "const int64_t ", g, " = kiln_gather_index(static_cast<int64_t>(",
-                        Val(s.args[k]), "), ", size, ", ", s.gather_wraps ? "true" : "false",
-                        ", gather_check); ");
-        ASSIGN_OR_RETURN(std::string term, Term(g, s.gather_strides[k - 1]));
-        absl::StrAppend(&addr, " + ", term);
-        absl::StrAppend(&ok, k == 1 ? "" : " && ", g, " >= 0");
-      }
-      absl::StrAppend(&addr, "]");
+      ASSIGN_OR_RETURN(std::string addr, GatheredAccess(j, mode, 1, &line, &ok));
       const v1::DType dtype = k_.buffers[s.buffer].dtype;
       const std::string value = Val(s.args[0]);
       if (dtype == v1::FLOAT16 || dtype == v1::BFLOAT16) {

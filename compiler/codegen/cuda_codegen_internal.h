@@ -52,6 +52,9 @@ class CudaKernelEmitter {
 
   // The element address of access j.
   absl::StatusOr<std::string> Access(int j);
+  // A gather's or scatter-add's address: Access(j) with the gathered terms
+  // of args[first..] added, each checked by kiln_gather_index.
+  absl::StatusOr<std::string> GatheredAccess(int j, size_t first);
 
   // Statement j (not a reduction) as a line. Outer-level stores are made by
   // one thread: `guard` is the condition. With `live`, loads and stores are

@@ -123,6 +123,24 @@ absl::StatusOr<std::string> CudaKernelEmitter::Access(int j) {
   return absl::StrCat("buf", s.buffer, "[", terms.empty() ? "0" : absl::StrJoin(terms, " + "), "]");
 }
 
+absl::StatusOr<std::string> CudaKernelEmitter::GatheredAccess(int j, size_t first) {
+  const Stmt& s = k_.stmts[j];
+  ASSIGN_OR_RETURN(std::string addr, Access(j));
+  addr.pop_back();  // "bufN[base" and the gathered terms
+  for (size_t k = first; k < s.args.size(); ++k) {
+    ASSIGN_OR_RETURN(std::string size, Int(s.gather_sizes[k - first]));
+    std::string term =
+        absl::StrCat("kiln_gather_index(static_cast<int64_t>(", Val(s.args[k]), "), ", size, ", ",
+                     s.gather_wraps ? "true" : "false", ", \"", k_.name, "\")");
+    if (!IsOne(s.gather_strides[k - first])) {
+      ASSIGN_OR_RETURN(std::string stride, Int(s.gather_strides[k - first]));
+      term = absl::StrCat(term, " * ", stride);
+    }
+    absl::StrAppend(&addr, " + ", term);
+  }
+  return absl::StrCat(addr, "]");
+}
+
 absl::StatusOr<std::string> CudaKernelEmitter::Statement(int j, const std::string& guard,
                                                          const std::string& live) {
   const Stmt& s = k_.stmts[j];
@@ -141,40 +159,14 @@ absl::StatusOr<std::string> CudaKernelEmitter::Statement(int j, const std::strin
       return absl::StrCat("const ", T, " t", j, " = ", value, ";");
     }
     case StmtKind::kGather: {
-      ASSIGN_OR_RETURN(std::string addr, Access(j));
-      addr.pop_back();  // "bufN[base" and the gathered terms
-      for (size_t k = 0; k < s.args.size(); ++k) {
-        ASSIGN_OR_RETURN(std::string size, Int(s.gather_sizes[k]));
-        std::string term =
-            absl::StrCat("kiln_gather_index(static_cast<int64_t>(", Val(s.args[k]), "), ", size,
-                         ", ", s.gather_wraps ? "true" : "false", ", \"", k_.name, "\")");
-        if (!IsOne(s.gather_strides[k])) {
-          ASSIGN_OR_RETURN(std::string stride, Int(s.gather_strides[k]));
-          term = absl::StrCat(term, " * ", stride);
-        }
-        absl::StrAppend(&addr, addr.back() == '[' ? "" : " + ", term);
-      }
-      absl::StrAppend(&addr, "]");
+      ASSIGN_OR_RETURN(std::string addr, GatheredAccess(j, 0));
       ASSIGN_OR_RETURN(std::string value,
                        LoadValue(k_.buffers[s.buffer].dtype, type_[j], addr, "CUDA"));
       if (!live.empty()) value = absl::StrCat("(", live, ") ? ", value, " : ", T, "(0)");
       return absl::StrCat("const ", T, " t", j, " = ", value, ";");
     }
     case StmtKind::kScatterAdd: {
-      ASSIGN_OR_RETURN(std::string addr, Access(j));
-      addr.pop_back();  // "bufN[base" and the gathered terms
-      for (size_t k = 1; k < s.args.size(); ++k) {
-        ASSIGN_OR_RETURN(std::string size, Int(s.gather_sizes[k - 1]));
-        std::string term =
-            absl::StrCat("kiln_gather_index(static_cast<int64_t>(", Val(s.args[k]), "), ", size,
-                         ", ", s.gather_wraps ? "true" : "false", ", \"", k_.name, "\")");
-        if (!IsOne(s.gather_strides[k - 1])) {
-          ASSIGN_OR_RETURN(std::string stride, Int(s.gather_strides[k - 1]));
-          term = absl::StrCat(term, " * ", stride);
-        }
-        absl::StrAppend(&addr, " + ", term);
-      }
-      absl::StrAppend(&addr, "]");
+      ASSIGN_OR_RETURN(std::string addr, GatheredAccess(j, 1));
       const v1::DType dtype = k_.buffers[s.buffer].dtype;
       const std::string value = Val(s.args[0]);
       std::string line;

@@ -142,6 +142,19 @@ absl::Status Embedding(const ir::Graph& g, const ops::OpCall& call, const ir::Te
   return absl::OkStatus();
 }
 
+// `source` (of metadata `s`) read at its own strides but along `dim`,
+// which `index` (read with `index_over`) names.
+void AlongDim(ValueId source, const ir::TensorMeta& s, int64_t dim, ValueId index,
+              std::vector<SymInt> index_over, GatherSpec* spec) {
+  spec->source = source;
+  spec->source_over = s.strides;
+  spec->source_over[dim] = Zero();
+  spec->indices = {index};
+  spec->index_over = {std::move(index_over)};
+  spec->strides = {s.strides[dim]};
+  spec->sizes = {s.sizes[dim]};
+}
+
 absl::Status IndexSelect(const ir::Graph& g, const ops::OpCall& call, const ir::TensorMeta& out,
                          GatherSpec* spec, std::string* why) {
   ASSIGN_OR_RETURN(ValueId self, call.Tensor("self"));
@@ -155,15 +168,9 @@ absl::Status IndexSelect(const ir::Graph& g, const ops::OpCall& call, const ir::
   if (!IndexDType(m.dtype) || m.sizes.size() > 1) {
     return Refuse(why, "its index is not a vector of integers");
   }
-  spec->source = self;
-  spec->source_over = s.strides;
-  spec->source_over[dim] = Zero();
   std::vector<SymInt> over(out.sizes.size(), Zero());
   if (!m.sizes.empty()) over[dim] = m.strides[0];
-  spec->indices = {index};
-  spec->index_over = {std::move(over)};
-  spec->strides = {s.strides[dim]};
-  spec->sizes = {s.sizes[dim]};
+  AlongDim(self, s, dim, index, std::move(over), spec);
   return absl::OkStatus();
 }
 
@@ -188,16 +195,11 @@ absl::Status Gather(const ir::Graph& g, const ops::OpCall& call, const ir::Tenso
       return Refuse(why, absl::StrCat("its index's size at dim ", d, " is not known to fit"));
     }
   }
-  spec->source = self;
-  spec->source_over = s.strides;
-  spec->source_over[dim] = Zero();
-  spec->indices = {index};
-  spec->index_over = {m.strides};
+  std::vector<SymInt> over = m.strides;
   for (int d = 0; d < rank; ++d) {
-    if (ops::IsConstant(m.sizes[d], 1)) spec->index_over[0][d] = Zero();
+    if (ops::IsConstant(m.sizes[d], 1)) over[d] = Zero();
   }
-  spec->strides = {s.strides[dim]};
-  spec->sizes = {s.sizes[dim]};
+  AlongDim(self, s, dim, index, std::move(over), spec);
   (void)out;
   return absl::OkStatus();
 }
