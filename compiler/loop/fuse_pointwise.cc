@@ -333,7 +333,7 @@ const std::map<std::string, PointwiseRule>& PointwiseRules() {
     }
     // Tensors of one value (lower.cc lowers them on the graph's device
     // only): a constant where they are read.
-    for (const auto& [target, param] :
+    for (const auto& entry :
          std::vector<std::pair<std::string, const char*>>{{"aten.full.default", "fill_value"},
                                                           {"aten.full_like.default", "fill_value"},
                                                           {"aten.scalar_tensor.default", "s"},
@@ -342,9 +342,10 @@ const std::map<std::string, PointwiseRule>& PointwiseRules() {
                                                           {"aten.new_zeros.default", nullptr},
                                                           {"aten.ones.default", nullptr},
                                                           {"aten.ones_like.default", nullptr}}) {
-      const double one = absl::StrContains(target, "ones") ? 1.0 : 0.0;
-      (*m)[target] = [param, one](Builder& b, const ops::OpCall& c,
-                                  v1::DType t) -> absl::StatusOr<int> {
+      const char* param = entry.second;  // a lambda captures no structured binding
+      const double one = absl::StrContains(entry.first, "ones") ? 1.0 : 0.0;
+      (*m)[entry.first] = [param, one](Builder& b, const ops::OpCall& c,
+                                       v1::DType t) -> absl::StatusOr<int> {
         double v = one;
         if (param != nullptr) {
           // A symbolic value (a size as a scalar) is left to ATen.
