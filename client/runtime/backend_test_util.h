@@ -109,17 +109,24 @@ inline void ExpectSame(Compiled& c, const ir::Graph& g, const std::vector<at::Te
   }
 }
 
-inline void CheckOne(
-    const std::string& what, const std::vector<ir::TensorMeta>& metas,
-    const std::function<void(ir::GraphBuilder&, const std::vector<ir::ValueId>&)>& body,
-    const std::vector<at::Tensor>& inputs, int expect_kernels = -1) {
+using GraphBody = std::function<void(ir::GraphBuilder&, const std::vector<ir::ValueId>&)>;
+
+// The graph `body` builds over user inputs "in0", "in1", ... of `metas`.
+inline ir::Graph BuildGraph(const std::string& what, const std::vector<ir::TensorMeta>& metas,
+                            const GraphBody& body) {
   ir::GraphBuilder b(what);
   std::vector<ir::ValueId> ins;
   for (size_t i = 0; i < metas.size(); ++i) {
     ins.push_back(b.AddInput(metas[i], v1::Placeholder::USER_INPUT, "in" + std::to_string(i)));
   }
   body(b, ins);
-  ir::Graph g = std::move(b).Build();
+  return std::move(b).Build();
+}
+
+inline void CheckOne(const std::string& what, const std::vector<ir::TensorMeta>& metas,
+                     const GraphBody& body, const std::vector<at::Tensor>& inputs,
+                     int expect_kernels = -1) {
+  ir::Graph g = BuildGraph(what, metas, body);
   Compiled c = Compile(g);
   if (expect_kernels >= 0) {
     EXPECT_EQ(static_cast<int>(c.lowered.kernels.size()), expect_kernels) << what;

@@ -10,7 +10,6 @@
 #include <ATen/ops/tensor.h>
 #include <gtest/gtest.h>
 
-#include <functional>
 #include <limits>
 #include <string>
 #include <vector>
@@ -52,15 +51,9 @@ int Statements(const loop::LoweredGraph& l, loop::StmtKind kind = loop::StmtKind
 // kernels, no extern, `gathers` gathers and `scatters` scatter-adds, and
 // ATen's results on `inputs`.
 void Check(const std::string& what, const std::vector<ir::TensorMeta>& metas,
-           const std::function<void(ir::GraphBuilder&, const std::vector<ir::ValueId>&)>& body,
-           const std::vector<at::Tensor>& inputs, int kernels, int gathers, int scatters = 0) {
-  ir::GraphBuilder b(what);
-  std::vector<ir::ValueId> ins;
-  for (size_t i = 0; i < metas.size(); ++i) {
-    ins.push_back(b.AddInput(metas[i], v1::Placeholder::USER_INPUT, "in" + std::to_string(i)));
-  }
-  body(b, ins);
-  ir::Graph g = std::move(b).Build();
+           const backend_test::GraphBody& body, const std::vector<at::Tensor>& inputs, int kernels,
+           int gathers, int scatters = 0) {
+  ir::Graph g = backend_test::BuildGraph(what, metas, body);
   Compiled c = Compile(g);
   const std::string listing = loop::PrintLowered(c.lowered);
   EXPECT_EQ(static_cast<int>(c.lowered.kernels.size()), kernels) << what << "\n" << listing;

@@ -145,12 +145,7 @@ absl::StatusOr<bool> Fuser::PlacePointwise(int node_index) {
     return true;
   }
   // A new kernel over its own output space.
-  Group grp;
-  grp.item = static_cast<int>(items_.size());
-  grp.full = out.sizes;
-  groups_.push_back(std::move(grp));
-  const int gi = static_cast<int>(groups_.size()) - 1;
-  items_.push_back(Item{Item::kGroup, gi, -1});
+  const int gi = OpenGroup(out.sizes);
   Group& fresh = groups_[gi];
   Builder b(
       fresh, Level::kFull, [&](ValueId u) { return Operand(fresh, u, Level::kFull, out.sizes); },
@@ -158,8 +153,7 @@ absl::StatusOr<bool> Fuser::PlacePointwise(int node_index) {
   absl::StatusOr<int> result = rule(b, call, out.dtype);
   if (!result.ok()) {
     // Not lowerable after all (an operand dtype, a rank): run it through ATen.
-    groups_.pop_back();
-    items_.pop_back();
+    DropNewestGroup();
     if (!absl::IsFailedPrecondition(result.status())) return result.status();
     decisions_.push_back(
         absl::StrCat("extern: ", node.name, " (", node.target, "): ", result.status().message()));
@@ -239,13 +233,8 @@ absl::StatusOr<bool> Fuser::PlaceReduction(int node_index) {
     return true;
   }
   // A new kernel over the input's space.
-  Group grp;
-  grp.item = static_cast<int>(items_.size());
-  grp.full = in.sizes;
-  grp.reduced = l.dims;
-  groups_.push_back(std::move(grp));
-  const int gi = static_cast<int>(groups_.size()) - 1;
-  items_.push_back(Item{Item::kGroup, gi, -1});
+  const int gi = OpenGroup(in.sizes);
+  groups_[gi].reduced = l.dims;
   RETURN_IF_ERROR(BuildReduction(gi, node_index, true, NotFused(refusals)));
   return true;
 }

@@ -117,17 +117,11 @@ absl::StatusOr<bool> Fuser::PlaceScatter(int node_index) {
   if (l.base != ir::kNoValue) {
     // A kernel of its own copies the base into the output, which the
     // scatter kernel then adds into.
-    Group copy;
-    copy.item = static_cast<int>(items_.size());
-    copy.full = m.sizes;
-    groups_.push_back(std::move(copy));
-    copied = static_cast<int>(groups_.size()) - 1;
-    items_.push_back(Item{Item::kGroup, copied, -1});
+    copied = OpenGroup(m.sizes);
     absl::StatusOr<int> id = Operand(groups_[copied], l.base, Level::kFull, m.sizes);
     if (!id.ok()) {
       Rollback(groups_[copied], before);
-      groups_.pop_back();
-      items_.pop_back();
+      DropNewestGroup();
       if (!absl::IsFailedPrecondition(id.status())) return id.status();
       decisions_.push_back(
           absl::StrCat("extern: ", node.name, " (", node.target, "): ", id.status().message()));
@@ -144,12 +138,7 @@ absl::StatusOr<bool> Fuser::PlaceScatter(int node_index) {
     decisions_.push_back(absl::StrCat("new kernel_", copied, ": ", node.name, " (", node.target,
                                       "), its base '", g_.value(l.base).name, "' copied"));
   }
-  Group fresh;
-  fresh.item = static_cast<int>(items_.size());
-  fresh.full = l.space;
-  groups_.push_back(std::move(fresh));
-  const int gi = static_cast<int>(groups_.size()) - 1;
-  items_.push_back(Item{Item::kGroup, gi, -1});
+  const int gi = OpenGroup(l.space);
   Group& grp = groups_[gi];
   const Mark mark = MarkOf(grp);
   auto build = [&]() -> absl::Status {
@@ -177,15 +166,13 @@ absl::StatusOr<bool> Fuser::PlaceScatter(int node_index) {
   };
   if (absl::Status built = build(); !built.ok()) {
     Rollback(grp, mark);
-    groups_.pop_back();
-    items_.pop_back();
+    DropNewestGroup();
     if (copied >= 0) {
       // The copy goes too: the node runs through ATen.
       Rollback(groups_[copied], before);
       group_of_.erase(v);
       producer_item_.erase(v);
-      groups_.pop_back();
-      items_.pop_back();
+      DropNewestGroup();
       decisions_.resize(decided);
     }
     if (!absl::IsFailedPrecondition(built)) return built;
@@ -249,16 +236,10 @@ absl::StatusOr<bool> Fuser::PlaceGather(int node_index) {
                            ", gathering from '", g_.value(spec.source).name, "'"));
     return true;
   }
-  Group grp;
-  grp.item = static_cast<int>(items_.size());
-  grp.full = out.sizes;
-  groups_.push_back(std::move(grp));
-  const int gi = static_cast<int>(groups_.size()) - 1;
-  items_.push_back(Item{Item::kGroup, gi, -1});
+  const int gi = OpenGroup(out.sizes);
   absl::StatusOr<int> id = BuildGather(groups_[gi], spec, out.sizes);
   if (!id.ok()) {
-    groups_.pop_back();
-    items_.pop_back();
+    DropNewestGroup();
     if (!absl::IsFailedPrecondition(id.status())) return id.status();
     decisions_.push_back(
         absl::StrCat("extern: ", node.name, " (", node.target, "): ", id.status().message()));

@@ -190,6 +190,21 @@ class Fuser {
     auto it = grp.strides_of.find(v);
     return it != grp.strides_of.end() ? it->second : g_.value(v).meta.strides;
   }
+  // A kernel of its own over `full`, the newest item; its index.
+  int OpenGroup(SymSizes full) {
+    Group grp;
+    grp.item = static_cast<int>(items_.size());
+    grp.full = std::move(full);
+    groups_.push_back(std::move(grp));
+    const int gi = static_cast<int>(groups_.size()) - 1;
+    items_.push_back(Item{Item::kGroup, gi, -1});
+    return gi;
+  }
+  // Takes back the kernel OpenGroup opened last.
+  void DropNewestGroup() {
+    groups_.pop_back();
+    items_.pop_back();
+  }
   int Add(Group& grp, GVal v) {
     grp.vals.push_back(std::move(v));
     return static_cast<int>(grp.vals.size()) - 1;
